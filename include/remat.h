@@ -1,0 +1,328 @@
+/* remat.h: the whole public API of remat, a runtime that trains neural
+ * networks on many-core CPUs with rematerialization in its task scheduler.
+ *
+ * Handles are opaque. Every function that can fail returns a remat_status;
+ * remat_last_error() gives the words of the last failure on the calling
+ * thread. Graph building uses a sticky error: the first failing builder call
+ * records its message on the graph, later calls return NULL and do nothing,
+ * and remat_compile() returns the recorded status. The library never exits,
+ * aborts or writes to stdout. */
+#ifndef REMAT_H
+#define REMAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define REMAT_API __attribute__((visibility("default")))
+#else
+#define REMAT_API
+#endif
+
+typedef enum remat_status {
+  REMAT_OK = 0,
+  REMAT_ERR_INVALID_ARG = 1, /* a bad argument: NULL, out of range, wrong graph */
+  REMAT_ERR_OUT_OF_MEMORY = 2,
+  REMAT_ERR_SHAPE = 3,      /* shapes or dtypes that do not fit an op */
+  REMAT_ERR_CONFIG = 4,     /* a bad environment value or remat_config field */
+  REMAT_ERR_LIMIT = 5,      /* a size limit exceeded */
+  REMAT_ERR_CYCLE = 6,      /* a dependency cycle */
+  REMAT_ERR_STATE = 7,      /* a call at the wrong time (step before compile) */
+  REMAT_ERR_BACKEND = 8,    /* oneDNN or hwloc failed */
+  REMAT_ERR_IO = 9,         /* a file could not be read or written */
+  REMAT_ERR_NUMERIC = 10,   /* NaN or Inf in the loss or gradients */
+  REMAT_ERR_BUDGET = 11,    /* no remat plan fits the memory budget */
+  REMAT_ERR_POLICY = 12     /* a bad remat policy */
+} remat_status;
+
+/* "REMAT_OK", "REMAT_ERR_SHAPE", ... */
+REMAT_API const char *remat_status_string(remat_status status);
+/* The message of the last failure on the calling thread ("" if none). */
+REMAT_API const char *remat_last_error(void);
+
+
+/* ---- runtime: worker threads, topology, configuration ---- */
+
+typedef struct remat_runtime remat_runtime;
+
+typedef enum remat_bind {
+  REMAT_BIND_CORE = 0, /* one core per worker */
+  REMAT_BIND_NUMA = 1, /* a worker may run on any core of its NUMA node */
+  REMAT_BIND_NONE = 2
+} remat_bind;
+
+/* Bits of remat_config.set: the fields the program sets. Fields whose bit
+ * is clear come from the environment (REMAT_*), or from the defaults. */
+#define REMAT_SET_NUM_THREADS (1u << 0)
+#define REMAT_SET_BIND (1u << 1)
+#define REMAT_SET_POLICY (1u << 2)
+#define REMAT_SET_MEMORY_BUDGET (1u << 3)
+#define REMAT_SET_LOOKAHEAD (1u << 4)
+#define REMAT_SET_TRACE (1u << 5)
+#define REMAT_SET_VERBOSE (1u << 6)
+
+typedef struct remat_config {
+  unsigned set;          /* REMAT_SET_* bits */
+  int num_threads;       /* REMAT_NUM_THREADS: 1..1024; default physical cores */
+  remat_bind bind;       /* REMAT_BIND: core, numa, none; default core */
+  const char *policy;    /* REMAT_POLICY: default policy of regions; default
+                            "nothing_saveable" */
+  int64_t memory_budget; /* REMAT_MEMORY_BUDGET in bytes; 0 means none */
+  int lookahead;         /* REMAT_LOOKAHEAD: 1..64; default 1 */
+  const char *trace_path; /* REMAT_TRACE: Chrome trace of each step; NULL off */
+  int verbose;           /* REMAT_VERBOSE: 0, 1 (plan to stderr), 2 (tasks) */
+} remat_config;
+
+/* Parses a byte size such as "1.5GiB", "800MB", "4096" (B, KB, MB, GB, TB
+ * are powers of 1000; KiB, MiB, GiB, TiB powers of 1024). */
+REMAT_API remat_status remat_parse_bytes(const char *text, int64_t *bytes);
+
+/* Creates a runtime: reads the REMAT_* environment once, overlays the fields
+ * `config` sets (config may be NULL), starts and pins the workers. A bad
+ * value fails with REMAT_ERR_CONFIG and a message naming the variable, the
+ * value and what is accepted. */
+REMAT_API remat_status remat_runtime_create(const remat_config *config,
+                                            remat_runtime **out);
+REMAT_API void remat_runtime_destroy(remat_runtime *rt);
+/* The configuration in force (environment and code merged). */
+REMAT_API remat_status remat_runtime_config(const remat_runtime *rt,
+                                            remat_config *out);
+REMAT_API int remat_runtime_num_threads(const remat_runtime *rt);
+
+/* ---- graph building (sticky error) ---- */
+
+typedef struct remat_graph remat_graph;
+typedef struct remat_tensor remat_tensor;
+
+typedef enum remat_dtype { REMAT_F32 = 0, REMAT_I32 = 1 } remat_dtype;
+
+typedef enum remat_init {
+  REMAT_INIT_ZEROS = 0,
+  REMAT_INIT_ONES = 1,
+  REMAT_INIT_NORMAL = 2 /* normal with standard deviation `scale` */
+} remat_init;
+
+#define REMAT_MAX_DIMS 4
+
+REMAT_API remat_status remat_graph_create(remat_runtime *rt,
+                                          remat_graph **out);
+REMAT_API void remat_graph_destroy(remat_graph *g);
+/* The sticky status of graph building (or of compile) and its message. */
+REMAT_API remat_status remat_graph_status(const remat_graph *g);
+REMAT_API const char *remat_graph_error(const remat_graph *g);
+/* Seed of parameter initialization (default 0). */
+REMAT_API remat_status remat_graph_seed(remat_graph *g, uint64_t seed);
+
+/* A tensor fed before each step with remat_feed. */
+REMAT_API remat_tensor *remat_input(remat_graph *g, const char *name,
+                                    remat_dtype dtype, int ndim,
+                                    const int64_t *dims);
+/* A trained parameter, initialized at compile from the graph's seed. */
+REMAT_API remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
+                                    const int64_t *dims, remat_init init,
+                                    float scale);
+
+/* Ops. Shapes: leading dims (..) are flattened into rows. */
+/* y[..,M] = x[..,K] . w[M,K]^T + b[M]; b may be NULL. Tag: dot. */
+REMAT_API remat_tensor *remat_linear(remat_graph *g, remat_tensor *x,
+                                     remat_tensor *w, remat_tensor *b);
+/* y[..,N,M] = a[..,N,K] . b[..,K,M]. Tags: dot (+ batched with batch dims). */
+REMAT_API remat_tensor *remat_matmul(remat_graph *g, remat_tensor *a,
+                                     remat_tensor *b);
+REMAT_API remat_tensor *remat_add(remat_graph *g, remat_tensor *a,
+                                  remat_tensor *b);
+REMAT_API remat_tensor *remat_bias_add(remat_graph *g, remat_tensor *x,
+                                       remat_tensor *b);
+REMAT_API remat_tensor *remat_relu(remat_graph *g, remat_tensor *x);
+typedef enum remat_gelu_form { REMAT_GELU_TANH = 0, REMAT_GELU_ERF = 1 } remat_gelu_form;
+REMAT_API remat_tensor *remat_gelu(remat_graph *g, remat_tensor *x,
+                                   remat_gelu_form form);
+/* Layer norm over the last dim with scale gamma[C] and shift beta[C];
+ * eps <= 0 means 1e-5. */
+REMAT_API remat_tensor *remat_layernorm(remat_graph *g, remat_tensor *x,
+                                        remat_tensor *gamma,
+                                        remat_tensor *beta, float eps);
+REMAT_API remat_tensor *remat_softmax(remat_graph *g, remat_tensor *x);
+/* Causal attention in three named steps: scores[B,H,T,T] (q.k^T/sqrt(hd),
+ * masked), probs = softmax(scores), out[B,T,D] = probs . v, where
+ * qkv[B,T,3D] holds q, k, v side by side. Tags: dot, batched. */
+REMAT_API remat_tensor *remat_attention_scores(remat_graph *g,
+                                               remat_tensor *qkv, int heads);
+REMAT_API remat_tensor *remat_attention_values(remat_graph *g,
+                                               remat_tensor *probs,
+                                               remat_tensor *qkv, int heads);
+/* The three steps above; the scores and probs tensors are named
+ * "attn_scores" and "attn_probs". */
+REMAT_API remat_tensor *remat_causal_self_attention(remat_graph *g,
+                                                    remat_tensor *qkv,
+                                                    int heads);
+/* x[B,T,D] = wte[tokens] + wpe[0..T); tokens[B,T] int32. */
+REMAT_API remat_tensor *remat_embed(remat_graph *g, remat_tensor *tokens,
+                                    remat_tensor *wte, remat_tensor *wpe);
+/* Mean over rows of -log softmax(logits[..,V])[targets[..]]: a [1] tensor. */
+REMAT_API remat_tensor *remat_cross_entropy(remat_graph *g,
+                                            remat_tensor *logits,
+                                            remat_tensor *targets);
+REMAT_API remat_tensor *remat_sum(remat_graph *g, remat_tensor *x);
+REMAT_API remat_tensor *remat_mean(remat_graph *g, remat_tensor *x);
+
+REMAT_API int remat_tensor_ndim(const remat_tensor *t);
+REMAT_API int64_t remat_tensor_dim(const remat_tensor *t, int i);
+REMAT_API int64_t remat_tensor_numel(const remat_tensor *t);
+REMAT_API const char *remat_tensor_name(const remat_tensor *t);
+/* Keeps an activation readable after each step or forward (e.g. logits). */
+REMAT_API remat_status remat_keep(remat_graph *g, remat_tensor *t);
+
+
+/* ---- rematerialization: checkpoint regions and policies (JAX's names) ---- */
+
+typedef struct remat_policy remat_policy;
+
+/* Policies decide, for each activation inside a checkpoint region, whether
+ * it is saved for backward or recomputed there. Region outputs are always
+ * saved; outside any region everything is saved. Constructors return NULL
+ * only when out of memory. The caller destroys what it creates. */
+REMAT_API remat_policy *remat_policy_everything_saveable(void);
+REMAT_API remat_policy *remat_policy_nothing_saveable(void);
+/* Saves the results of dots (matmul, linear, attention products). */
+REMAT_API remat_policy *remat_policy_dots_saveable(void);
+REMAT_API remat_policy *remat_policy_checkpoint_dots(void); /* alias */
+/* Saves the results of dots that have no batch dimensions. */
+REMAT_API remat_policy *remat_policy_dots_with_no_batch_dims_saveable(void);
+/* Saves the tensors named (remat_checkpoint_name) with one of `names`. */
+REMAT_API remat_policy *remat_policy_save_only_these_names(
+    const char *const *names, int count);
+/* Saves named tensors except those with one of `names`. */
+REMAT_API remat_policy *remat_policy_save_any_names_but_these(
+    const char *const *names, int count);
+/* Saves what either policy saves. */
+REMAT_API remat_policy *remat_policy_save_from_both_policies(
+    const remat_policy *a, const remat_policy *b);
+/* Parses the string forms that REMAT_POLICY and the tools take:
+ * "everything_saveable", "nothing_saveable", "dots_saveable",
+ * "checkpoint_dots", "dots_with_no_batch_dims_saveable",
+ * "save_only_these_names:a,b", "save_any_names_but_these:a,b",
+ * "save_from_both_policies:P+Q" (P and Q policy strings without '+'), and
+ * "auto" (per region, the policy that fits the memory budget with the
+ * least recompute). */
+REMAT_API remat_status remat_policy_parse(const char *text,
+                                          remat_policy **out);
+REMAT_API void remat_policy_destroy(remat_policy *policy);
+/* Writes the policy's string form. */
+REMAT_API remat_status remat_policy_format(const remat_policy *policy,
+                                           char *buf, size_t len);
+
+/* Opens a checkpoint region; ops built until the matching remat_region_end
+ * belong to it. Regions nest; the innermost policy decides inside it. NULL
+ * means the runtime's default policy (REMAT_POLICY). The policy is copied. */
+REMAT_API remat_status remat_region_begin(remat_graph *g,
+                                          const remat_policy *policy);
+REMAT_API remat_status remat_region_end(remat_graph *g);
+/* Names an activation for the name-based policies. */
+REMAT_API remat_status remat_checkpoint_name(remat_graph *g, remat_tensor *t,
+                                             const char *name);
+
+/* ---- compile and run ---- */
+
+typedef enum remat_optimizer_kind {
+  REMAT_OPT_SGD = 0,
+  REMAT_OPT_ADAMW = 1
+} remat_optimizer_kind;
+
+typedef struct remat_optimizer {
+  remat_optimizer_kind kind;
+  float lr;
+  float beta1, beta2, eps; /* AdamW; 0 means 0.9, 0.999, 1e-8 */
+  float weight_decay;      /* AdamW decoupled decay of params with ndim >= 2 */
+} remat_optimizer;
+
+/* Builds the step: autodiff from `loss` (a [1] tensor), the remat plan, the
+ * task DAG and its memory plan. loss NULL compiles a forward-only graph
+ * (inference: nothing is saved for a backward pass). opt NULL: no update
+ * (gradients are still computed). Returns the sticky building error if any. */
+REMAT_API remat_status remat_compile(remat_graph *g, remat_tensor *loss,
+                                     const remat_optimizer *opt);
+REMAT_API remat_status remat_set_lr(remat_graph *g, float lr);
+
+/* Copies `bytes` bytes into an input (exactly its size). */
+REMAT_API remat_status remat_feed(remat_graph *g, remat_tensor *input,
+                                  const void *data, size_t bytes);
+
+typedef enum remat_mem_category {
+  REMAT_MEM_PARAMS = 0,
+  REMAT_MEM_GRADS = 1,       /* parameter gradients */
+  REMAT_MEM_OPTIMIZER = 2,   /* optimizer state */
+  REMAT_MEM_ACTIVATIONS = 3, /* forward activations (saved or not yet freed) */
+  REMAT_MEM_RECOMPUTED = 4,  /* activations recomputed for backward */
+  REMAT_MEM_ACT_GRADS = 5,   /* gradients of activations */
+  REMAT_MEM_WORKSPACE = 6,   /* scratchpads, partial sums, inputs */
+  REMAT_MEM_NUM_CATEGORIES = 7
+} remat_mem_category;
+
+typedef struct remat_step_stats {
+  float loss;                  /* NaN for a graph without a loss */
+  int nonfinite;               /* 1 if loss or a gradient was NaN or Inf */
+  double seconds;              /* wall time of the step */
+  double flops;                /* model FLOPs of forward + backward */
+  double recompute_flops;      /* FLOPs executed again by recompute tasks */
+  int64_t peak_bytes;          /* peak of all categories together, this step */
+  int64_t activation_peak_bytes; /* peak of activations, recomputed, act
+                                    grads and workspace together */
+  int64_t predicted_peak_bytes;  /* the planner's prediction of peak_bytes */
+  int64_t peak[REMAT_MEM_NUM_CATEGORIES]; /* per category */
+  int64_t current[REMAT_MEM_NUM_CATEGORIES]; /* after the step */
+  int64_t tasks;               /* tasks executed */
+} remat_step_stats;
+
+/* Forward, backward and update. On REMAT_ERR_NUMERIC (NaN/Inf in the loss or
+ * a gradient) no parameter is updated. `stats` may be NULL. */
+REMAT_API remat_status remat_step(remat_graph *g, remat_step_stats *stats);
+/* Forward only (for serving): no backward, no update. */
+REMAT_API remat_status remat_forward(remat_graph *g, remat_step_stats *stats);
+
+/* Copies a parameter, input, the loss or a kept tensor out (exactly its
+ * size in bytes). */
+REMAT_API remat_status remat_read(remat_graph *g, remat_tensor *t, void *dst,
+                                  size_t bytes);
+/* Copies a parameter's gradient from the last step. */
+REMAT_API remat_status remat_read_grad(remat_graph *g, remat_tensor *param,
+                                       float *dst, size_t bytes);
+/* Overwrites a parameter's values (after compile). */
+REMAT_API remat_status remat_write(remat_graph *g, remat_tensor *param,
+                                   const float *src, size_t bytes);
+/* Parameters in creation order, for saving and loading. */
+REMAT_API int remat_num_params(const remat_graph *g);
+REMAT_API remat_tensor *remat_param_at(const remat_graph *g, int i);
+
+/* ---- the GPT-style model ---- */
+
+typedef struct remat_gpt_config {
+  int layers, d_model, heads, seq, batch, vocab;
+  int gelu_erf; /* 0: tanh GELU (default), 1: erf GELU */
+} remat_gpt_config;
+
+typedef struct remat_gpt {
+  remat_tensor *tokens;  /* input [batch, seq] int32 */
+  remat_tensor *targets; /* input [batch, seq] int32 */
+  remat_tensor *logits;  /* [batch, seq, vocab] */
+  remat_tensor *loss;    /* [1] */
+} remat_gpt;
+
+/* Builds token + position embedding, `layers` blocks of (pre-LN causal
+ * multi-head attention + residual, pre-LN GELU feed-forward d->4d->d +
+ * residual), a final layer norm, the LM head and the cross-entropy loss. */
+REMAT_API remat_status remat_gpt_build(remat_graph *g,
+                                       const remat_gpt_config *cfg,
+                                       remat_gpt *out);
+/* Model FLOPs of one training step (forward + backward, matmuls only). */
+REMAT_API double remat_gpt_flops(const remat_gpt_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

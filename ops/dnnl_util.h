@@ -1,0 +1,138 @@
+/* Internal helpers of ops/: the common head of every op's private state,
+ * oneDNN primitive creation on one thread with a user-mode scratchpad,
+ * tile execution with the worker's stream and scratchpad, strided matmul
+ * tiles (op_gemm), tiling rules and small shared utilities. */
+#ifndef REMAT_OPS_DNNL_UTIL_H
+#define REMAT_OPS_DNNL_UTIL_H
+
+#include "ops/op.h"
+
+/* Elements a row-blocked tile of a memory-bound op aims at. */
+#define OP_TILE_ELEMS 16384
+/* Elements of a tile of a flat elementwise op (add, relu, gelu, sum). */
+#define OP_FLAT_ELEMS 65536
+/* Rows of a matmul row tile (grown for small products, see op_gemm_rows). */
+#define OP_GEMM_ROWS 128
+/* Columns of a column-block reduction tile (bias and embedding grads). */
+#define OP_COL_BLOCK 256
+
+/* The head of every op's state: the primitives it owns (released together)
+ * and where the op's own temporary lies in the worker's scratch buffer:
+ * oneDNN's scratchpad comes first, the op's temporary at temp_offset. */
+typedef struct op_base {
+  dnnl_engine_t engine;
+  const char *name;
+  dnnl_primitive_t *prims;
+  int nprims, cap;
+  size_t dnnl_scratch; /* largest oneDNN scratchpad of the op */
+  size_t temp_bytes;   /* the op's own per-tile temporary */
+} op_base;
+
+typedef struct op_arg {
+  int arg; /* DNNL_ARG_* */
+  const void *ptr;
+} op_arg;
+
+/* Allocates a zeroed state of `bytes` whose first member is an op_base. */
+void *op_state_new(size_t bytes, dnnl_engine_t engine, const char *name);
+void op_state_free(void *state);
+
+/* Creates the primitive of `op_desc` (NULL attr: default) with a user-mode
+ * scratchpad, records it in `base` and returns it in *prim (and its primitive
+ * descriptor in *pd_out if not NULL; the caller destroys it). */
+remat_status op_prim_create(op_base *base, const_dnnl_op_desc_t op_desc,
+                            dnnl_primitive_attr_t attr,
+                            const_dnnl_primitive_desc_t hint,
+                            dnnl_primitive_t *prim,
+                            dnnl_primitive_desc_t *pd_out,
+                            char err[OP_ERRMSG_MAX]);
+/* A oneDNN status as a remat status, with the message when it failed. */
+remat_status op_dnnl_fail(dnnl_status_t st, const char *name,
+                          const char *what, char err[OP_ERRMSG_MAX]);
+
+/* Runs `prim` on the worker's stream with memory objects made around the
+ * given pointers and the worker's scratchpad. Returns a remat status. */
+int op_exec(dnnl_primitive_t prim, op_worker *w, int nargs,
+            const op_arg *args);
+
+/* The op's temporary in the worker's scratch buffer. */
+static inline float *op_temp(const op_base *base, op_worker *w) {
+  return (float *)((char *)w->scratch + base->dnnl_scratch);
+}
+/* Fills inst->scratch_bytes from the base (call at the end of planning). */
+void op_base_finish(const op_base *base, op_instance *inst);
+
+/* A plain f32 memory descriptor with explicit strides (in elements). */
+dnnl_memory_desc_t op_md(int ndims, const int64_t *dims,
+                         const int64_t *strides);
+dnnl_memory_desc_t op_md2(int64_t rows, int64_t cols, int64_t row_stride,
+                          int64_t col_stride);
+
+/* Row tiles: blocks of `block` rows, the last one possibly shorter. */
+static inline int64_t op_div_up(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+static inline int64_t op_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t op_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+/* Rows per tile for a memory-bound op over rows of `cols` elements. */
+int64_t op_row_block(int64_t cols);
+/* Product of all dims but the last (1 for ndim 1). */
+int64_t op_rows(const op_shape *s);
+
+/* One strided matmul C[m,n] (+)= alpha * A[m,k] . B[k,n] (+ bias[n]),
+ * cut into bm x bn blocks; each block is one oneDNN call that reduces over
+ * all of k. Strides are in elements. Primitives for full and remainder
+ * blocks, overwriting and accumulating, are made at plan time. */
+typedef struct op_gemm {
+  int64_t m, n, k, bm, bn;
+  int64_t a_rs, a_cs, b_rs, b_cs, c_rs, c_cs;
+  float alpha;
+  bool bias;
+  bool accumulate_too; /* also make the accumulating primitives */
+  dnnl_primitive_t prim[2][2][2]; /* [m remainder][n remainder][accum] */
+} op_gemm;
+
+void op_gemm_init(op_gemm *g, int64_t m, int64_t n, int64_t k, int64_t bm,
+                  int64_t bn);
+void op_gemm_strides(op_gemm *g, int64_t a_rs, int64_t a_cs, int64_t b_rs,
+                     int64_t b_cs, int64_t c_rs, int64_t c_cs);
+remat_status op_gemm_plan(op_gemm *g, op_base *base,
+                          char err[OP_ERRMSG_MAX]);
+int64_t op_gemm_tiles(const op_gemm *g);
+/* Runs block `tile` (row-major over the blocks) of the gemm whose matrices
+ * start at a, b, c (bias may be NULL when the gemm has none). */
+int op_gemm_run(const op_gemm *g, int64_t tile, const float *a,
+                const float *b, const float *bias, float *c, bool accumulate,
+                op_worker *w);
+/* Rows per tile of a matmul with n output columns and reduction k: 128,
+ * doubled while a tile would be under ~0.5 MFLOP. */
+int64_t op_gemm_rows(int64_t n, int64_t k);
+
+/* dst = src, or dst += src, over n floats. */
+void op_store(float *restrict dst, const float *restrict src, int64_t n,
+              bool accumulate);
+
+/* A vectorizable expf (Cephes-style range reduction, ~2 ulp) for loops
+ * that gcc -O3 should turn into SIMD code; rounds with the 1.5*2^23 trick
+ * so that no floorf call blocks vectorization. */
+static inline float op_expf(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.3f ? 88.3f : x;
+  float fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+  float r2 = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r2 + r + 1.0f;
+  union {
+    int32_t i;
+    float f;
+  } u = {.i = ((int32_t)fx + 127) * (1 << 23)};
+  return p * u.f;
+}
+
+#endif

@@ -1,0 +1,302 @@
+/* Elementwise ops: add (residual), bias_add, relu (plain C loops), and gelu
+ * (oneDNN eltwise, tanh or erf form). Flat ops tile the elements in chunks
+ * of OP_FLAT_ELEMS; bias gradients tile column blocks and sum every row in
+ * order. */
+#include <string.h>
+
+#include "ops/op_impl.h"
+
+typedef struct eltwise_state {
+  op_base base;
+  int64_t n;          /* elements */
+  int64_t rows, cols; /* bias_add: x as (rows, cols) */
+  int64_t row_block;
+  /* gelu: [0] full chunk, [1] remainder chunk */
+  dnnl_primitive_t fwd[2], bwd[2];
+} eltwise_state;
+
+static void flat_range(int64_t n, int64_t tile, int64_t *i0, int64_t *len) {
+  *i0 = tile * OP_FLAT_ELEMS;
+  *len = op_min64(OP_FLAT_ELEMS, n - *i0);
+}
+
+static int64_t flat_tiles(int64_t n) { return op_div_up(n, OP_FLAT_ELEMS); }
+
+static eltwise_state *eltwise_state_new(op_instance *inst,
+                                        dnnl_engine_t engine) {
+  eltwise_state *s =
+      op_state_new(sizeof *s, engine, op_name(inst->desc.type));
+  if (!s) return NULL;
+  inst->state = s;
+  s->n = op_numel(&inst->desc.in[0]);
+  return s;
+}
+
+remat_status op_unary_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
+  static const char *const names[] = {"x"};
+  static const op_dtype types[] = {OP_F32};
+  remat_status rs = op_check_inputs(d, 1, 1, names, types, err);
+  if (rs == REMAT_OK) d->out = d->in[0];
+  return rs;
+}
+
+/* ---- add ---- */
+
+remat_status op_add_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
+  static const char *const names[] = {"a", "b"};
+  static const op_dtype types[] = {OP_F32, OP_F32};
+  remat_status rs = op_check_inputs(d, 2, 2, names, types, err);
+  if (rs != REMAT_OK) return rs;
+  char ba[OP_SHAPE_STR_MAX], bb[OP_SHAPE_STR_MAX];
+  if (!op_shape_eq(&d->in[0], &d->in[1]))
+    return op_shape_err(err, d, "a %s and b %s: shapes must be equal",
+                        op_shape_str(&d->in[0], ba),
+                        op_shape_str(&d->in[1], bb));
+  d->out = d->in[0];
+  return REMAT_OK;
+}
+
+// a, b and y are (n): y = a + b
+static int add_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
+                   op_worker *w) {
+  (void)w;
+  const eltwise_state *s = op->state;
+  int64_t i0, len;
+  flat_range(s->n, tile, &i0, &len);
+  const float *restrict x = b->in[0] + i0, *restrict y = b->in[1] + i0;
+  float *restrict out = b->out + i0;
+  for (int64_t i = 0; i < len; i++) out[i] = x[i] + y[i];
+  return REMAT_OK;
+}
+
+// in the forward pass y = a + b, so da = dy and db = dy
+static int add_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
+                   op_worker *w) {
+  (void)w;
+  const eltwise_state *s = op->state;
+  int64_t i0, len;
+  flat_range(s->n, tile, &i0, &len);
+  for (int i = 0; i < 2; i++)
+    if (b->din[i])
+      op_store(b->din[i] + i0, b->dout + i0, len, b->din_accumulate[i]);
+  return REMAT_OK;
+}
+
+remat_status op_add_plan(op_instance *inst, dnnl_engine_t engine,
+                         char err[OP_ERRMSG_MAX]) {
+  (void)err;
+  eltwise_state *s = eltwise_state_new(inst, engine);
+  if (!s) return REMAT_ERR_OUT_OF_MEMORY;
+  inst->fwd[inst->nfwd++] =
+      op_make_kernel("add.fwd", add_fwd, flat_tiles(s->n), (double)s->n,
+                     OP_SLOT_IN(0) | OP_SLOT_IN(1), OP_SLOT_OUT);
+  inst->bwd[inst->nbwd++] =
+      op_make_kernel("add.bwd", add_bwd, flat_tiles(s->n), (double)s->n,
+                     OP_SLOT_DOUT, OP_SLOT_DIN(0) | OP_SLOT_DIN(1));
+  op_base_finish(&s->base, inst);
+  return REMAT_OK;
+}
+
+/* ---- bias_add ---- */
+
+remat_status op_bias_add_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
+  static const char *const names[] = {"x", "b"};
+  static const op_dtype types[] = {OP_F32, OP_F32};
+  remat_status rs = op_check_inputs(d, 2, 2, names, types, err);
+  if (rs != REMAT_OK) return rs;
+  const op_shape *x = &d->in[0], *bias = &d->in[1];
+  int64_t c = x->dim[x->ndim - 1];
+  char bx[OP_SHAPE_STR_MAX], bb[OP_SHAPE_STR_MAX];
+  if (bias->ndim != 1 || bias->dim[0] != c)
+    return op_shape_err(err, d,
+                        "x %s and b %s: b must be [%lld] (last dim of x)",
+                        op_shape_str(x, bx), op_shape_str(bias, bb),
+                        (long long)c);
+  d->out = *x;
+  return REMAT_OK;
+}
+
+// x is (N,C), b is (C), y is (N,C): y[r,c] = x[r,c] + b[c]
+static int bias_add_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
+                        op_worker *w) {
+  (void)w;
+  const eltwise_state *s = op->state;
+  int64_t r0 = tile * s->row_block;
+  int64_t r1 = op_min64(s->rows, r0 + s->row_block), C = s->cols;
+  const float *restrict bias = b->in[1];
+  for (int64_t r = r0; r < r1; r++) {
+    const float *restrict x = b->in[0] + r * C;
+    float *restrict y = b->out + r * C;
+    for (int64_t c = 0; c < C; c++) y[c] = x[c] + bias[c];
+  }
+  return REMAT_OK;
+}
+
+// in the forward pass y = x + b, so dx = dy
+static int bias_add_dx(const op_instance *op, const op_bufs *b, int64_t tile,
+                       op_worker *w) {
+  (void)w;
+  const eltwise_state *s = op->state;
+  if (!b->din[0]) return REMAT_OK;
+  int64_t i0, len;
+  flat_range(s->n, tile, &i0, &len);
+  op_store(b->din[0] + i0, b->dout + i0, len, b->din_accumulate[0]);
+  return REMAT_OK;
+}
+
+// and db (C) = sum over the N rows of dy, one block of columns per tile
+static int bias_add_db(const op_instance *op, const op_bufs *b, int64_t tile,
+                       op_worker *w) {
+  (void)w;
+  const eltwise_state *s = op->state;
+  if (!b->din[1]) return REMAT_OK;
+  int64_t c0 = tile * OP_COL_BLOCK, nc = op_min64(OP_COL_BLOCK, s->cols - c0);
+  float acc[OP_COL_BLOCK] = {0};
+  for (int64_t r = 0; r < s->rows; r++) {
+    const float *dy = b->dout + r * s->cols + c0;
+    for (int64_t c = 0; c < nc; c++) acc[c] += dy[c];
+  }
+  op_store(b->din[1] + c0, acc, nc, b->din_accumulate[1]);
+  return REMAT_OK;
+}
+
+remat_status op_bias_add_plan(op_instance *inst, dnnl_engine_t engine,
+                              char err[OP_ERRMSG_MAX]) {
+  (void)err;
+  eltwise_state *s = eltwise_state_new(inst, engine);
+  if (!s) return REMAT_ERR_OUT_OF_MEMORY;
+  s->rows = op_rows(&inst->desc.in[0]);
+  s->cols = s->n / s->rows;
+  s->row_block = op_max64(1, OP_FLAT_ELEMS / s->cols);
+  double n = (double)s->n;
+  inst->fwd[inst->nfwd++] = op_make_kernel(
+      "bias_add.fwd", bias_add_fwd, op_div_up(s->rows, s->row_block), n,
+      OP_SLOT_IN(0) | OP_SLOT_IN(1), OP_SLOT_OUT);
+  inst->bwd[inst->nbwd++] =
+      op_make_kernel("bias_add.dx", bias_add_dx, flat_tiles(s->n), n,
+                     OP_SLOT_DOUT, OP_SLOT_DIN(0));
+  inst->bwd[inst->nbwd++] =
+      op_make_kernel("bias_add.db", bias_add_db,
+                     op_div_up(s->cols, OP_COL_BLOCK), n, OP_SLOT_DOUT,
+                     OP_SLOT_DIN(1));
+  op_base_finish(&s->base, inst);
+  return REMAT_OK;
+}
+
+/* ---- relu ---- */
+
+// x and y are (n): y = max(x, 0)
+static int relu_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
+                    op_worker *w) {
+  (void)w;
+  const eltwise_state *s = op->state;
+  int64_t i0, len;
+  flat_range(s->n, tile, &i0, &len);
+  const float *restrict x = b->in[0] + i0;
+  float *restrict y = b->out + i0;
+  for (int64_t i = 0; i < len; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  return REMAT_OK;
+}
+
+// in the forward pass y = max(x, 0), so dx = x > 0 ? dy : 0
+static int relu_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
+                    op_worker *w) {
+  (void)w;
+  const eltwise_state *s = op->state;
+  if (!b->din[0]) return REMAT_OK;
+  int64_t i0, len;
+  flat_range(s->n, tile, &i0, &len);
+  const float *restrict x = b->in[0] + i0, *restrict dy = b->dout + i0;
+  float *restrict dx = b->din[0] + i0;
+  if (b->din_accumulate[0])
+    for (int64_t i = 0; i < len; i++) dx[i] += x[i] > 0.0f ? dy[i] : 0.0f;
+  else
+    for (int64_t i = 0; i < len; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+  return REMAT_OK;
+}
+
+remat_status op_relu_plan(op_instance *inst, dnnl_engine_t engine,
+                          char err[OP_ERRMSG_MAX]) {
+  (void)err;
+  eltwise_state *s = eltwise_state_new(inst, engine);
+  if (!s) return REMAT_ERR_OUT_OF_MEMORY;
+  inst->fwd[inst->nfwd++] =
+      op_make_kernel("relu.fwd", relu_fwd, flat_tiles(s->n), (double)s->n,
+                     OP_SLOT_IN(0), OP_SLOT_OUT);
+  inst->bwd[inst->nbwd++] =
+      op_make_kernel("relu.bwd", relu_bwd, flat_tiles(s->n), (double)s->n,
+                     OP_SLOT_DOUT | OP_SLOT_IN(0), OP_SLOT_DIN(0));
+  op_base_finish(&s->base, inst);
+  return REMAT_OK;
+}
+
+/* ---- gelu ---- */
+
+// x and y are (n): y = gelu(x), by oneDNN eltwise on a chunk
+static int gelu_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
+                    op_worker *w) {
+  const eltwise_state *s = op->state;
+  int64_t i0, len;
+  flat_range(s->n, tile, &i0, &len);
+  op_arg args[2] = {{DNNL_ARG_SRC, b->in[0] + i0}, {DNNL_ARG_DST, b->out + i0}};
+  return op_exec(s->fwd[len != OP_FLAT_ELEMS], w, 2, args);
+}
+
+// in the forward pass y = gelu(x), so dx = gelu'(x) * dy (oneDNN, from x)
+static int gelu_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
+                    op_worker *w) {
+  const eltwise_state *s = op->state;
+  if (!b->din[0]) return REMAT_OK;
+  int64_t i0, len;
+  flat_range(s->n, tile, &i0, &len);
+  bool acc = b->din_accumulate[0];
+  float *dx = acc ? op_temp(&s->base, w) : b->din[0] + i0;
+  op_arg args[3] = {{DNNL_ARG_SRC, b->in[0] + i0},
+                    {DNNL_ARG_DIFF_DST, b->dout + i0},
+                    {DNNL_ARG_DIFF_SRC, dx}};
+  int rs = op_exec(s->bwd[len != OP_FLAT_ELEMS], w, 3, args);
+  if (rs == REMAT_OK && acc) op_store(b->din[0] + i0, dx, len, true);
+  return rs;
+}
+
+static remat_status gelu_prims(eltwise_state *s, int which, int64_t len,
+                               dnnl_alg_kind_t alg, char err[OP_ERRMSG_MAX]) {
+  const int64_t stride = 1;
+  dnnl_memory_desc_t md = op_md(1, &len, &stride);
+  dnnl_eltwise_desc_t fd, bd;
+  dnnl_status_t st = dnnl_eltwise_forward_desc_init(
+      &fd, dnnl_forward_training, alg, &md, 0.0f, 0.0f);
+  if (st == dnnl_success)
+    st = dnnl_eltwise_backward_desc_init(&bd, alg, &md, &md, 0.0f, 0.0f);
+  if (st != dnnl_success)
+    return op_dnnl_fail(st, s->base.name, "eltwise descriptor", err);
+  dnnl_primitive_desc_t hint;
+  remat_status rs =
+      op_prim_create(&s->base, &fd, NULL, NULL, &s->fwd[which], &hint, err);
+  if (rs != REMAT_OK) return rs;
+  rs = op_prim_create(&s->base, &bd, NULL, hint, &s->bwd[which], NULL, err);
+  dnnl_primitive_desc_destroy(hint);
+  return rs;
+}
+
+remat_status op_gelu_plan(op_instance *inst, dnnl_engine_t engine,
+                          char err[OP_ERRMSG_MAX]) {
+  eltwise_state *s = eltwise_state_new(inst, engine);
+  if (!s) return REMAT_ERR_OUT_OF_MEMORY;
+  dnnl_alg_kind_t alg = inst->desc.attrs.gelu_erf ? dnnl_eltwise_gelu_erf
+                                                  : dnnl_eltwise_gelu_tanh;
+  int64_t full = op_min64(s->n, OP_FLAT_ELEMS), rem = s->n % OP_FLAT_ELEMS;
+  remat_status rs = REMAT_OK;
+  if (full == OP_FLAT_ELEMS) rs = gelu_prims(s, 0, full, alg, err);
+  if (rs == REMAT_OK && rem) rs = gelu_prims(s, 1, rem, alg, err);
+  if (rs != REMAT_OK) return rs;
+  s->base.temp_bytes = OP_FLAT_ELEMS * sizeof(float);
+  inst->fwd[inst->nfwd++] =
+      op_make_kernel("gelu.fwd", gelu_fwd, flat_tiles(s->n), 20.0 * s->n,
+                     OP_SLOT_IN(0), OP_SLOT_OUT);
+  inst->bwd[inst->nbwd++] =
+      op_make_kernel("gelu.bwd", gelu_bwd, flat_tiles(s->n), 30.0 * s->n,
+                     OP_SLOT_DOUT | OP_SLOT_IN(0), OP_SLOT_DIN(0));
+  op_base_finish(&s->base, inst);
+  return REMAT_OK;
+}

@@ -1,0 +1,144 @@
+/* The op table: for each op, shape inference, planning (oneDNN primitives
+ * created once) and the tile kernels of its forward and backward passes.
+ * ops/ knows nothing of the scheduler or the graph: the runtime turns the
+ * kernels listed here into tile tasks and hands each tile its buffers. */
+#ifndef REMAT_OP_H
+#define REMAT_OP_H
+
+#include <oneapi/dnnl/dnnl.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "remat.h"
+
+#define OP_MAX_DIMS 4
+#define OP_MAX_IN 3
+#define OP_MAX_AUX 2
+#define OP_MAX_WS 2
+#define OP_MAX_KERNELS 4
+#define OP_ERRMSG_MAX 256
+
+typedef enum op_type {
+  OP_LINEAR,        /* y[..,M] = x[..,K] . w[M,K]^T + b[M] (b optional) */
+  OP_MATMUL,        /* y[..,N,M] = a[..,N,K] . b[..,K,M]; batch dims equal */
+  OP_ADD,           /* y = a + b, same shapes (residual) */
+  OP_BIAS_ADD,      /* y[..,C] = x[..,C] + b[C] */
+  OP_RELU,          /* y = max(x, 0) */
+  OP_GELU,          /* attrs.gelu_erf ? erf form : tanh form */
+  OP_LAYERNORM,     /* y[..,C] = (x - mean) * rstd * gamma[C] + beta[C] */
+  OP_SOFTMAX,       /* softmax over the last dim */
+  OP_ATTN_SCORES,   /* qkv[B,T,3D] -> s[B,H,T,T] = q.k^T/sqrt(D/H), causal mask -inf */
+  OP_ATTN_VALUES,   /* p[B,H,T,T], qkv[B,T,3D] -> o[B,T,D], o[b,t,h*hd..] = p . v */
+  OP_EMBED,         /* tokens[B,T] int32, wte[V,D], wpe[Tmax,D] -> x[B,T,D] */
+  OP_CROSS_ENTROPY, /* logits[..,V], targets[..] int32 -> [1] mean over rows */
+  OP_SUM,           /* x -> [1], sum of all elements */
+  OP_MEAN,          /* x -> [1], mean of all elements */
+  OP_NUM_TYPES
+} op_type;
+
+/* Tags that remat policies read. */
+#define OP_TAG_DOT 1u     /* a dot_general: matmul, linear, attention products */
+#define OP_TAG_BATCHED 2u /* a dot with batch dimensions */
+
+typedef enum op_dtype { OP_F32 = 0, OP_I32 = 1 } op_dtype;
+
+typedef struct op_shape {
+  int ndim;
+  int64_t dim[OP_MAX_DIMS];
+} op_shape;
+
+typedef struct op_attrs {
+  int heads;    /* OP_ATTN_*: number of heads */
+  int gelu_erf; /* OP_GELU: 1 erf form, 0 tanh form */
+  float eps;    /* OP_LAYERNORM: added to the variance (0 means 1e-5) */
+} op_attrs;
+
+/* What shape inference and planning see of one op node. */
+typedef struct op_desc {
+  op_type type;
+  int nin;
+  op_shape in[OP_MAX_IN];
+  op_dtype in_dtype[OP_MAX_IN];
+  op_attrs attrs;
+  op_shape out; /* filled by op_infer */
+} op_desc;
+
+/* Buffer slots of an op, as bits of op_kernel.reads / op_kernel.writes. */
+#define OP_SLOT_IN(i) (1u << (i))        /* forward input i */
+#define OP_SLOT_OUT (1u << 3)            /* forward output */
+#define OP_SLOT_AUX(k) (1u << (4 + (k))) /* op-owned forward tensor k */
+#define OP_SLOT_DIN(i) (1u << (6 + (i))) /* gradient of input i */
+#define OP_SLOT_DOUT (1u << 9)           /* gradient of the output */
+#define OP_SLOT_WS(k) (1u << (10 + (k))) /* backward workspace k */
+
+/* The buffers one tile sees. Pointers are to the start of whole tensors;
+ * the tile picks its part. int32 inputs are passed as float* and cast. */
+typedef struct op_bufs {
+  float *in[OP_MAX_IN];
+  float *out;
+  float *aux[OP_MAX_AUX];
+  float *din[OP_MAX_IN];        /* NULL: this input needs no gradient */
+  float *dout;
+  float *ws[OP_MAX_WS];
+  bool din_accumulate[OP_MAX_IN]; /* add into din instead of overwriting */
+} op_bufs;
+
+/* Per-worker execution context: a oneDNN stream and a user-mode
+ * scratchpad of at least the largest op_instance.scratch_bytes. */
+typedef struct op_worker {
+  dnnl_stream_t stream;
+  void *scratch;
+  size_t scratch_bytes;
+} op_worker;
+
+struct op_instance;
+/* Computes tile `tile` of a kernel; returns a remat_status. Tiles of one
+ * kernel are independent and may run concurrently on different workers. */
+typedef int (*op_tile_fn)(const struct op_instance *op, const op_bufs *b,
+                          int64_t tile, op_worker *w);
+
+typedef struct op_kernel {
+  const char *name; /* "linear.fwd", "linear.dw", ...: static string */
+  op_tile_fn fn;
+  int64_t tiles;
+  double flops;     /* all tiles together */
+  uint32_t reads;   /* OP_SLOT_* bits */
+  uint32_t writes;  /* OP_SLOT_* bits */
+} op_kernel;
+
+/* A planned op: its kernels in execution order (a kernel may read what an
+ * earlier one of the same list wrote), the sizes of its aux and workspace
+ * buffers, and its private state (dims, oneDNN primitives). */
+typedef struct op_instance {
+  op_desc desc;
+  op_kernel fwd[OP_MAX_KERNELS];
+  int nfwd;
+  op_kernel bwd[OP_MAX_KERNELS];
+  int nbwd;
+  size_t aux_bytes[OP_MAX_AUX];
+  int naux;
+  size_t ws_bytes[OP_MAX_WS];
+  int nws;
+  size_t scratch_bytes;
+  void *state;
+} op_instance;
+
+const char *op_name(op_type type);
+unsigned op_tags(const op_desc *desc);
+
+/* Checks dtypes and shapes and fills desc->out. On error the message names
+ * the op and the shapes, e.g. "linear: x [2,3,64] and w [32,48]: the last
+ * dim of x (64) must equal w's second dim (48)". */
+remat_status op_infer(op_desc *desc, char err[OP_ERRMSG_MAX]);
+
+/* Creates the op's primitives (with omp_get_max_threads() forced to 1 while
+ * creating them, the caller's setting restored) and fills `inst`. */
+remat_status op_plan(const op_desc *desc, dnnl_engine_t engine,
+                     op_instance *inst, char err[OP_ERRMSG_MAX]);
+void op_instance_release(op_instance *inst);
+
+/* Elements of a shape (1 for ndim 0). */
+int64_t op_numel(const op_shape *s);
+
+#endif

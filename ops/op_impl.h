@@ -1,0 +1,77 @@
+/* Internal interface between the op table (op.c) and the op families: each
+ * family exports its shape inference and planning, and op.c's helpers for
+ * input checks and messages that name the op and its shapes. */
+#ifndef REMAT_OPS_OP_IMPL_H
+#define REMAT_OPS_OP_IMPL_H
+
+#include "ops/dnnl_util.h"
+
+#define OP_SHAPE_STR_MAX 64
+
+typedef remat_status (*op_infer_fn)(op_desc *d, char err[OP_ERRMSG_MAX]);
+/* Plans an op whose desc already passed inference; inst->desc is set. */
+typedef remat_status (*op_plan_fn)(op_instance *inst, dnnl_engine_t engine,
+                                   char err[OP_ERRMSG_MAX]);
+
+/* "[2,3,64]" */
+const char *op_shape_str(const op_shape *s, char buf[OP_SHAPE_STR_MAX]);
+/* Formats "<op>: <message>" into err and returns REMAT_ERR_SHAPE. */
+remat_status op_shape_err(char err[OP_ERRMSG_MAX], const op_desc *d,
+                          const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Checks the input count (nmin..nmax), ranks 1..4, dims >= 1, and dtypes;
+ * names[i] names input i in messages. */
+remat_status op_check_inputs(const op_desc *d, int nmin, int nmax,
+                             const char *const names[],
+                             const op_dtype dtypes[],
+                             char err[OP_ERRMSG_MAX]);
+static inline op_kernel op_make_kernel(const char *name, op_tile_fn fn,
+                                       int64_t tiles, double flops,
+                                       uint32_t reads, uint32_t writes) {
+  op_kernel k = {name, fn, tiles, flops, reads, writes};
+  return k;
+}
+/* True when shapes a and b are equal. */
+bool op_shape_eq(const op_shape *a, const op_shape *b);
+/* A [1] shape (losses and reductions). */
+op_shape op_scalar_shape(void);
+
+remat_status op_linear_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_linear_plan(op_instance *inst, dnnl_engine_t engine,
+                            char err[OP_ERRMSG_MAX]);
+remat_status op_matmul_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_matmul_plan(op_instance *inst, dnnl_engine_t engine,
+                            char err[OP_ERRMSG_MAX]);
+remat_status op_add_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_add_plan(op_instance *inst, dnnl_engine_t engine,
+                         char err[OP_ERRMSG_MAX]);
+remat_status op_bias_add_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_bias_add_plan(op_instance *inst, dnnl_engine_t engine,
+                              char err[OP_ERRMSG_MAX]);
+remat_status op_unary_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_relu_plan(op_instance *inst, dnnl_engine_t engine,
+                          char err[OP_ERRMSG_MAX]);
+remat_status op_gelu_plan(op_instance *inst, dnnl_engine_t engine,
+                          char err[OP_ERRMSG_MAX]);
+remat_status op_layernorm_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_layernorm_plan(op_instance *inst, dnnl_engine_t engine,
+                               char err[OP_ERRMSG_MAX]);
+remat_status op_softmax_plan(op_instance *inst, dnnl_engine_t engine,
+                             char err[OP_ERRMSG_MAX]);
+remat_status op_attn_scores_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
+                                 char err[OP_ERRMSG_MAX]);
+remat_status op_attn_values_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_attn_values_plan(op_instance *inst, dnnl_engine_t engine,
+                                 char err[OP_ERRMSG_MAX]);
+remat_status op_embed_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_embed_plan(op_instance *inst, dnnl_engine_t engine,
+                           char err[OP_ERRMSG_MAX]);
+remat_status op_cross_entropy_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_cross_entropy_plan(op_instance *inst, dnnl_engine_t engine,
+                                   char err[OP_ERRMSG_MAX]);
+remat_status op_reduce_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_reduce_plan(op_instance *inst, dnnl_engine_t engine,
+                            char err[OP_ERRMSG_MAX]);
+
+#endif

@@ -1,0 +1,43 @@
+/* Status names and the per-thread message of the last failure. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "runtime/internal.h"
+
+static _Thread_local char last_error[REMAT__ERRMSG_MAX];
+
+const char *remat_status_string(remat_status status) {
+  switch (status) {
+  case REMAT_OK: return "REMAT_OK";
+  case REMAT_ERR_INVALID_ARG: return "REMAT_ERR_INVALID_ARG";
+  case REMAT_ERR_OUT_OF_MEMORY: return "REMAT_ERR_OUT_OF_MEMORY";
+  case REMAT_ERR_SHAPE: return "REMAT_ERR_SHAPE";
+  case REMAT_ERR_CONFIG: return "REMAT_ERR_CONFIG";
+  case REMAT_ERR_LIMIT: return "REMAT_ERR_LIMIT";
+  case REMAT_ERR_CYCLE: return "REMAT_ERR_CYCLE";
+  case REMAT_ERR_STATE: return "REMAT_ERR_STATE";
+  case REMAT_ERR_BACKEND: return "REMAT_ERR_BACKEND";
+  case REMAT_ERR_IO: return "REMAT_ERR_IO";
+  case REMAT_ERR_NUMERIC: return "REMAT_ERR_NUMERIC";
+  case REMAT_ERR_BUDGET: return "REMAT_ERR_BUDGET";
+  case REMAT_ERR_POLICY: return "REMAT_ERR_POLICY";
+  }
+  return "REMAT_ERR_UNKNOWN";
+}
+
+const char *remat_last_error(void) { return last_error; }
+
+remat_status remat__fail(remat_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+remat_status remat__fail_msg(remat_status status, const char *msg) {
+  snprintf(last_error, sizeof last_error, "%s", msg);
+  return status;
+}
+
+void remat__clear_error(void) { last_error[0] = '\0'; }

@@ -1,0 +1,134 @@
+/* Internal types shared by the files of runtime/: the runtime, the graph IR,
+ * the compiled step (buffers, kernel nodes, task arguments) and memory. */
+#ifndef REMAT_RUNTIME_INTERNAL_H
+#define REMAT_RUNTIME_INTERNAL_H
+
+#include <hwloc.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "ops/op.h"
+#include "remat.h"
+#include "sched/sched.h"
+
+#define REMAT__ERRMSG_MAX 512
+#define REMAT__MAX_TENSORS (1 << 20)
+#define REMAT__NAME_MAX 64
+
+/* error.c */
+remat_status remat__fail(remat_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+remat_status remat__fail_msg(remat_status status, const char *msg);
+void remat__clear_error(void);
+
+/* ---- config.c ---- */
+/* Reads the REMAT_* environment and overlays the set fields of `code`. The
+ * policy string is copied into `policy_buf`, the trace path into
+ * `trace_buf`. */
+remat_status remat__config_load(const remat_config *code, int default_threads,
+                                remat_config *out, char *policy_buf,
+                                size_t policy_len, char *trace_buf,
+                                size_t trace_len);
+
+/* ---- memory.c: per-NUMA-node arenas with byte accounting ---- */
+typedef struct mem_block mem_block;
+typedef struct node_cache node_cache;
+typedef struct mem_arena {
+  pthread_mutex_t lock;
+  hwloc_topology_t topo;
+  int nnodes;
+  node_cache *caches; /* [nnodes]: freed blocks kept for reuse, by size */
+  _Atomic int64_t current[REMAT_MEM_NUM_CATEGORIES];
+  _Atomic int64_t peak[REMAT_MEM_NUM_CATEGORIES];
+  _Atomic int64_t total_current, total_peak;
+  _Atomic int64_t transient_current, transient_peak;
+  int64_t reserved_bytes; /* held from the system, in use or cached */
+} mem_arena;
+
+remat_status mem_arena_init(mem_arena *a, hwloc_topology_t topo, int nnodes);
+void mem_arena_destroy(mem_arena *a);
+/* 64-byte aligned; node -1 means any. Returns NULL when out of memory. */
+void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int node);
+void mem_free(mem_arena *a, void *p, size_t bytes, remat_mem_category cat,
+              int node);
+/* Starts a new peak window: peaks become the current values. */
+void mem_reset_peaks(mem_arena *a);
+
+/* ---- the runtime ---- */
+struct remat_runtime {
+  remat_config config;
+  char policy_buf[512];
+  char trace_buf[4096];
+  hwloc_topology_t topo;
+  sched_pool *pool;
+  dnnl_engine_t engine;
+  op_worker *workers; /* [nworkers]: stream per worker */
+  int nworkers;
+};
+
+/* ---- graph IR ---- */
+typedef enum tensor_kind { TENSOR_INPUT, TENSOR_PARAM, TENSOR_ACT } tensor_kind;
+
+struct remat_tensor {
+  remat_graph *graph;
+  int32_t id;
+  tensor_kind kind;
+  op_shape shape;
+  op_dtype dtype;
+  int32_t producer; /* op index, -1 for inputs and params */
+  int32_t region;   /* innermost region at creation, -1 none */
+  char name[REMAT__NAME_MAX];
+  remat_init init;
+  float init_scale;
+  bool keep;  /* readable after a step */
+  bool named; /* carries a checkpoint name */
+};
+
+typedef struct graph_op {
+  op_desc desc;
+  int32_t in[OP_MAX_IN];
+  int32_t out;
+  int32_t region;
+  op_instance inst;
+  bool planned;
+} graph_op;
+
+struct remat_step_plan; /* plan.h */
+struct remat_policy;    /* policy.c */
+
+#define REMAT__MAX_REGION_DEPTH 32
+
+typedef struct graph_region {
+  int32_t parent;               /* enclosing region, -1 for a top-level one */
+  int32_t top;                  /* the top-level region it lies in */
+  struct remat_policy *policy;  /* owned copy; NULL: the runtime's default */
+} graph_region;
+
+struct remat_graph {
+  remat_runtime *rt;
+  remat_status status;
+  char error[REMAT__ERRMSG_MAX];
+  uint64_t seed;
+  remat_tensor **tensors;
+  int32_t ntensors, cap_tensors;
+  graph_op *ops;
+  int32_t nops, cap_ops;
+  graph_region *regions;
+  int32_t nregions, cap_regions;
+  int32_t region_stack[REMAT__MAX_REGION_DEPTH];
+  int region_depth;
+  bool compiled;
+  struct remat_step_plan *plan;
+};
+
+/* graph.c: records the first error on the graph (sticky) and in the
+ * thread's last error; returns the status. */
+remat_status graph_fail(remat_graph *g, remat_status status, const char *fmt,
+                        ...) __attribute__((format(printf, 3, 4)));
+/* Checks a tensor handle passed to a graph call. */
+bool graph_tensor_ok(remat_graph *g, const remat_tensor *t, const char *what);
+int64_t tensor_bytes(const remat_tensor *t);
+
+#endif

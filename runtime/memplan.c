@@ -1,0 +1,104 @@
+/* The memory plan: the step's predicted peak bytes, from walking the kernel
+ * nodes in program order with each buffer allocated at its first writer and
+ * freed after its last user, and the plan summary that REMAT_VERBOSE=1
+ * prints (per region saved and recomputed bytes and recompute FLOPs). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "runtime/plan.h"
+
+static int64_t rounded(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+void memplan_predict(remat_step_plan *p) {
+  int64_t live = 0, transient = 0, peak = 0, tpeak = 0;
+  int32_t *left = malloc((size_t)p->nbufs * sizeof *left);
+  for (int32_t b = 0; b < p->nbufs; b++) {
+    if (left != NULL)
+      left[b] = p->bufs[b].users;
+    if (p->bufs[b].persistent)
+      live += rounded(p->bufs[b].bytes);
+  }
+  if (p->scratch != NULL)
+    live += (int64_t)p->scratch_bytes * p->g->rt->nworkers;
+  peak = live;
+  for (int32_t i = 0; left != NULL && i < p->nknodes; i++) {
+    plan_knode *kn = &p->knodes[i];
+    for (int k = 0; k < kn->ninit; k++) {
+      plan_buffer *b = &p->bufs[kn->init[k]];
+      if (!b->persistent) {
+        live += rounded(b->bytes);
+        transient += rounded(b->bytes);
+      }
+    }
+    if (live > peak)
+      peak = live;
+    if (transient > tpeak)
+      tpeak = transient;
+    for (int k = 0; k < kn->ntouch; k++) {
+      plan_buffer *b = &p->bufs[kn->touch[k]];
+      if (!b->persistent && --left[kn->touch[k]] == 0) {
+        live -= rounded(b->bytes);
+        transient -= rounded(b->bytes);
+      }
+    }
+  }
+  free(left);
+  p->predicted_peak = peak;
+  p->predicted_transient_peak = tpeak;
+}
+
+/* Per top-level region: bytes of activations kept for backward, bytes
+ * recomputed, and recompute FLOPs. */
+static void region_stats(remat_step_plan *p) {
+  remat_graph *g = p->g;
+  p->region_stats = calloc((size_t)g->nregions + 1, sizeof *p->region_stats);
+  if (p->region_stats == NULL)
+    return;
+  for (int32_t t = 0; t < g->ntensors; t++) {
+    remat_tensor *x = g->tensors[t];
+    if (x->kind != TENSOR_ACT || x->region < 0)
+      continue;
+    plan_region_stats *rs = &p->region_stats[g->regions[x->region].top];
+    if (p->recomp_buf[t] >= 0)
+      rs->recomputed_bytes += tensor_bytes(x);
+    else if (p->saved[t] && !p->forward_only)
+      rs->saved_bytes += tensor_bytes(x);
+  }
+  for (int32_t i = 0; i < p->nknodes; i++)
+    if (p->knodes[i].kind == KNODE_RECOMPUTE && p->knodes[i].region >= 0)
+      p->region_stats[p->knodes[i].region].recompute_flops += p->knodes[i].flops;
+}
+
+void plan_report(remat_step_plan *p) {
+  region_stats(p);
+  remat_graph *g = p->g;
+  if (g->rt->config.verbose < 1 || p->region_stats == NULL)
+    return;
+  fprintf(stderr, "remat plan: %d ops, %d kernel nodes, %d tasks, %d regions\n",
+          g->nops, p->nknodes, sched_dag_num_tasks(p->dag), g->nregions);
+  for (int32_t r = 0; r < g->nregions; r++) {
+    if (g->regions[r].parent != -1)
+      continue;
+    plan_region_stats *rs = &p->region_stats[r];
+    fprintf(stderr,
+            "  region %d: saved %.2f MiB, recomputed %.2f MiB, recompute "
+            "%.3f GFLOP\n",
+            r, (double)rs->saved_bytes / 1048576.0,
+            (double)rs->recomputed_bytes / 1048576.0,
+            rs->recompute_flops * 1e-9);
+  }
+  fprintf(stderr,
+          "  model %.3f GFLOP, recompute %.3f GFLOP, predicted peak %.2f MiB "
+          "(activations %.2f MiB)\n",
+          p->flops * 1e-9, p->recompute_flops * 1e-9,
+          (double)p->predicted_peak / 1048576.0,
+          (double)p->predicted_transient_peak / 1048576.0);
+  if (g->rt->config.verbose < 2)
+    return;
+  for (int32_t i = 0; i < p->nknodes; i++) {
+    plan_knode *kn = &p->knodes[i];
+    fprintf(stderr, "  node %d: %s kind %d region %d tiles %lld\n", i,
+            kn->kernel ? kn->kernel->name : "(runtime)", (int)kn->kind,
+            kn->region, (long long)kn->tiles);
+  }
+}

@@ -1,0 +1,263 @@
+/* The worker pool: starting, binding and stopping the worker threads, and
+ * the sleeping and waking of idle workers (per NUMA node, with a sleeper
+ * count checked Dekker-style so that no wakeup is lost). */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sched/sched_internal.h"
+
+int64_t sched_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+bool sched_run_over(const sched_worker *w) {
+  return atomic_load(&w->pool->finished) == w->dag->ntasks;
+}
+
+/* Whether a sleeping worker should get up. The loads are seq_cst: with the
+ * seq_cst increment of the sleeper count before them and the seq_cst size
+ * store and sleeper-count load of a pusher, either the pusher sees the
+ * sleeper or the sleeper sees the task. */
+static bool has_work(const sched_worker *w) {
+  sched_pool *pool = w->pool;
+  if (sched_run_over(w) || atomic_load(&pool->nodes[w->node].inbox.size) > 0 ||
+      atomic_load(&pool->root_cursor) < w->dag->nroots)
+    return true;
+  for (int v = 0; v < pool->nworkers; v++)
+    if (atomic_load(&pool->workers[v].deque.size) > 0)
+      return true;
+  return false;
+}
+
+void sched_sleep_until_work(sched_worker *w) {
+  sched_node *node = &w->pool->nodes[w->node];
+  pthread_mutex_lock(&node->mutex);
+  atomic_fetch_add(&node->sleepers, 1);
+  while (!has_work(w))
+    pthread_cond_wait(&node->cond, &node->mutex);
+  atomic_fetch_sub(&node->sleepers, 1);
+  pthread_mutex_unlock(&node->mutex);
+}
+
+/* Wakes one sleeper of `node`, if it has any. Callers have just stored a
+ * queue size seq_cst; this load is seq_cst too (see has_work). */
+void sched_wake_node(sched_pool *pool, int node) {
+  sched_node *n = &pool->nodes[node];
+  if (atomic_load(&n->sleepers) == 0)
+    return;
+  pthread_mutex_lock(&n->mutex);
+  pthread_cond_signal(&n->cond);
+  pthread_mutex_unlock(&n->mutex);
+}
+
+/* Wakes every worker: a run starts or ends, or the pool stops. */
+void sched_wake_all(sched_pool *pool) {
+  for (int n = 0; n < pool->place.nnodes; n++) {
+    pthread_mutex_lock(&pool->nodes[n].mutex);
+    pthread_cond_broadcast(&pool->nodes[n].cond);
+    pthread_mutex_unlock(&pool->nodes[n].mutex);
+  }
+}
+
+/* Sleeps until a run starts (true) or the pool stops (false). */
+static bool wait_for_run(sched_worker *w, unsigned *seen) {
+  sched_pool *pool = w->pool;
+  sched_node *node = &pool->nodes[w->node];
+  pthread_mutex_lock(&node->mutex);
+  while (atomic_load(&pool->generation) == *seen &&
+         !atomic_load(&pool->shutdown))
+    pthread_cond_wait(&node->cond, &node->mutex);
+  *seen = atomic_load(&pool->generation);
+  pthread_mutex_unlock(&node->mutex);
+  return !atomic_load(&pool->shutdown);
+}
+
+static void leave_run(sched_pool *pool) {
+  pthread_mutex_lock(&pool->done_mutex);
+  if (--pool->active == 0)
+    pthread_cond_broadcast(&pool->done_cond);
+  pthread_mutex_unlock(&pool->done_mutex);
+}
+
+static void worker_start(sched_worker *w) {
+  sched_pool *pool = w->pool;
+  /* Tasks call oneDNN primitives, which run on OpenMP: with one OpenMP
+   * thread per worker each primitive runs single-threaded on this worker's
+   * core. Parallelism is the scheduler's, and nothing is oversubscribed. */
+  omp_set_num_threads(1);
+  /* Binding errors are ignored: placement still groups workers by node,
+   * and synthetic topologies bind nothing. */
+  if (pool->bind != SCHED_BIND_NONE)
+    (void)hwloc_set_cpubind(pool->topo, pool->place.cpuset[w->index],
+                            HWLOC_CPUBIND_THREAD);
+  pthread_mutex_lock(&pool->done_mutex);
+  pool->started++;
+  pthread_cond_broadcast(&pool->done_cond);
+  pthread_mutex_unlock(&pool->done_mutex);
+}
+
+static void *worker_main(void *arg) {
+  sched_worker *w = arg;
+  unsigned seen = 0;
+  worker_start(w);
+  while (wait_for_run(w, &seen)) {
+    w->dag = w->pool->dag;
+    sched_worker_run(w);
+    w->dag = NULL;
+    leave_run(w->pool);
+  }
+  return NULL;
+}
+
+static void *aligned_calloc(size_t count, size_t size) {
+  size_t bytes = count * size;
+  bytes = (bytes + SCHED_CACHE_LINE - 1) / SCHED_CACHE_LINE * SCHED_CACHE_LINE;
+  void *p = aligned_alloc(SCHED_CACHE_LINE, bytes ? bytes : SCHED_CACHE_LINE);
+  if (p)
+    memset(p, 0, bytes);
+  return p;
+}
+
+static void init_shared(sched_pool *pool) {
+  atomic_init(&pool->generation, 0);
+  atomic_init(&pool->shutdown, false);
+  atomic_init(&pool->error_status, 0);
+  atomic_init(&pool->root_cursor, 0);
+  atomic_init(&pool->finished, 0);
+  pthread_mutex_init(&pool->done_mutex, NULL);
+  pthread_cond_init(&pool->done_cond, NULL);
+  pthread_mutex_init(&pool->run_mutex, NULL);
+}
+
+static void init_nodes(sched_pool *pool) {
+  for (int n = 0; n < pool->place.nnodes; n++) {
+    sched_queue_init(&pool->nodes[n].inbox);
+    pthread_mutex_init(&pool->nodes[n].mutex, NULL);
+    pthread_cond_init(&pool->nodes[n].cond, NULL);
+    atomic_init(&pool->nodes[n].sleepers, 0);
+  }
+}
+
+static remat_status init_workers(sched_pool *pool) {
+  for (int i = 0; i < pool->nworkers; i++) {
+    sched_worker *w = &pool->workers[i];
+    sched_queue_init(&w->deque);
+    w->pool = pool;
+    w->index = i;
+    w->node = pool->place.worker_node[i];
+    w->victims = malloc((size_t)(pool->nworkers > 1 ? pool->nworkers - 1 : 1) *
+                        sizeof(int));
+    if (!w->victims)
+      return REMAT_ERR_OUT_OF_MEMORY;
+    sched_steal_order(&pool->place, i, w->victims);
+  }
+  return REMAT_OK;
+}
+
+/* Stops and joins the first `nstarted` workers, then frees everything. */
+static void teardown(sched_pool *pool, int nstarted) {
+  atomic_store(&pool->shutdown, true);
+  if (pool->nodes)
+    sched_wake_all(pool);
+  for (int i = 0; i < nstarted; i++)
+    pthread_join(pool->workers[i].thread, NULL);
+  for (int i = 0; pool->workers && i < pool->nworkers; i++)
+    free(pool->workers[i].victims);
+  if (pool->nodes)
+    for (int n = 0; n < pool->place.nnodes; n++) {
+      pthread_mutex_destroy(&pool->nodes[n].mutex);
+      pthread_cond_destroy(&pool->nodes[n].cond);
+    }
+  pthread_mutex_destroy(&pool->done_mutex);
+  pthread_cond_destroy(&pool->done_cond);
+  pthread_mutex_destroy(&pool->run_mutex);
+  free(pool->workers);
+  free(pool->nodes);
+  free(pool->pending);
+  free(pool->links.next);
+  free(pool->links.prev);
+  sched_placement_free(&pool->place);
+  free(pool);
+}
+
+static remat_status start_threads(sched_pool *pool,
+                                  char err[SCHED_ERRMSG_MAX]) {
+  for (int i = 0; i < pool->nworkers; i++) {
+    int rc = pthread_create(&pool->workers[i].thread, NULL, worker_main,
+                            &pool->workers[i]);
+    if (rc != 0) {
+      snprintf(err, SCHED_ERRMSG_MAX,
+               "cannot start worker %d of %d: %s", i, pool->nworkers,
+               strerror(rc));
+      teardown(pool, i);
+      return REMAT_ERR_BACKEND;
+    }
+  }
+  /* Workers bind with the caller's topology: wait until all have. */
+  pthread_mutex_lock(&pool->done_mutex);
+  while (pool->started < pool->nworkers)
+    pthread_cond_wait(&pool->done_cond, &pool->done_mutex);
+  pthread_mutex_unlock(&pool->done_mutex);
+  pool->topo = NULL;
+  return REMAT_OK;
+}
+
+remat_status sched_pool_create(hwloc_topology_t topo, int nthreads,
+                               sched_bind bind, sched_pool **out,
+                               char err[SCHED_ERRMSG_MAX]) {
+  if (!out) {
+    snprintf(err, SCHED_ERRMSG_MAX, "sched_pool_create: out is NULL");
+    return REMAT_ERR_INVALID_ARG;
+  }
+  *out = NULL;
+  sched_pool *pool = aligned_calloc(1, sizeof *pool);
+  if (!pool) {
+    snprintf(err, SCHED_ERRMSG_MAX, "sched_pool_create: out of memory");
+    return REMAT_ERR_OUT_OF_MEMORY;
+  }
+  remat_status status = sched_place_workers(topo, nthreads, bind,
+                                            &pool->place, err);
+  if (status != REMAT_OK) {
+    free(pool);
+    return status;
+  }
+  init_shared(pool);
+  pool->nworkers = nthreads;
+  pool->bind = bind;
+  pool->topo = topo;
+  pool->workers = aligned_calloc((size_t)nthreads, sizeof *pool->workers);
+  pool->nodes = aligned_calloc((size_t)pool->place.nnodes, sizeof *pool->nodes);
+  if (pool->nodes)
+    init_nodes(pool);
+  if (!pool->workers || !pool->nodes || init_workers(pool) != REMAT_OK) {
+    snprintf(err, SCHED_ERRMSG_MAX, "sched_pool_create: out of memory");
+    teardown(pool, 0);
+    return REMAT_ERR_OUT_OF_MEMORY;
+  }
+  status = start_threads(pool, err);
+  if (status == REMAT_OK)
+    *out = pool;
+  return status;
+}
+
+void sched_pool_destroy(sched_pool *pool) {
+  if (!pool)
+    return;
+  /* A run in progress finishes first. */
+  pthread_mutex_lock(&pool->run_mutex);
+  pthread_mutex_unlock(&pool->run_mutex);
+  teardown(pool, pool->nworkers);
+}
+
+int sched_pool_num_workers(const sched_pool *pool) {
+  return pool ? pool->nworkers : 0;
+}
+
+const sched_placement *sched_pool_placement(const sched_pool *pool) {
+  return pool ? &pool->place : NULL;
+}

@@ -1,0 +1,334 @@
+/* One run of a finalized DAG on a pool: the caller resets the dependency
+ * counters and wakes the workers, which find, run and release tasks until
+ * all have finished.
+ *
+ * Where a worker looks for its next task, in order:
+ *  1. the continuation: of the successors a finished task made ready, the
+ *     highest-priority one that may run on this worker's node runs next on
+ *     the same worker, with no queue traffic (chains cost one atomic
+ *     decrement per task);
+ *  2. its own deque, newest first (LIFO): the other newly ready successors
+ *     are pushed lowest priority first, so the next pop takes the next
+ *     highest;
+ *  3. its node's affinity inbox: a task with numa_node >= 0 is only ever
+ *     queued there (FIFO), and only workers of that node take from it;
+ *  4. the roots: sorted by priority at finalize and handed out from that
+ *     static array through an atomic cursor, in batches that shrink as the
+ *     roots run out (guided scheduling), so a million independent tasks cost
+ *     one atomic add per batch and the last roots still spread out;
+ *  5. stealing the oldest task (FIFO end) of other workers' deques, own
+ *     node first, in the order of sched_steal_order.
+ * Deques hold only tasks without affinity, so stealing never moves a task
+ * off its node. An idle worker spins, yields, then sleeps (pool.c). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "sched/sched_internal.h"
+
+#define ROOT_BATCH_MAX 32
+#define SPIN_PAUSES 64  /* find_task attempts with a pause between */
+#define SPIN_YIELDS 16  /* then attempts with a sched_yield between */
+
+static void record_error(sched_pool *pool, int32_t task, int status) {
+  int none = 0;
+  if (atomic_compare_exchange_strong(&pool->error_status, &none, status))
+    pool->error_task = task;
+}
+
+/* Runs the body of `task` unless an earlier task failed in this run. */
+static void run_task(sched_worker *w, int32_t task) {
+  sched_pool *pool = w->pool;
+  const sched_task *t = &w->dag->tasks[task];
+  sched_trace_record *trace = pool->trace;
+  if (trace) {
+    trace[task].worker = w->index;
+    trace[task].start_ns = sched_now_ns();
+  }
+  if (atomic_load_explicit(&pool->error_status, memory_order_relaxed) == 0) {
+    int status = t->fn(t->arg, w->index);
+    if (status != 0)
+      record_error(pool, task, status);
+  }
+  if (trace)
+    trace[task].end_ns = sched_now_ns();
+  w->finished++;
+}
+
+/* Wakes a sleeper for a task just pushed on a deque: one of this worker's
+ * node if any sleeps, else of the nearest node that has one. */
+static void wake_for_deque(sched_worker *w) {
+  sched_pool *pool = w->pool;
+  int nnodes = pool->place.nnodes;
+  for (int i = 0; i < nnodes; i++) {
+    int node = (w->node + i) % nnodes;
+    if (atomic_load(&pool->nodes[node].sleepers) > 0) {
+      sched_wake_node(pool, node);
+      return;
+    }
+  }
+}
+
+static void push_ready(sched_worker *w, int32_t task) {
+  sched_pool *pool = w->pool;
+  int node = w->dag->tasks[task].numa_node;
+  if (node < 0) {
+    sched_queue_push(&w->deque, pool->links, task);
+    wake_for_deque(w);
+  } else {
+    sched_queue_push(&pool->nodes[node].inbox, pool->links, task);
+    sched_wake_node(pool, node);
+  }
+}
+
+/* Releases the successors of a finished task and returns the one to run
+ * next on this worker (-1 if none). Successor lists are sorted highest
+ * priority first; walking them backwards pushes the ready ones lowest
+ * priority first and holds back the highest one this node may run. */
+static int32_t release_successors(sched_worker *w, int32_t task) {
+  const sched_dag *dag = w->dag;
+  atomic_int *pending = w->pool->pending;
+  int32_t next = -1;
+  for (int32_t e = dag->succ_first[task + 1] - 1; e >= dag->succ_first[task];
+       e--) {
+    int32_t s = dag->succ[e];
+    if (atomic_fetch_sub_explicit(&pending[s], 1, memory_order_acq_rel) != 1)
+      continue;
+    int node = dag->tasks[s].numa_node;
+    if (node >= 0 && node != w->node) {
+      push_ready(w, s);
+      continue;
+    }
+    if (next >= 0)
+      push_ready(w, next);
+    next = s;
+  }
+  return next;
+}
+
+static void run_chain(sched_worker *w, int32_t task) {
+  while (task >= 0) {
+    run_task(w, task);
+    task = release_successors(w, task);
+  }
+}
+
+/* The next root for this worker: from its claimed batch, else a new batch
+ * of about a (2 * workers)-th of the roots left, at most ROOT_BATCH_MAX. */
+static int32_t next_root(sched_worker *w) {
+  const sched_dag *dag = w->dag;
+  if (w->root_next < w->root_end)
+    return dag->roots[w->root_next++];
+  atomic_int *cursor = &w->pool->root_cursor;
+  int32_t n = dag->nroots;
+  int32_t first = atomic_load_explicit(cursor, memory_order_relaxed);
+  if (first >= n)
+    return -1;
+  int32_t batch = (n - first) / (2 * w->pool->nworkers);
+  batch = batch < 1 ? 1 : batch > ROOT_BATCH_MAX ? ROOT_BATCH_MAX : batch;
+  first = atomic_fetch_add_explicit(cursor, batch, memory_order_relaxed);
+  if (first >= n)
+    return -1;
+  w->root_next = first + 1;
+  w->root_end = first + batch < n ? first + batch : n;
+  return dag->roots[first];
+}
+
+static int32_t steal(sched_worker *w) {
+  sched_pool *pool = w->pool;
+  for (int i = 0; i < pool->nworkers - 1; i++) {
+    sched_queue *victim = &pool->workers[w->victims[i]].deque;
+    if (sched_queue_size(victim) == 0)
+      continue;
+    int32_t task = sched_queue_pop_head(victim, pool->links);
+    if (task >= 0)
+      return task;
+  }
+  return -1;
+}
+
+static int32_t find_task(sched_worker *w) {
+  sched_pool *pool = w->pool;
+  int32_t task = -1;
+  if (sched_queue_size(&w->deque) > 0)
+    task = sched_queue_pop_tail(&w->deque, pool->links);
+  sched_queue *inbox = &pool->nodes[w->node].inbox;
+  if (task < 0 && sched_queue_size(inbox) > 0)
+    task = sched_queue_pop_head(inbox, pool->links);
+  if (task < 0)
+    task = next_root(w);
+  if (task < 0)
+    task = steal(w);
+  return task;
+}
+
+/* Adds this worker's finished count to the pool's; the worker that brings
+ * it to the number of tasks wakes everyone to end the run. Returns whether
+ * the run is over. */
+static bool flush_finished(sched_worker *w) {
+  if (w->finished > 0) {
+    int64_t total = atomic_fetch_add(&w->pool->finished, w->finished);
+    total += w->finished;
+    w->finished = 0;
+    if (total == w->dag->ntasks) {
+      sched_wake_all(w->pool);
+      return true;
+    }
+  }
+  return sched_run_over(w);
+}
+
+/* Waits for a task when find_task found none; -1 when the run is over. */
+static int32_t wait_for_task(sched_worker *w) {
+  for (;;) {
+    if (flush_finished(w))
+      return -1;
+    for (int i = 0; i < SPIN_PAUSES + SPIN_YIELDS; i++) {
+      int32_t task = find_task(w);
+      if (task >= 0)
+        return task;
+      if (sched_run_over(w))
+        return -1;
+      if (i < SPIN_PAUSES)
+        SCHED_CPU_RELAX();
+      else
+        sched_yield();
+    }
+    sched_sleep_until_work(w);
+  }
+}
+
+void sched_worker_run(sched_worker *w) {
+  w->root_next = w->root_end = 0;
+  w->finished = 0;
+  for (;;) {
+    int32_t task = find_task(w);
+    if (task < 0)
+      task = wait_for_task(w);
+    if (task < 0)
+      return;
+    run_chain(w, task);
+  }
+}
+
+/* ---- the caller's side ---- */
+
+static remat_status check_run(const sched_pool *pool, const sched_dag *dag,
+                              char err[SCHED_ERRMSG_MAX]) {
+  if (!pool || !dag) {
+    snprintf(err, SCHED_ERRMSG_MAX, "sched_run: pool or dag is NULL");
+    return REMAT_ERR_INVALID_ARG;
+  }
+  if (!dag->finalized) {
+    snprintf(err, SCHED_ERRMSG_MAX, "sched_run: the DAG is not finalized");
+    return REMAT_ERR_STATE;
+  }
+  if (dag->max_node >= pool->place.nnodes) {
+    const char *name = dag->tasks[dag->max_node_task].name;
+    snprintf(err, SCHED_ERRMSG_MAX,
+             "task %d '%s' wants NUMA node %d but the pool has %d node(s)",
+             (int)dag->max_node_task, name ? name : "", (int)dag->max_node,
+             pool->place.nnodes);
+    return REMAT_ERR_INVALID_ARG;
+  }
+  return REMAT_OK;
+}
+
+/* Per-task arrays for a DAG bigger than any run before. */
+static remat_status ensure_capacity(sched_pool *pool, int32_t ntasks,
+                                    char err[SCHED_ERRMSG_MAX]) {
+  if (ntasks <= pool->capacity)
+    return REMAT_OK;
+  free(pool->pending);
+  free(pool->links.next);
+  free(pool->links.prev);
+  pool->pending = malloc((size_t)ntasks * sizeof *pool->pending);
+  pool->links.next = malloc((size_t)ntasks * sizeof(int32_t));
+  pool->links.prev = malloc((size_t)ntasks * sizeof(int32_t));
+  pool->capacity = ntasks;
+  if (pool->pending && pool->links.next && pool->links.prev)
+    return REMAT_OK;
+  pool->capacity = 0;
+  snprintf(err, SCHED_ERRMSG_MAX, "sched_run: out of memory for %d tasks",
+           (int)ntasks);
+  return REMAT_ERR_OUT_OF_MEMORY;
+}
+
+static void prepare_run(sched_pool *pool, const sched_dag *dag) {
+  for (int32_t t = 0; t < dag->ntasks; t++)
+    atomic_store_explicit(&pool->pending[t], dag->npred[t],
+                          memory_order_relaxed);
+  atomic_store(&pool->root_cursor, 0);
+  atomic_store(&pool->finished, 0);
+  pool->error_task = -1;
+  pool->dag = dag;
+  for (int32_t i = 0; i < dag->naffine_roots; i++) {
+    int32_t t = dag->roots[dag->nroots + i];
+    sched_queue_push(&pool->nodes[dag->tasks[t].numa_node].inbox, pool->links,
+                     t);
+  }
+}
+
+/* Starts the workers on the prepared run and waits until all have left. */
+static void execute(sched_pool *pool) {
+  pthread_mutex_lock(&pool->done_mutex);
+  pool->active = pool->nworkers;
+  pthread_mutex_unlock(&pool->done_mutex);
+  atomic_fetch_add(&pool->generation, 1);
+  sched_wake_all(pool);
+  pthread_mutex_lock(&pool->done_mutex);
+  while (pool->active > 0)
+    pthread_cond_wait(&pool->done_cond, &pool->done_mutex);
+  pthread_mutex_unlock(&pool->done_mutex);
+  pool->dag = NULL;
+}
+
+static remat_status run_locked(sched_pool *pool, const sched_dag *dag,
+                               const char *trace_path,
+                               char err[SCHED_ERRMSG_MAX]) {
+  remat_status status = ensure_capacity(pool, dag->ntasks, err);
+  if (status != REMAT_OK)
+    return status;
+  if (trace_path) {
+    pool->trace = calloc(dag->ntasks ? (size_t)dag->ntasks : 1,
+                         sizeof *pool->trace);
+    if (!pool->trace) {
+      snprintf(err, SCHED_ERRMSG_MAX, "sched_run: out of memory for a trace");
+      return REMAT_ERR_OUT_OF_MEMORY;
+    }
+    pool->trace_origin_ns = sched_now_ns();
+  }
+  if (dag->ntasks > 0) {
+    prepare_run(pool, dag);
+    execute(pool);
+  }
+  int failed = atomic_load(&pool->error_status);
+  if (failed != 0) {
+    const char *name = dag->tasks[pool->error_task].name;
+    snprintf(err, SCHED_ERRMSG_MAX, "task %d '%s' failed with status %d",
+             (int)pool->error_task, name ? name : "", failed);
+    status = (remat_status)failed;
+  }
+  if (trace_path) {
+    char trace_err[SCHED_ERRMSG_MAX];
+    remat_status traced = sched_trace_write(pool, dag, trace_path, trace_err);
+    if (traced != REMAT_OK && status == REMAT_OK) {
+      snprintf(err, SCHED_ERRMSG_MAX, "%s", trace_err);
+      status = traced;
+    }
+    free(pool->trace);
+    pool->trace = NULL;
+  }
+  return status;
+}
+
+remat_status sched_run(sched_pool *pool, sched_dag *dag,
+                       const sched_run_opts *opts, char err[SCHED_ERRMSG_MAX]) {
+  remat_status status = check_run(pool, dag, err);
+  if (status != REMAT_OK)
+    return status;
+  pthread_mutex_lock(&pool->run_mutex);
+  atomic_store(&pool->error_status, 0);
+  status = run_locked(pool, dag, opts ? opts->trace_path : NULL, err);
+  pthread_mutex_unlock(&pool->run_mutex);
+  return status;
+}

@@ -1,0 +1,100 @@
+/* The task scheduler: a pool of pinned worker threads that runs a prebuilt
+ * dependency DAG of tasks many times, with work stealing, priorities and
+ * NUMA affinity. It knows nothing of ops: a task is a function and an arg. */
+#ifndef REMAT_SCHED_H
+#define REMAT_SCHED_H
+
+#include <hwloc.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "remat.h"
+
+/* Limits: exceeding one is an error (REMAT_ERR_LIMIT), never a crash. */
+#define SCHED_MAX_THREADS 1024
+#define SCHED_MAX_TASKS (1 << 26)
+#define SCHED_MAX_EDGES (1 << 28)
+#define SCHED_ERRMSG_MAX 256
+
+typedef enum sched_bind {
+  SCHED_BIND_CORE = 0, /* each worker on one core */
+  SCHED_BIND_NUMA = 1, /* each worker on all cores of its NUMA node */
+  SCHED_BIND_NONE = 2  /* no binding; workers still grouped by node */
+} sched_bind;
+
+/* A task body. `worker` is the index of the worker running it. A non-zero
+ * return is a remat_status: the run records the first one, skips the bodies
+ * of the tasks that remain (their successors are still released) and
+ * returns it. */
+typedef int (*sched_task_fn)(void *arg, int worker);
+
+/* Where workers go: computed from a topology, with no binding done, so that
+ * synthetic topologies can test it on any machine. */
+typedef struct sched_placement {
+  int nworkers;
+  int nnodes;          /* NUMA nodes that hold at least one worker */
+  int *worker_node;    /* [nworkers] node index in 0..nnodes-1 */
+  hwloc_bitmap_t *cpuset; /* [nworkers] cpuset to bind to (owned) */
+  int *node_first;     /* [nnodes+1] workers of node n are node_first[n].. */
+} sched_placement;
+
+/* Fills `out`: workers spread over NUMA nodes in proportion to their cores,
+ * grouped so that workers of a node have consecutive indices. */
+remat_status sched_place_workers(hwloc_topology_t topo, int nthreads,
+                                 sched_bind bind, sched_placement *out,
+                                 char err[SCHED_ERRMSG_MAX]);
+void sched_placement_free(sched_placement *p);
+
+/* Victims a worker tries to steal from, nearest first: the other workers of
+ * its own node, then those of the other nodes. `victims` holds nworkers-1. */
+void sched_steal_order(const sched_placement *p, int worker, int *victims);
+
+/* Physical cores that the topology reports (at least 1). */
+int sched_physical_cores(hwloc_topology_t topo);
+
+/* ---- DAG ---- */
+typedef struct sched_dag sched_dag;
+
+remat_status sched_dag_create(sched_dag **out, char err[SCHED_ERRMSG_MAX]);
+void sched_dag_destroy(sched_dag *dag);
+
+/* Adds a task; returns its id (>= 0) or a negative remat_status. `name` and
+ * `category` are kept as pointers (they must outlive the DAG) and appear in
+ * traces. Higher `priority` runs first among ready tasks. `numa_node` is -1
+ * (anywhere) or a node index of the pool's placement. */
+int32_t sched_dag_add(sched_dag *dag, sched_task_fn fn, void *arg,
+                      int32_t priority, int numa_node, const char *name,
+                      const char *category);
+/* `to` runs only after `from` has finished. */
+remat_status sched_dag_edge(sched_dag *dag, int32_t from, int32_t to);
+/* Freezes the DAG: builds successor arrays and refuses a cycle with a
+ * message naming a task on it. Required before sched_run; no tasks or edges
+ * may be added afterwards. */
+remat_status sched_dag_finalize(sched_dag *dag, char err[SCHED_ERRMSG_MAX]);
+int32_t sched_dag_num_tasks(const sched_dag *dag);
+
+/* ---- worker pool ---- */
+typedef struct sched_pool sched_pool;
+
+/* Starts the workers. Each worker calls omp_set_num_threads(1) once and is
+ * bound according to `bind` (binding failures are ignored: placement still
+ * groups workers by node). */
+remat_status sched_pool_create(hwloc_topology_t topo, int nthreads,
+                               sched_bind bind, sched_pool **out,
+                               char err[SCHED_ERRMSG_MAX]);
+void sched_pool_destroy(sched_pool *pool);
+int sched_pool_num_workers(const sched_pool *pool);
+const sched_placement *sched_pool_placement(const sched_pool *pool);
+
+/* Per-run options. */
+typedef struct sched_run_opts {
+  const char *trace_path; /* NULL: no trace; else Chrome trace-event JSON */
+} sched_run_opts;
+
+/* Runs every task of a finalized DAG once, respecting edges; returns when
+ * all have finished. Runs on one pool are serialized (a second caller waits
+ * for the first). Allocates nothing unless tracing. */
+remat_status sched_run(sched_pool *pool, sched_dag *dag,
+                       const sched_run_opts *opts, char err[SCHED_ERRMSG_MAX]);
+
+#endif

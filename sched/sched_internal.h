@@ -1,0 +1,238 @@
+/* Internals shared by the scheduler's files: the DAG's frozen arrays, the
+ * per-worker and per-node structures of a pool, and the spinlock-guarded
+ * task queues they run on. Nothing here is part of the contract in sched.h;
+ * tests may use sched_dag_set_limits to reach the limits cheaply. */
+#ifndef REMAT_SCHED_INTERNAL_H
+#define REMAT_SCHED_INTERNAL_H
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "sched/sched.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SCHED_CPU_RELAX() _mm_pause()
+#else
+#define SCHED_CPU_RELAX() ((void)0)
+#endif
+
+#define SCHED_CACHE_LINE 64
+
+/* ---- DAG (dag.c) ---- */
+
+typedef struct sched_task {
+  sched_task_fn fn;
+  void *arg;
+  const char *name;     /* may be NULL */
+  const char *category; /* may be NULL */
+  int32_t priority;
+  int32_t numa_node; /* -1: anywhere */
+} sched_task;
+
+struct sched_dag {
+  sched_task *tasks;
+  int32_t ntasks, task_cap, max_tasks;
+  int32_t *edge_from, *edge_to; /* freed at finalize */
+  int64_t nedges, edge_cap, max_edges;
+  bool finalized;
+  /* Frozen at finalize. */
+  int32_t *succ_first; /* [ntasks+1] CSR offsets into succ */
+  int32_t *succ;       /* [nedges] each list highest priority first */
+  int32_t *npred;      /* [ntasks] dependency count a run starts from */
+  int32_t *roots;      /* [nroots + naffine_roots] highest priority first */
+  int32_t nroots;        /* roots with no affinity: roots[0..nroots) */
+  int32_t naffine_roots; /* roots with a NUMA node follow them */
+  int32_t max_node;      /* highest numa_node of any task, -1 if none */
+  int32_t max_node_task; /* a task that has max_node */
+};
+
+/* Lowers the limits of one DAG (tests reach them without 2^26 tasks). */
+void sched_dag_set_limits(sched_dag *dag, int32_t max_tasks,
+                          int64_t max_edges);
+
+/* ---- queues ---- */
+
+/* A queue of task ids threaded through per-task link arrays (each task sits
+ * in at most one queue at a time, and in at most one per run), guarded by a
+ * test-and-test-and-set spinlock. The owner pushes and pops at the tail
+ * (LIFO); thieves and inbox readers take from the head (FIFO). `size` can be
+ * read without the lock to skip empty queues; it is stored seq_cst so that a
+ * pusher's later check of a sleeper count pairs Dekker-style with a
+ * sleeper's check of the sizes (see pool.c). */
+typedef struct sched_queue {
+  atomic_int lock;
+  int32_t head; /* oldest task, -1 if empty */
+  int32_t tail; /* newest task, -1 if empty */
+  atomic_int size;
+} sched_queue;
+
+typedef struct sched_links {
+  int32_t *next; /* toward the tail */
+  int32_t *prev; /* toward the head */
+} sched_links;
+
+static inline void sched_spin_lock(atomic_int *lock) {
+  for (unsigned spins = 0;; spins++) {
+    if (!atomic_exchange_explicit(lock, 1, memory_order_acquire))
+      return;
+    while (atomic_load_explicit(lock, memory_order_relaxed)) {
+      SCHED_CPU_RELAX();
+      /* A preempted holder (more workers than cores) must get to run. */
+      if (++spins % 256 == 0)
+        sched_yield();
+    }
+  }
+}
+
+static inline void sched_spin_unlock(atomic_int *lock) {
+  atomic_store_explicit(lock, 0, memory_order_release);
+}
+
+static inline void sched_queue_init(sched_queue *q) {
+  atomic_init(&q->lock, 0);
+  q->head = q->tail = -1;
+  atomic_init(&q->size, 0);
+}
+
+static inline int sched_queue_size(sched_queue *q) {
+  return atomic_load_explicit(&q->size, memory_order_relaxed);
+}
+
+static inline void sched_queue_set_size(sched_queue *q, int delta,
+                                        memory_order order) {
+  int size = atomic_load_explicit(&q->size, memory_order_relaxed);
+  atomic_store_explicit(&q->size, size + delta, order);
+}
+
+static inline void sched_queue_push(sched_queue *q, sched_links links,
+                                    int32_t task) {
+  sched_spin_lock(&q->lock);
+  links.next[task] = -1;
+  links.prev[task] = q->tail;
+  if (q->tail >= 0)
+    links.next[q->tail] = task;
+  else
+    q->head = task;
+  q->tail = task;
+  sched_queue_set_size(q, 1, memory_order_seq_cst);
+  sched_spin_unlock(&q->lock);
+}
+
+static inline int32_t sched_queue_pop_tail(sched_queue *q, sched_links links) {
+  sched_spin_lock(&q->lock);
+  int32_t task = q->tail;
+  if (task >= 0) {
+    q->tail = links.prev[task];
+    if (q->tail >= 0)
+      links.next[q->tail] = -1;
+    else
+      q->head = -1;
+    sched_queue_set_size(q, -1, memory_order_relaxed);
+  }
+  sched_spin_unlock(&q->lock);
+  return task;
+}
+
+static inline int32_t sched_queue_pop_head(sched_queue *q, sched_links links) {
+  sched_spin_lock(&q->lock);
+  int32_t task = q->head;
+  if (task >= 0) {
+    q->head = links.next[task];
+    if (q->head >= 0)
+      links.prev[q->head] = -1;
+    else
+      q->tail = -1;
+    sched_queue_set_size(q, -1, memory_order_relaxed);
+  }
+  sched_spin_unlock(&q->lock);
+  return task;
+}
+
+/* ---- pool (pool.c, run.c) ---- */
+
+struct sched_pool;
+
+/* One worker. The first cache line is what thieves touch; the rest is the
+ * worker's own, so that stealing does not bounce it. */
+typedef struct sched_worker {
+  alignas(SCHED_CACHE_LINE) sched_queue deque;
+  alignas(SCHED_CACHE_LINE) struct sched_pool *pool;
+  const sched_dag *dag; /* of the current run */
+  int index;
+  int node;
+  int *victims;       /* [nworkers-1] steal order, nearest first */
+  int32_t root_next;  /* roots claimed by this worker and not yet started: */
+  int32_t root_end;   /* dag->roots[root_next..root_end) */
+  int64_t finished;   /* tasks finished, not yet added to pool->finished */
+  pthread_t thread;
+} sched_worker;
+
+/* One NUMA node: its affinity inbox and the place its idle workers sleep. */
+typedef struct sched_node {
+  alignas(SCHED_CACHE_LINE) sched_queue inbox;
+  alignas(SCHED_CACHE_LINE) pthread_mutex_t mutex;
+  pthread_cond_t cond;
+  atomic_int sleepers; /* workers of this node asleep in a run */
+} sched_node;
+
+/* Where and when one task ran, for the trace. */
+typedef struct sched_trace_record {
+  int32_t worker;
+  int64_t start_ns;
+  int64_t end_ns;
+} sched_trace_record;
+
+struct sched_pool {
+  sched_placement place;
+  int nworkers;
+  sched_bind bind;
+  sched_worker *workers; /* [nworkers], cache-line aligned */
+  sched_node *nodes;     /* [place.nnodes], cache-line aligned */
+  hwloc_topology_t topo; /* only while the workers start */
+
+  /* Per-task state of a run, sized for the largest DAG run so far. */
+  int32_t capacity;
+  atomic_int *pending; /* predecessors not yet finished */
+  sched_links links;   /* queue links */
+  sched_trace_record *trace; /* only while a traced run is in progress */
+  int64_t trace_origin_ns;
+
+  /* Read-mostly during a run. */
+  alignas(SCHED_CACHE_LINE) const sched_dag *dag;
+  atomic_uint generation; /* bumped to start a run */
+  atomic_bool shutdown;
+  atomic_int error_status; /* first non-zero task status */
+  int32_t error_task;      /* written by the task that set error_status */
+
+  alignas(SCHED_CACHE_LINE) atomic_int root_cursor;
+  alignas(SCHED_CACHE_LINE) atomic_llong finished;
+
+  /* Start and end of runs: workers in the current run, workers started. */
+  alignas(SCHED_CACHE_LINE) pthread_mutex_t done_mutex;
+  pthread_cond_t done_cond;
+  int active;
+  int started;
+  pthread_mutex_t run_mutex; /* serializes sched_run */
+};
+
+/* run.c: the body of one run on one worker; returns when all tasks of
+ * w->dag have finished. */
+void sched_worker_run(sched_worker *w);
+
+/* pool.c: sleeping and waking of workers. */
+void sched_sleep_until_work(sched_worker *w);
+void sched_wake_node(struct sched_pool *pool, int node);
+void sched_wake_all(struct sched_pool *pool);
+bool sched_run_over(const sched_worker *w);
+int64_t sched_now_ns(void);
+
+/* trace.c: writes the records of the run that just ended. */
+remat_status sched_trace_write(const struct sched_pool *pool,
+                               const sched_dag *dag, const char *path,
+                               char err[SCHED_ERRMSG_MAX]);
+
+#endif

@@ -1,0 +1,202 @@
+/* Tests of configuration: every bad REMAT_* value gets its exact error,
+ * good values and code overrides take effect, byte sizes parse, and policy
+ * strings parse or fail with a message that lists the valid choices. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "remat.h"
+
+static const char *const vars[] = {"REMAT_NUM_THREADS", "REMAT_BIND",
+                                   "REMAT_POLICY", "REMAT_MEMORY_BUDGET",
+                                   "REMAT_LOOKAHEAD", "REMAT_TRACE",
+                                   "REMAT_VERBOSE"};
+
+static int clear_env(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+    unsetenv(vars[i]);
+  return 0;
+}
+
+static void expect_env_error(const char *var, const char *value,
+                             const char *message) {
+  clear_env(NULL);
+  setenv(var, value, 1);
+  remat_runtime *rt = (remat_runtime *)0x1;
+  assert_int_equal(remat_runtime_create(NULL, &rt), REMAT_ERR_CONFIG);
+  assert_null(rt);
+  assert_string_equal(remat_last_error(), message);
+  unsetenv(var);
+}
+
+#define THREADS_MSG(v)                                                         \
+  "REMAT_NUM_THREADS='" v "' is not valid: expected a whole number of worker " \
+  "threads from 1 to 1024"
+
+static void test_bad_threads(void **state) {
+  (void)state;
+  expect_env_error("REMAT_NUM_THREADS", "0", THREADS_MSG("0"));
+  expect_env_error("REMAT_NUM_THREADS", "-3", THREADS_MSG("-3"));
+  expect_env_error("REMAT_NUM_THREADS", "abc", THREADS_MSG("abc"));
+  expect_env_error("REMAT_NUM_THREADS", "100000", THREADS_MSG("100000"));
+  expect_env_error("REMAT_NUM_THREADS", "4x", THREADS_MSG("4x"));
+  expect_env_error("REMAT_NUM_THREADS", "", THREADS_MSG(""));
+}
+
+static void test_bad_bind(void **state) {
+  (void)state;
+  expect_env_error("REMAT_BIND", "foo",
+                   "REMAT_BIND='foo' is not valid: expected one of core, "
+                   "numa, none");
+}
+
+#define BUDGET_MSG(v)                                                          \
+  "REMAT_MEMORY_BUDGET='" v "' is not valid: expected a positive byte size "   \
+  "with an optional unit and no space, such as 1.5GiB, 800MB or 4096 (units " \
+  "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+
+static void test_bad_budget_lookahead_verbose(void **state) {
+  (void)state;
+  expect_env_error("REMAT_MEMORY_BUDGET", "1.5 GB", BUDGET_MSG("1.5 GB"));
+  expect_env_error("REMAT_MEMORY_BUDGET", "-3MB", BUDGET_MSG("-3MB"));
+  expect_env_error("REMAT_MEMORY_BUDGET", "lots", BUDGET_MSG("lots"));
+  expect_env_error("REMAT_LOOKAHEAD", "0",
+                   "REMAT_LOOKAHEAD='0' is not valid: expected a whole number "
+                   "of regions from 1 to 64");
+  expect_env_error("REMAT_VERBOSE", "3",
+                   "REMAT_VERBOSE='3' is not valid: expected 0 (quiet), 1 "
+                   "(plan summary) or 2 (per task)");
+}
+
+static void test_bad_policy_env(void **state) {
+  (void)state;
+  expect_env_error(
+      "REMAT_POLICY", "dots_savable",
+      "REMAT_POLICY: unknown remat policy 'dots_savable': expected one of "
+      "everything_saveable, nothing_saveable, dots_saveable, checkpoint_dots, "
+      "dots_with_no_batch_dims_saveable, save_only_these_names:NAME[,NAME...], "
+      "save_any_names_but_these:NAME[,NAME...], save_from_both_policies:P+Q, "
+      "auto");
+}
+
+static void test_good_env_and_override(void **state) {
+  (void)state;
+  clear_env(NULL);
+  setenv("REMAT_NUM_THREADS", "3", 1);
+  setenv("REMAT_BIND", "none", 1);
+  setenv("REMAT_MEMORY_BUDGET", "1.5GiB", 1);
+  setenv("REMAT_POLICY", "dots_saveable", 1);
+  remat_runtime *rt = NULL;
+  assert_int_equal(remat_runtime_create(NULL, &rt), REMAT_OK);
+  remat_config c;
+  assert_int_equal(remat_runtime_config(rt, &c), REMAT_OK);
+  assert_int_equal(c.num_threads, 3);
+  assert_int_equal(remat_runtime_num_threads(rt), 3);
+  assert_int_equal(c.bind, REMAT_BIND_NONE);
+  assert_int_equal(c.memory_budget, (int64_t)(1.5 * 1073741824.0));
+  assert_string_equal(c.policy, "dots_saveable");
+  assert_int_equal(c.lookahead, 1);
+  remat_runtime_destroy(rt);
+
+  /* Code wins only for the fields it sets. */
+  remat_config code = {.set = REMAT_SET_NUM_THREADS, .num_threads = 2};
+  assert_int_equal(remat_runtime_create(&code, &rt), REMAT_OK);
+  assert_int_equal(remat_runtime_config(rt, &c), REMAT_OK);
+  assert_int_equal(c.num_threads, 2);
+  assert_int_equal(c.bind, REMAT_BIND_NONE);
+  remat_runtime_destroy(rt);
+
+  code.num_threads = 0;
+  assert_int_equal(remat_runtime_create(&code, &rt), REMAT_ERR_CONFIG);
+  assert_string_equal(remat_last_error(),
+                      "remat_config.num_threads=0 is not valid: expected 1 to "
+                      "1024");
+  clear_env(NULL);
+}
+
+static void test_parse_bytes(void **state) {
+  (void)state;
+  int64_t b = 0;
+  assert_int_equal(remat_parse_bytes("800MB", &b), REMAT_OK);
+  assert_int_equal(b, 800000000);
+  assert_int_equal(remat_parse_bytes("2KiB", &b), REMAT_OK);
+  assert_int_equal(b, 2048);
+  assert_int_equal(remat_parse_bytes("4096", &b), REMAT_OK);
+  assert_int_equal(b, 4096);
+  assert_int_equal(remat_parse_bytes("0.5KB", &b), REMAT_OK);
+  assert_int_equal(b, 500);
+  const char *bad[] = {"", "0", "1.5 GB", "-3MB", "lots", "1GBB", "1..5MB",
+                       "MB"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    assert_int_equal(remat_parse_bytes(bad[i], &b), REMAT_ERR_CONFIG);
+}
+
+static void expect_policy_error(const char *text, const char *message) {
+  remat_policy *p = (remat_policy *)0x1;
+  assert_int_equal(remat_policy_parse(text, &p), REMAT_ERR_POLICY);
+  assert_null(p);
+  assert_string_equal(remat_last_error(), message);
+}
+
+static void test_policy_strings(void **state) {
+  (void)state;
+  const char *good[] = {
+      "everything_saveable", "nothing_saveable", "dots_saveable",
+      "dots_with_no_batch_dims_saveable", "save_only_these_names:attn_out,ffn_in",
+      "save_any_names_but_these:attn_probs", "auto",
+      "save_from_both_policies:dots_saveable+save_only_these_names:attn_probs"};
+  for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+    remat_policy *p = NULL;
+    assert_int_equal(remat_policy_parse(good[i], &p), REMAT_OK);
+    char buf[256];
+    assert_int_equal(remat_policy_format(p, buf, sizeof buf), REMAT_OK);
+    assert_string_equal(buf, good[i]);
+    remat_policy_destroy(p);
+  }
+  remat_policy *alias = NULL;
+  assert_int_equal(remat_policy_parse("checkpoint_dots", &alias), REMAT_OK);
+  char buf[64];
+  assert_int_equal(remat_policy_format(alias, buf, sizeof buf), REMAT_OK);
+  assert_string_equal(buf, "dots_saveable");
+  remat_policy_destroy(alias);
+
+  expect_policy_error(
+      "dots_savable",
+      "unknown remat policy 'dots_savable': expected one of "
+      "everything_saveable, nothing_saveable, dots_saveable, checkpoint_dots, "
+      "dots_with_no_batch_dims_saveable, save_only_these_names:NAME[,NAME...], "
+      "save_any_names_but_these:NAME[,NAME...], save_from_both_policies:P+Q, "
+      "auto");
+  expect_policy_error("save_only_these_names:",
+                      "'save_only_these_names:' has an empty name: expected "
+                      "save_only_these_names:NAME[,NAME...], e.g. "
+                      "save_only_these_names:attn_out,ffn_in");
+  expect_policy_error("save_any_names_but_these:a,,b",
+                      "'save_any_names_but_these:a,,b' has an empty name: "
+                      "expected save_any_names_but_these:NAME[,NAME...], e.g. "
+                      "save_any_names_but_these:attn_out,ffn_in");
+  expect_policy_error("save_from_both_policies:dots_saveable",
+                      "'save_from_both_policies:dots_saveable' is not valid: "
+                      "expected save_from_both_policies:P+Q, e.g. "
+                      "save_from_both_policies:dots_saveable+"
+                      "save_only_these_names:attn_probs");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup(test_bad_threads, clear_env),
+      cmocka_unit_test_setup(test_bad_bind, clear_env),
+      cmocka_unit_test_setup(test_bad_budget_lookahead_verbose, clear_env),
+      cmocka_unit_test_setup(test_bad_policy_env, clear_env),
+      cmocka_unit_test_setup(test_good_env_and_override, clear_env),
+      cmocka_unit_test(test_parse_bytes),
+      cmocka_unit_test(test_policy_strings),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,716 @@
+/* Tests of ops/: for every op, the forward kernels against a double
+ * precision reference and every input gradient against central differences
+ * of L = sum(out * seed) on that reference, in overwrite, accumulate and
+ * skipped (NULL din) modes, with shapes whose rows do not divide the tiles;
+ * plus op_infer messages, bad token and target ids, and order independence
+ * of tiles. Kernels run single-threaded on one op_worker. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ops/op.h"
+
+static dnnl_engine_t engine;
+static dnnl_stream_t stream;
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static double uniform(double lo, double hi) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return lo + (hi - lo) * (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+static op_shape shape(int ndim, ...) {
+  op_shape s = {.ndim = ndim};
+  va_list ap;
+  va_start(ap, ndim);
+  for (int i = 0; i < ndim; i++) s.dim[i] = va_arg(ap, int64_t);
+  va_end(ap);
+  return s;
+}
+#define S1(a) shape(1, (int64_t)(a))
+#define S2(a, b) shape(2, (int64_t)(a), (int64_t)(b))
+#define S3(a, b, c) shape(3, (int64_t)(a), (int64_t)(b), (int64_t)(c))
+#define S4(a, b, c, d) \
+  shape(4, (int64_t)(a), (int64_t)(b), (int64_t)(c), (int64_t)(d))
+
+static int64_t last(const op_shape *s) { return s->dim[s->ndim - 1]; }
+static int64_t rows_of(const op_shape *s) {
+  return op_numel(s) / last(s);
+}
+
+/* ---- double precision reference forwards ---- */
+
+typedef void (*ref_fn)(const op_desc *d, double *const in[], double *out);
+
+// x is (N,K), w is (M,K), b is (M), y is (N,M)
+static void ref_linear(const op_desc *d, double *const in[], double *out) {
+  int64_t N = rows_of(&d->in[0]), K = d->in[1].dim[1], M = d->in[1].dim[0];
+  for (int64_t r = 0; r < N; r++)
+    for (int64_t m = 0; m < M; m++) {
+      double acc = d->nin == 3 ? in[2][m] : 0.0;
+      for (int64_t k = 0; k < K; k++) acc += in[0][r * K + k] * in[1][m * K + k];
+      out[r * M + m] = acc;
+    }
+}
+
+// a is (Bt,N,K), b is (Bt,K,M), y is (Bt,N,M)
+static void ref_matmul(const op_desc *d, double *const in[], double *out) {
+  int nd = d->in[0].ndim;
+  int64_t N = d->in[0].dim[nd - 2], K = d->in[0].dim[nd - 1];
+  int64_t M = d->in[1].dim[nd - 1], Bt = op_numel(&d->in[0]) / (N * K);
+  for (int64_t i = 0; i < Bt; i++)
+    for (int64_t r = 0; r < N; r++)
+      for (int64_t m = 0; m < M; m++) {
+        double acc = 0.0;
+        for (int64_t k = 0; k < K; k++)
+          acc += in[0][(i * N + r) * K + k] * in[1][(i * K + k) * M + m];
+        out[(i * N + r) * M + m] = acc;
+      }
+}
+
+static void ref_add(const op_desc *d, double *const in[], double *out) {
+  for (int64_t i = 0; i < op_numel(&d->in[0]); i++) out[i] = in[0][i] + in[1][i];
+}
+
+static void ref_bias_add(const op_desc *d, double *const in[], double *out) {
+  int64_t C = last(&d->in[0]);
+  for (int64_t i = 0; i < op_numel(&d->in[0]); i++)
+    out[i] = in[0][i] + in[1][i % C];
+}
+
+static void ref_relu(const op_desc *d, double *const in[], double *out) {
+  for (int64_t i = 0; i < op_numel(&d->in[0]); i++)
+    out[i] = in[0][i] > 0 ? in[0][i] : 0;
+}
+
+static void ref_gelu(const op_desc *d, double *const in[], double *out) {
+  for (int64_t i = 0; i < op_numel(&d->in[0]); i++) {
+    double x = in[0][i];
+    if (d->attrs.gelu_erf)
+      out[i] = 0.5 * x * (1 + erf(x / sqrt(2.0)));
+    else
+      out[i] = 0.5 * x *
+               (1 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+  }
+}
+
+// x is (N,C), gamma and beta are (C)
+static void ref_layernorm(const op_desc *d, double *const in[], double *out) {
+  int64_t N = rows_of(&d->in[0]), C = last(&d->in[0]);
+  double eps = d->attrs.eps != 0.0f ? d->attrs.eps : 1e-5;
+  for (int64_t r = 0; r < N; r++) {
+    const double *x = in[0] + r * C;
+    double mean = 0, var = 0;
+    for (int64_t c = 0; c < C; c++) mean += x[c] / C;
+    for (int64_t c = 0; c < C; c++) var += (x[c] - mean) * (x[c] - mean) / C;
+    for (int64_t c = 0; c < C; c++)
+      out[r * C + c] = (x[c] - mean) / sqrt(var + eps) * in[1][c] + in[2][c];
+  }
+}
+
+static void ref_softmax(const op_desc *d, double *const in[], double *out) {
+  int64_t N = rows_of(&d->in[0]), C = last(&d->in[0]);
+  for (int64_t r = 0; r < N; r++) {
+    const double *x = in[0] + r * C;
+    double mx = -INFINITY, sum = 0;
+    for (int64_t c = 0; c < C; c++) mx = fmax(mx, x[c]);
+    for (int64_t c = 0; c < C; c++) sum += exp(x[c] - mx);
+    for (int64_t c = 0; c < C; c++) out[r * C + c] = exp(x[c] - mx) / sum;
+  }
+}
+
+// qkv is (B,T,3D), s is (B,H,T,T)
+static void ref_attn_scores(const op_desc *d, double *const in[],
+                            double *out) {
+  int64_t B = d->in[0].dim[0], T = d->in[0].dim[1], D = d->in[0].dim[2] / 3;
+  int64_t H = d->attrs.heads, hd = D / H;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < T; i++)
+        for (int64_t j = 0; j < T; j++) {
+          double acc = 0;
+          for (int64_t c = 0; c < hd; c++)
+            acc += in[0][(b * T + i) * 3 * D + h * hd + c] *
+                   in[0][(b * T + j) * 3 * D + D + h * hd + c];
+          out[((b * H + h) * T + i) * T + j] =
+              j <= i ? acc / sqrt((double)hd) : -INFINITY;
+        }
+}
+
+// p is (B,H,T,T), qkv is (B,T,3D), o is (B,T,D)
+static void ref_attn_values(const op_desc *d, double *const in[],
+                            double *out) {
+  int64_t B = d->in[1].dim[0], T = d->in[1].dim[1], D = d->in[1].dim[2] / 3;
+  int64_t H = d->attrs.heads, hd = D / H;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t c = 0; c < hd; c++) {
+          double acc = 0;
+          for (int64_t j = 0; j < T; j++)
+            acc += in[0][((b * H + h) * T + t) * T + j] *
+                   in[1][(b * T + j) * 3 * D + 2 * D + h * hd + c];
+          out[(b * T + t) * D + h * hd + c] = acc;
+        }
+}
+
+// tokens is (B,T), wte is (V,D), wpe is (Tmax,D), x is (B,T,D)
+static void ref_embed(const op_desc *d, double *const in[], double *out) {
+  int64_t B = d->in[0].dim[0], T = d->in[0].dim[1], D = d->in[1].dim[1];
+  for (int64_t r = 0; r < B * T; r++)
+    for (int64_t c = 0; c < D; c++)
+      out[r * D + c] = in[1][(int64_t)in[0][r] * D + c] + in[2][(r % T) * D + c];
+}
+
+// logits is (N,V), targets is (N), out is (1)
+static void ref_cross_entropy(const op_desc *d, double *const in[],
+                              double *out) {
+  int64_t N = rows_of(&d->in[0]), V = last(&d->in[0]);
+  double total = 0;
+  for (int64_t r = 0; r < N; r++) {
+    const double *x = in[0] + r * V;
+    double mx = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < V; v++) mx = fmax(mx, x[v]);
+    for (int64_t v = 0; v < V; v++) sum += exp(x[v] - mx);
+    total += mx + log(sum) - x[(int64_t)in[1][r]];
+  }
+  out[0] = total / N;
+}
+
+static void ref_reduce(const op_desc *d, double *const in[], double *out) {
+  int64_t n = op_numel(&d->in[0]);
+  double total = 0;
+  for (int64_t i = 0; i < n; i++) total += in[0][i];
+  out[0] = d->type == OP_MEAN ? total / n : total;
+}
+
+/* ---- the harness ---- */
+
+typedef struct op_case {
+  op_desc desc;
+  ref_fn ref;
+  double lo[OP_MAX_IN], hi[OP_MAX_IN]; /* int inputs: ids in [lo, hi) */
+  bool causal_mask; /* input 0: -inf above the diagonal of the last 2 dims */
+  bool partial_din; /* a din is written only in part (attention) */
+  int samples;      /* finite-difference samples per input */
+} op_case;
+
+typedef struct op_run {
+  op_instance inst;
+  op_worker worker;
+  op_bufs bufs;
+  double *x[OP_MAX_IN];
+  int64_t n[OP_MAX_IN], nout;
+} op_run;
+
+static void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size ? size : 1);
+  assert_non_null(p);
+  return p;
+}
+
+static void run_kernels(op_run *r, const op_kernel *k, int nk, bool reverse) {
+  for (int i = 0; i < nk; i++) {
+    assert_non_null(k[i].name);
+    assert_true(k[i].tiles >= 1);
+    for (int64_t t = 0; t < k[i].tiles; t++) {
+      int64_t tile = reverse ? k[i].tiles - 1 - t : t;
+      assert_int_equal(k[i].fn(&r->inst, &r->bufs, tile, &r->worker),
+                       REMAT_OK);
+    }
+  }
+}
+
+static bool is_int(const op_desc *d, int i) { return d->in_dtype[i] == OP_I32; }
+
+/* Plans the case, draws inputs (double and the float/int32 copies the
+ * kernels read), allocates out, aux, ws and an exact-size scratch. */
+static void run_setup(op_run *r, const op_case *c) {
+  memset(r, 0, sizeof *r);
+  char err[OP_ERRMSG_MAX];
+  op_desc d = c->desc;
+  assert_int_equal(op_infer(&d, err), REMAT_OK);
+  remat_status rs = op_plan(&d, engine, &r->inst, err);
+  if (rs != REMAT_OK) fail_msg("%s", err);
+  r->nout = op_numel(&r->inst.desc.out);
+  for (int i = 0; i < d.nin; i++) {
+    r->n[i] = op_numel(&d.in[i]);
+    r->x[i] = xcalloc(r->n[i], sizeof(double));
+    r->bufs.in[i] = xcalloc(r->n[i], sizeof(float));
+    int64_t C = last(&d.in[i]);
+    for (int64_t j = 0; j < r->n[i]; j++) {
+      if (is_int(&d, i)) {
+        r->x[i][j] = floor(uniform(c->lo[i], c->hi[i]));
+        ((int32_t *)r->bufs.in[i])[j] = (int32_t)r->x[i][j];
+        continue;
+      }
+      double v = (float)uniform(c->lo[i], c->hi[i]);
+      if (i == 0 && c->causal_mask && j % C > (j / C) % C) v = -INFINITY;
+      r->x[i][j] = v;
+      r->bufs.in[i][j] = (float)v;
+    }
+  }
+  r->bufs.out = xcalloc(r->nout, sizeof(float));
+  for (int k = 0; k < r->inst.naux; k++)
+    r->bufs.aux[k] = xcalloc(r->inst.aux_bytes[k], 1);
+  for (int k = 0; k < r->inst.nws; k++)
+    r->bufs.ws[k] = xcalloc(r->inst.ws_bytes[k], 1);
+  r->worker.stream = stream;
+  r->worker.scratch_bytes = r->inst.scratch_bytes;
+  r->worker.scratch = r->inst.scratch_bytes ? malloc(r->inst.scratch_bytes) : NULL;
+  r->bufs.dout = xcalloc(r->nout, sizeof(float));
+}
+
+static void run_free(op_run *r) {
+  for (int i = 0; i < r->inst.desc.nin; i++) {
+    free(r->x[i]);
+    free(r->bufs.in[i]);
+  }
+  free(r->bufs.out);
+  free(r->bufs.dout);
+  for (int k = 0; k < OP_MAX_AUX; k++) free(r->bufs.aux[k]);
+  for (int k = 0; k < OP_MAX_WS; k++) free(r->bufs.ws[k]);
+  free(r->worker.scratch);
+  op_instance_release(&r->inst);
+}
+
+/* L = sum over the finite outputs of out * seed, in double. */
+static double loss_of(const op_case *c, op_run *r, double *out,
+                      const double *seed) {
+  c->ref(&r->inst.desc, r->x, out);
+  double L = 0;
+  for (int64_t j = 0; j < r->nout; j++)
+    if (isfinite(out[j])) L += out[j] * seed[j];
+  return L;
+}
+
+static void check_forward(const op_case *c, op_run *r, const double *ref) {
+  double scale = 1e-30;
+  for (int64_t j = 0; j < r->nout; j++)
+    if (isfinite(ref[j])) scale = fmax(scale, fabs(ref[j]));
+  for (int64_t j = 0; j < r->nout; j++) {
+    double got = r->bufs.out[j];
+    if (!isfinite(ref[j])) {
+      if (got != ref[j])
+        fail_msg("%s: out[%lld] = %g, want %g", op_name(c->desc.type),
+                 (long long)j, got, ref[j]);
+    } else if (fabs(got - ref[j]) > 1e-4 * scale) {
+      fail_msg("%s: out[%lld] = %.7g, reference %.7g", op_name(c->desc.type),
+               (long long)j, got, ref[j]);
+    }
+  }
+}
+
+enum { MODE_OVERWRITE, MODE_ACCUMULATE, MODE_SKIP, MODE_COUNT };
+
+/* Runs the backward in one mode and compares sampled dins with fd. */
+static void check_backward(const op_case *c, op_run *r, int mode,
+                           int64_t *const idx[], double *const fd[]) {
+  const op_desc *d = &r->inst.desc;
+  float *init[OP_MAX_IN] = {0};
+  int ngrad = 0;
+  for (int i = 0; i < d->nin; i++) {
+    r->bufs.din[i] = NULL;
+    if (is_int(d, i)) continue;
+    if (mode == MODE_SKIP && ngrad++ % 2 == 0) continue;
+    r->bufs.din[i] = xcalloc(r->n[i], sizeof(float));
+    init[i] = xcalloc(r->n[i], sizeof(float));
+    r->bufs.din_accumulate[i] = mode == MODE_ACCUMULATE;
+    for (int64_t j = 0; j < r->n[i]; j++)
+      init[i][j] = mode == MODE_ACCUMULATE ? (float)uniform(-1, 1)
+                   : c->partial_din        ? 0.0f
+                                           : NAN;
+    memcpy(r->bufs.din[i], init[i], r->n[i] * sizeof(float));
+  }
+  run_kernels(r, r->inst.bwd, r->inst.nbwd, false);
+  for (int i = 0; i < d->nin; i++) {
+    if (!r->bufs.din[i]) continue;
+    for (int64_t j = 0; j < r->n[i]; j++)
+      if (!isfinite(r->bufs.din[i][j]))
+        fail_msg("%s mode %d: din[%d][%lld] = %g", op_name(d->type), mode, i,
+                 (long long)j, r->bufs.din[i][j]);
+    double scale = 1e-6;
+    for (int s = 0; s < c->samples; s++) scale = fmax(scale, fabs(fd[i][s]));
+    for (int s = 0; s < c->samples; s++) {
+      int64_t j = idx[i][s];
+      if (!isfinite(r->x[i][j])) continue;
+      double base = mode == MODE_ACCUMULATE ? init[i][j] : 0.0;
+      double got = (double)r->bufs.din[i][j] - base;
+      /* adding onto init rounds at init's float precision */
+      if (fabs(got - fd[i][s]) > 2e-3 * scale + 2.4e-7 * fabs(base))
+        fail_msg("%s mode %d: din[%d][%lld] = %.7g, finite difference %.7g",
+                 op_name(d->type), mode, i, (long long)j, got, fd[i][s]);
+    }
+    free(r->bufs.din[i]);
+    free(init[i]);
+    r->bufs.din[i] = NULL;
+  }
+}
+
+static void check_case(const op_case *c) {
+  op_run r;
+  run_setup(&r, c);
+  double *ref = xcalloc(r.nout, sizeof(double));
+  double *seed = xcalloc(r.nout, sizeof(double));
+  run_kernels(&r, r.inst.fwd, r.inst.nfwd, false);
+  c->ref(&r.inst.desc, r.x, ref);
+  check_forward(c, &r, ref);
+  for (int64_t j = 0; j < r.nout; j++) {
+    seed[j] = uniform(-1, 1);
+    r.bufs.dout[j] = (float)seed[j];
+  }
+  int64_t *idx[OP_MAX_IN] = {0};
+  double *fd[OP_MAX_IN] = {0};
+  for (int i = 0; i < c->desc.nin; i++) {
+    if (is_int(&c->desc, i)) continue;
+    idx[i] = xcalloc(c->samples, sizeof(int64_t));
+    fd[i] = xcalloc(c->samples, sizeof(double));
+    for (int s = 0; s < c->samples; s++) {
+      int64_t j = s == 0 ? r.n[i] - 1
+                  : s == 1 ? 0
+                           : (int64_t)uniform(0, (double)r.n[i]);
+      idx[i][s] = j;
+      double x0 = r.x[i][j], h = 1e-5;
+      if (!isfinite(x0)) continue;
+      r.x[i][j] = x0 + h;
+      double lp = loss_of(c, &r, ref, seed);
+      r.x[i][j] = x0 - h;
+      double lm = loss_of(c, &r, ref, seed);
+      r.x[i][j] = x0;
+      fd[i][s] = (lp - lm) / (2 * h);
+    }
+  }
+  for (int mode = 0; mode < MODE_COUNT; mode++)
+    check_backward(c, &r, mode, idx, fd);
+  for (int i = 0; i < OP_MAX_IN; i++) {
+    free(idx[i]);
+    free(fd[i]);
+  }
+  free(ref);
+  free(seed);
+  run_free(&r);
+}
+
+static op_case make_case(op_type type, ref_fn ref, int nin, ...) {
+  op_case c = {.desc = {.type = type, .nin = nin}, .ref = ref, .samples = 24};
+  va_list ap;
+  va_start(ap, nin);
+  for (int i = 0; i < nin; i++) {
+    c.desc.in[i] = va_arg(ap, op_shape);
+    c.lo[i] = -1;
+    c.hi[i] = 1;
+  }
+  va_end(ap);
+  return c;
+}
+
+/* ---- gradient tests, one per op ---- */
+
+static void test_linear(void **state) {
+  (void)state;
+  /* 130 rows: a 128-row tile and a 2-row remainder; dw blocks 64 + 16 */
+  op_case c = make_case(OP_LINEAR, ref_linear, 3, S3(2, 65, 40), S2(80, 40),
+                        S1(80));
+  check_case(&c);
+  /* no bias; 257 rows; dw columns 256 + 256 + 8 */
+  c = make_case(OP_LINEAR, ref_linear, 2, S2(257, 520), S2(20, 520));
+  c.samples = 12;
+  check_case(&c);
+}
+
+static void test_matmul(void **state) {
+  (void)state;
+  op_case c = make_case(OP_MATMUL, ref_matmul, 2, S2(130, 64), S2(64, 70));
+  check_case(&c);
+  c = make_case(OP_MATMUL, ref_matmul, 2, S3(2, 300, 24), S3(2, 24, 40));
+  check_case(&c);
+  c = make_case(OP_MATMUL, ref_matmul, 2, S4(2, 2, 9, 5), S4(2, 2, 5, 7));
+  check_case(&c);
+}
+
+static void test_add(void **state) {
+  (void)state;
+  op_case c = make_case(OP_ADD, ref_add, 2, S2(2, 35000), S2(2, 35000));
+  check_case(&c);
+}
+
+static void test_bias_add(void **state) {
+  (void)state;
+  op_case c = make_case(OP_BIAS_ADD, ref_bias_add, 2, S2(700, 100), S1(100));
+  check_case(&c);
+}
+
+static void test_relu(void **state) {
+  (void)state;
+  op_case c = make_case(OP_RELU, ref_relu, 1, S2(7, 10000));
+  check_case(&c);
+}
+
+static void test_gelu(void **state) {
+  (void)state;
+  for (int erf_form = 0; erf_form < 2; erf_form++) {
+    op_case c = make_case(OP_GELU, ref_gelu, 1, S2(7, 10000));
+    c.desc.attrs.gelu_erf = erf_form;
+    c.lo[0] = -4;
+    c.hi[0] = 4;
+    check_case(&c);
+  }
+}
+
+static void test_layernorm(void **state) {
+  (void)state;
+  op_case c = make_case(OP_LAYERNORM, ref_layernorm, 3, S2(600, 48), S1(48),
+                        S1(48));
+  c.lo[1] = 0.5;
+  c.hi[1] = 1.5;
+  check_case(&c);
+  c = make_case(OP_LAYERNORM, ref_layernorm, 3, S3(3, 5, 300), S1(300),
+                S1(300));
+  c.desc.attrs.eps = 1e-3f;
+  check_case(&c);
+}
+
+static void test_softmax(void **state) {
+  (void)state;
+  op_case c = make_case(OP_SOFTMAX, ref_softmax, 1, S3(2, 300, 40));
+  c.lo[0] = -3;
+  c.hi[0] = 3;
+  check_case(&c);
+  c = make_case(OP_SOFTMAX, ref_softmax, 1, S4(2, 3, 13, 13));
+  c.causal_mask = true;
+  check_case(&c);
+}
+
+static void test_attn_scores(void **state) {
+  (void)state;
+  op_case c = make_case(OP_ATTN_SCORES, ref_attn_scores, 1, S3(2, 13, 72));
+  c.desc.attrs.heads = 3;
+  c.partial_din = true;
+  c.samples = 40;
+  check_case(&c);
+}
+
+static void test_attn_values(void **state) {
+  (void)state;
+  op_case c = make_case(OP_ATTN_VALUES, ref_attn_values, 2, S4(2, 3, 13, 13),
+                        S3(2, 13, 72));
+  c.desc.attrs.heads = 3;
+  c.partial_din = true;
+  c.samples = 40;
+  check_case(&c);
+}
+
+static void test_embed(void **state) {
+  (void)state;
+  op_case c = make_case(OP_EMBED, ref_embed, 3, S2(3, 40), S2(50, 300),
+                        S2(45, 300));
+  c.desc.in_dtype[0] = OP_I32;
+  c.lo[0] = 0;
+  c.hi[0] = 50;
+  c.samples = 40;
+  check_case(&c);
+}
+
+static void test_cross_entropy(void **state) {
+  (void)state;
+  op_case c = make_case(OP_CROSS_ENTROPY, ref_cross_entropy, 2,
+                        S3(3, 50, 200), S2(3, 50));
+  c.desc.in_dtype[1] = OP_I32;
+  c.lo[0] = -4;
+  c.hi[0] = 4;
+  c.lo[1] = 0;
+  c.hi[1] = 200;
+  check_case(&c);
+}
+
+static void test_sum_mean(void **state) {
+  (void)state;
+  for (int t = 0; t < 2; t++) {
+    op_case c = make_case(t ? OP_MEAN : OP_SUM, ref_reduce, 1, S1(70001));
+    c.lo[0] = 0;
+    check_case(&c);
+  }
+}
+
+/* ---- everything else ---- */
+
+static void expect_infer_error(op_desc d, const char *want) {
+  char err[OP_ERRMSG_MAX];
+  assert_int_equal(op_infer(&d, err), REMAT_ERR_SHAPE);
+  assert_string_equal(err, want);
+}
+
+static void test_infer_errors(void **state) {
+  (void)state;
+  op_desc d = {.type = OP_LINEAR, .nin = 2, .in = {S3(2, 3, 64), S2(32, 48)}};
+  expect_infer_error(d, "linear: x [2,3,64] and w [32,48]: last dim of x "
+                        "(64) must equal dim 1 of w (48)");
+  d.nin = 1;
+  expect_infer_error(d, "linear: takes 2 or 3 inputs, got 1");
+  d = (op_desc){.type = OP_LINEAR, .nin = 3,
+                .in = {S2(4, 48), S2(32, 48), S1(31)}};
+  expect_infer_error(d, "linear: w [32,48] and b [31]: b must be [32] (dim 0 "
+                        "of w)");
+  d = (op_desc){.type = OP_ADD, .nin = 2, .in = {S2(2, 3), S2(2, 4)}};
+  expect_infer_error(d, "add: a [2,3] and b [2,4]: shapes must be equal");
+  d = (op_desc){.type = OP_LAYERNORM, .nin = 3,
+                .in = {S2(4, 8), S1(8), S1(7)}};
+  expect_infer_error(d, "layernorm: x [4,8] and beta [7]: beta must be [8] "
+                        "(last dim of x)");
+  d = (op_desc){.type = OP_ATTN_SCORES, .nin = 1, .in = {S3(2, 8, 96)},
+                .attrs = {.heads = 5}};
+  expect_infer_error(d, "attn_scores: qkv [2,8,96] with 5 heads: D (32) must "
+                        "be divisible by the number of heads");
+  d = (op_desc){.type = OP_ATTN_VALUES, .nin = 2,
+                .in = {S4(2, 4, 8, 7), S3(2, 8, 96)}, .attrs = {.heads = 4}};
+  expect_infer_error(d, "attn_values: p [2,4,8,7] and qkv [2,8,96] with 4 "
+                        "heads: p must be [B,H,T,T] = [2,4,8,8]");
+  d = (op_desc){.type = OP_CROSS_ENTROPY, .nin = 2,
+                .in = {S3(4, 8, 100), S2(4, 9)},
+                .in_dtype = {OP_F32, OP_I32}};
+  expect_infer_error(d, "cross_entropy: logits [4,8,100] and targets [4,9]: "
+                        "targets must be [4,8] (the leading dims of logits)");
+  d.in[1] = S2(4, 8);
+  d.in_dtype[1] = OP_F32;
+  expect_infer_error(d, "cross_entropy: targets [4,8] must be int32, not f32");
+  d = (op_desc){.type = OP_EMBED, .nin = 3,
+                .in = {S2(2, 9), S2(100, 32), S2(8, 32)},
+                .in_dtype = {OP_I32, OP_F32, OP_F32}};
+  expect_infer_error(d, "embed: tokens [2,9] and wpe [8,32]: T (9) must be "
+                        "at most Tmax (8)");
+  d.in_dtype[0] = OP_F32;
+  expect_infer_error(d, "embed: tokens [2,9] must be int32, not f32");
+  d = (op_desc){.type = OP_MATMUL, .nin = 2, .in = {S3(2, 3, 4), S3(3, 4, 5)}};
+  expect_infer_error(d, "matmul: a [2,3,4] and b [3,4,5]: batch dim 0 "
+                        "differs (2 vs 3)");
+  d = (op_desc){.type = OP_RELU, .nin = 1, .in = {S2(2, 0)}};
+  expect_infer_error(d, "relu: x [2,0]: every dim must be at least 1");
+}
+
+static void test_infer_shapes_and_tags(void **state) {
+  (void)state;
+  char err[OP_ERRMSG_MAX];
+  op_desc d = {.type = OP_ATTN_SCORES, .nin = 1, .in = {S3(2, 8, 96)},
+               .attrs = {.heads = 4}};
+  assert_int_equal(op_infer(&d, err), REMAT_OK);
+  assert_int_equal(d.out.ndim, 4);
+  assert_int_equal(d.out.dim[1], 4);
+  assert_int_equal(d.out.dim[3], 8);
+  assert_int_equal(op_tags(&d), OP_TAG_DOT | OP_TAG_BATCHED);
+  d = (op_desc){.type = OP_MATMUL, .nin = 2, .in = {S2(3, 4), S2(4, 5)}};
+  assert_int_equal(op_tags(&d), OP_TAG_DOT);
+  d.in[0] = S3(2, 3, 4);
+  d.in[1] = S3(2, 4, 5);
+  assert_int_equal(op_tags(&d), OP_TAG_DOT | OP_TAG_BATCHED);
+  d = (op_desc){.type = OP_CROSS_ENTROPY, .nin = 2,
+                .in = {S2(4, 10), S1(4)}, .in_dtype = {OP_F32, OP_I32}};
+  assert_int_equal(op_infer(&d, err), REMAT_OK);
+  assert_int_equal(d.out.ndim, 1);
+  assert_int_equal(d.out.dim[0], 1);
+  assert_int_equal(op_tags(&d), 0);
+  assert_string_equal(op_name(OP_LAYERNORM), "layernorm");
+}
+
+/* A bad token id or target makes the forward tile fail, not crash. */
+static void test_bad_ids(void **state) {
+  (void)state;
+  op_case c = make_case(OP_EMBED, ref_embed, 3, S2(2, 4), S2(10, 8),
+                        S2(4, 8));
+  c.desc.in_dtype[0] = OP_I32;
+  c.lo[0] = 0;
+  c.hi[0] = 10;
+  op_run r;
+  run_setup(&r, &c);
+  ((int32_t *)r.bufs.in[0])[5] = 10;
+  assert_int_equal(r.inst.fwd[0].fn(&r.inst, &r.bufs, 0, &r.worker),
+                   REMAT_ERR_INVALID_ARG);
+  ((int32_t *)r.bufs.in[0])[5] = -1;
+  assert_int_equal(r.inst.fwd[0].fn(&r.inst, &r.bufs, 0, &r.worker),
+                   REMAT_ERR_INVALID_ARG);
+  run_free(&r);
+  c = make_case(OP_CROSS_ENTROPY, ref_cross_entropy, 2, S2(3, 6), S1(3));
+  c.desc.in_dtype[1] = OP_I32;
+  c.lo[1] = 0;
+  c.hi[1] = 6;
+  run_setup(&r, &c);
+  ((int32_t *)r.bufs.in[1])[2] = 6;
+  assert_int_equal(r.inst.fwd[0].fn(&r.inst, &r.bufs, 0, &r.worker),
+                   REMAT_ERR_INVALID_ARG);
+  run_free(&r);
+}
+
+/* Running the tiles in reverse order gives bitwise the same results. */
+static void test_tile_order(void **state) {
+  (void)state;
+  op_case c = make_case(OP_LAYERNORM, ref_layernorm, 3, S2(600, 48), S1(48),
+                        S1(48));
+  op_run r;
+  run_setup(&r, &c);
+  int64_t n[3] = {r.n[0], r.n[1], r.n[2]};
+  float *first[3] = {0};
+  for (int64_t j = 0; j < r.nout; j++) r.bufs.dout[j] = (float)uniform(-1, 1);
+  for (int pass = 0; pass < 2; pass++) {
+    for (int i = 0; i < 3; i++) r.bufs.din[i] = xcalloc(n[i], sizeof(float));
+    run_kernels(&r, r.inst.fwd, r.inst.nfwd, pass);
+    run_kernels(&r, r.inst.bwd, r.inst.nbwd, pass);
+    for (int i = 0; i < 3; i++) {
+      if (pass == 0) {
+        first[i] = r.bufs.din[i];
+      } else {
+        assert_memory_equal(first[i], r.bufs.din[i], n[i] * sizeof(float));
+        free(first[i]);
+        free(r.bufs.din[i]);
+      }
+      r.bufs.din[i] = NULL;
+    }
+  }
+  run_free(&r);
+}
+
+static int group_setup(void **state) {
+  (void)state;
+  if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return -1;
+  if (dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) !=
+      dnnl_success)
+    return -1;
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  dnnl_stream_destroy(stream);
+  dnnl_engine_destroy(engine);
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_infer_errors),
+      cmocka_unit_test(test_infer_shapes_and_tags),
+      cmocka_unit_test(test_linear),
+      cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_add),
+      cmocka_unit_test(test_bias_add),
+      cmocka_unit_test(test_relu),
+      cmocka_unit_test(test_gelu),
+      cmocka_unit_test(test_layernorm),
+      cmocka_unit_test(test_softmax),
+      cmocka_unit_test(test_attn_scores),
+      cmocka_unit_test(test_attn_values),
+      cmocka_unit_test(test_embed),
+      cmocka_unit_test(test_cross_entropy),
+      cmocka_unit_test(test_sum_mean),
+      cmocka_unit_test(test_bad_ids),
+      cmocka_unit_test(test_tile_order),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,609 @@
+/* Tests of the task scheduler (sched/): random DAGs run many times at
+ * several thread counts, placement and NUMA affinity on synthetic
+ * topologies, priorities, cycles, limits, task errors and traces. Set
+ * REMAT_TEST_QUICK to run fewer iterations (sanitizer builds). */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "sched/sched.h"
+#include "sched/sched_internal.h"
+
+/* ---- a recording DAG ---- */
+
+/* What every test task records: a global order stamp and a run count. */
+typedef struct recorder {
+  atomic_long seq;
+  atomic_long *stamp;
+  atomic_int *count;
+  atomic_int *worker;
+  int nworkers;
+  int fail_task; /* the task that returns fail_status, -1 for none */
+  int fail_status;
+  atomic_int bad_worker; /* a worker index out of range was seen */
+} recorder;
+
+typedef struct task_ctx {
+  recorder *rec;
+  int id;
+} task_ctx;
+
+typedef struct test_dag {
+  sched_dag *dag;
+  int ntasks;
+  int nedges;
+  int *from, *to; /* the edges, for checking */
+  int *node;      /* numa_node of each task */
+  task_ctx *ctx;
+  recorder rec;
+} test_dag;
+
+static int record_task(void *arg, int worker) {
+  task_ctx *c = arg;
+  recorder *r = c->rec;
+  atomic_store(&r->stamp[c->id], atomic_fetch_add(&r->seq, 1));
+  atomic_fetch_add(&r->count[c->id], 1);
+  atomic_store(&r->worker[c->id], worker);
+  if (worker < 0 || worker >= r->nworkers)
+    atomic_store(&r->bad_worker, 1);
+  return c->id == r->fail_task ? r->fail_status : 0;
+}
+
+static unsigned next_rand(unsigned *state) {
+  *state = *state * 1664525u + 1013904223u;
+  return *state >> 8;
+}
+
+static bool quick(void) { return getenv("REMAT_TEST_QUICK") != NULL; }
+
+static void test_dag_init(test_dag *t, int ntasks, int max_edges) {
+  memset(t, 0, sizeof *t);
+  char err[SCHED_ERRMSG_MAX];
+  assert_int_equal(sched_dag_create(&t->dag, err), REMAT_OK);
+  t->ntasks = ntasks;
+  t->from = calloc((size_t)max_edges + 1, sizeof(int));
+  t->to = calloc((size_t)max_edges + 1, sizeof(int));
+  t->node = calloc((size_t)ntasks + 1, sizeof(int));
+  t->ctx = calloc((size_t)ntasks + 1, sizeof(task_ctx));
+  t->rec.stamp = calloc((size_t)ntasks + 1, sizeof(atomic_long));
+  t->rec.count = calloc((size_t)ntasks + 1, sizeof(atomic_int));
+  t->rec.worker = calloc((size_t)ntasks + 1, sizeof(atomic_int));
+  t->rec.fail_task = -1;
+  assert_non_null(t->rec.worker);
+}
+
+static void test_dag_free(test_dag *t) {
+  sched_dag_destroy(t->dag);
+  free(t->from);
+  free(t->to);
+  free(t->node);
+  free(t->ctx);
+  free(t->rec.stamp);
+  free(t->rec.count);
+  free(t->rec.worker);
+}
+
+static void add_task(test_dag *t, int priority, int node, const char *name) {
+  int id = sched_dag_num_tasks(t->dag);
+  t->ctx[id] = (task_ctx){&t->rec, id};
+  t->node[id] = node;
+  assert_int_equal(sched_dag_add(t->dag, record_task, &t->ctx[id], priority,
+                                 node, name, "test"),
+                   id);
+}
+
+static void add_edge(test_dag *t, int from, int to) {
+  assert_int_equal(sched_dag_edge(t->dag, from, to), REMAT_OK);
+  t->from[t->nedges] = from;
+  t->to[t->nedges] = to;
+  t->nedges++;
+}
+
+/* A random DAG: each task gets 0 to 4 predecessors among the 200 before it
+ * (edges go from lower to higher ids), a random priority and, with
+ * `nnodes` > 0, a random NUMA node or none. */
+static void build_random(test_dag *t, int ntasks, unsigned seed, int nnodes) {
+  test_dag_init(t, ntasks, ntasks * 4);
+  for (int i = 0; i < ntasks; i++) {
+    int node = nnodes > 0 ? (int)(next_rand(&seed) % (nnodes + 1)) - 1 : -1;
+    add_task(t, (int)(next_rand(&seed) % 7), node, "random");
+    int fan_in = i == 0 ? 0 : (int)(next_rand(&seed) % 5);
+    int window = i < 200 ? i : 200;
+    for (int k = 0; k < fan_in; k++)
+      add_edge(t, i - 1 - (int)(next_rand(&seed) % window), i);
+  }
+  char err[SCHED_ERRMSG_MAX];
+  assert_int_equal(sched_dag_finalize(t->dag, err), REMAT_OK);
+}
+
+/* Every task ran exactly once and after all its predecessors; resets. */
+static void check_run(test_dag *t) {
+  for (int i = 0; i < t->ntasks; i++) {
+    if (atomic_load(&t->rec.count[i]) != 1)
+      fail_msg("task %d ran %d times", i, atomic_load(&t->rec.count[i]));
+    atomic_store(&t->rec.count[i], 0);
+  }
+  for (int e = 0; e < t->nedges; e++)
+    if (atomic_load(&t->rec.stamp[t->from[e]]) >=
+        atomic_load(&t->rec.stamp[t->to[e]]))
+      fail_msg("task %d ran before its predecessor %d", t->to[e], t->from[e]);
+  assert_int_equal(atomic_load(&t->rec.bad_worker), 0);
+}
+
+static hwloc_topology_t load_topology(const char *synthetic) {
+  hwloc_topology_t topo;
+  assert_int_equal(hwloc_topology_init(&topo), 0);
+  if (synthetic)
+    assert_int_equal(hwloc_topology_set_synthetic(topo, synthetic), 0);
+  assert_int_equal(hwloc_topology_load(topo), 0);
+  return topo;
+}
+
+static sched_pool *make_pool(hwloc_topology_t topo, int nthreads,
+                             sched_bind bind) {
+  sched_pool *pool = NULL;
+  char err[SCHED_ERRMSG_MAX];
+  assert_int_equal(sched_pool_create(topo, nthreads, bind, &pool, err),
+                   REMAT_OK);
+  assert_int_equal(sched_pool_num_workers(pool), nthreads);
+  return pool;
+}
+
+static void run_ok(sched_pool *pool, test_dag *t) {
+  char err[SCHED_ERRMSG_MAX] = "";
+  t->rec.nworkers = sched_pool_num_workers(pool);
+  remat_status status = sched_run(pool, t->dag, NULL, err);
+  if (status != REMAT_OK)
+    fail_msg("sched_run: %d %s", status, err);
+  check_run(t);
+}
+
+/* ---- tests ---- */
+
+static void test_random_dags(void **state) {
+  (void)state;
+  const int threads[] = {1, 2, 8};
+  const unsigned seeds[] = {1, 7, 12345};
+  int ntasks = quick() ? 1000 : 3000, runs = quick() ? 10 : 100;
+  hwloc_topology_t topo = load_topology(NULL);
+  for (int s = 0; s < 3; s++) {
+    test_dag t;
+    build_random(&t, ntasks, seeds[s], 0);
+    for (int k = 0; k < 3; k++) {
+      sched_pool *pool = make_pool(topo, threads[k], SCHED_BIND_NONE);
+      for (int r = 0; r < runs; r++)
+        run_ok(pool, &t);
+      sched_pool_destroy(pool);
+    }
+    test_dag_free(&t);
+  }
+  hwloc_topology_destroy(topo);
+}
+
+static void check_groups(const sched_placement *p, int nnodes,
+                         const int *per_node) {
+  assert_int_equal(p->nnodes, nnodes);
+  assert_int_equal(p->node_first[0], 0);
+  for (int n = 0; n < nnodes; n++) {
+    assert_int_equal(p->node_first[n + 1] - p->node_first[n], per_node[n]);
+    for (int w = p->node_first[n]; w < p->node_first[n + 1]; w++)
+      assert_int_equal(p->worker_node[w], n);
+  }
+  assert_int_equal(p->node_first[nnodes], p->nworkers);
+}
+
+/* Core binding: each worker on one core of its node, round-robin. */
+static void check_core_cpusets(hwloc_topology_t topo,
+                               const sched_placement *p) {
+  for (int w = 0; w < p->nworkers; w++) {
+    int node = p->worker_node[w], rank = w - p->node_first[node];
+    hwloc_obj_t numa = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, node);
+    int ncores = hwloc_get_nbobjs_inside_cpuset_by_type(topo, numa->cpuset,
+                                                        HWLOC_OBJ_CORE);
+    hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(
+        topo, numa->cpuset, HWLOC_OBJ_CORE, (unsigned)(rank % ncores));
+    assert_true(hwloc_bitmap_isequal(p->cpuset[w], core->cpuset));
+  }
+}
+
+static void place(hwloc_topology_t topo, int nthreads, sched_bind bind,
+                  sched_placement *p) {
+  char err[SCHED_ERRMSG_MAX];
+  assert_int_equal(sched_place_workers(topo, nthreads, bind, p, err),
+                   REMAT_OK);
+  assert_int_equal(p->nworkers, nthreads);
+}
+
+static void test_placement_two_nodes(void **state) {
+  (void)state;
+  hwloc_topology_t topo = load_topology("pack:1 numa:2 core:4 pu:1");
+  assert_int_equal(sched_physical_cores(topo), 8);
+  sched_placement p;
+  place(topo, 8, SCHED_BIND_CORE, &p);
+  check_groups(&p, 2, (int[]){4, 4});
+  check_core_cpusets(topo, &p);
+  sched_placement_free(&p);
+  place(topo, 3, SCHED_BIND_CORE, &p); /* 1.5 each: the tie goes to node 0 */
+  check_groups(&p, 2, (int[]){2, 1});
+  sched_placement_free(&p);
+  place(topo, 12, SCHED_BIND_CORE, &p); /* more threads than cores: wrap */
+  check_groups(&p, 2, (int[]){6, 6});
+  check_core_cpusets(topo, &p);
+  assert_true(hwloc_bitmap_isequal(p.cpuset[4], p.cpuset[0]));
+  sched_placement_free(&p);
+  place(topo, 1, SCHED_BIND_NUMA, &p);
+  check_groups(&p, 1, (int[]){1});
+  hwloc_obj_t node0 = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, 0);
+  assert_true(hwloc_bitmap_isequal(p.cpuset[0], node0->cpuset));
+  sched_placement_free(&p);
+  hwloc_topology_destroy(topo);
+}
+
+/* Victims: every other worker once, own node's workers first. */
+static void check_steal_order(const sched_placement *p) {
+  int n = p->nworkers;
+  int *victims = malloc((size_t)n * sizeof(int));
+  int *seen = calloc((size_t)n, sizeof(int));
+  for (int w = 0; w < n; w++) {
+    memset(seen, 0, (size_t)n * sizeof(int));
+    sched_steal_order(p, w, victims);
+    int node = p->worker_node[w];
+    int local = p->node_first[node + 1] - p->node_first[node] - 1;
+    for (int i = 0; i < n - 1; i++) {
+      assert_int_not_equal(victims[i], w);
+      assert_int_equal(seen[victims[i]]++, 0);
+      assert_int_equal(p->worker_node[victims[i]] == node, i < local);
+    }
+  }
+  free(victims);
+  free(seen);
+}
+
+static void test_placement_four_nodes(void **state) {
+  (void)state;
+  hwloc_topology_t topo = load_topology("numa:4 core:2 pu:1");
+  sched_placement p;
+  place(topo, 8, SCHED_BIND_CORE, &p);
+  check_groups(&p, 4, (int[]){2, 2, 2, 2});
+  check_core_cpusets(topo, &p);
+  check_steal_order(&p);
+  int victims[7];
+  sched_steal_order(&p, 2, victims); /* node 1: its partner, then node 2 */
+  assert_int_equal(victims[0], 3);
+  assert_int_equal(p.worker_node[victims[1]], 2);
+  sched_placement_free(&p);
+  place(topo, 6, SCHED_BIND_NONE, &p); /* 1.5 per node */
+  check_groups(&p, 4, (int[]){2, 2, 1, 1});
+  check_steal_order(&p);
+  sched_placement_free(&p);
+  place(topo, 2, SCHED_BIND_CORE, &p); /* nodes without workers drop out */
+  check_groups(&p, 2, (int[]){1, 1});
+  check_steal_order(&p);
+  sched_placement_free(&p);
+  hwloc_topology_destroy(topo);
+}
+
+/* Tasks with a NUMA node run only on workers of that node. */
+static void check_affinity(const char *synthetic, int nthreads, int nnodes) {
+  hwloc_topology_t topo = load_topology(synthetic);
+  sched_pool *pool = make_pool(topo, nthreads, SCHED_BIND_CORE);
+  const sched_placement *p = sched_pool_placement(pool);
+  assert_int_equal(p->nnodes, nnodes);
+  test_dag t;
+  build_random(&t, quick() ? 500 : 2000, 99, nnodes);
+  for (int r = 0; r < (quick() ? 5 : 30); r++) {
+    for (int i = 0; i < t.ntasks; i++)
+      atomic_store(&t.rec.worker[i], -1);
+    run_ok(pool, &t);
+    for (int i = 0; i < t.ntasks; i++) {
+      int w = atomic_load(&t.rec.worker[i]);
+      if (t.node[i] >= 0 && p->worker_node[w] != t.node[i])
+        fail_msg("task %d of node %d ran on worker %d of node %d", i,
+                 t.node[i], w, p->worker_node[w]);
+    }
+  }
+  test_dag_free(&t);
+  sched_pool_destroy(pool);
+  hwloc_topology_destroy(topo);
+}
+
+static void test_affinity(void **state) {
+  (void)state;
+  check_affinity("pack:1 numa:2 core:4 pu:1", 4, 2);
+  check_affinity("numa:4 core:2 pu:1", 8, 4);
+}
+
+static void test_priorities(void **state) {
+  (void)state;
+  hwloc_topology_t topo = load_topology(NULL);
+  sched_pool *pool = make_pool(topo, 1, SCHED_BIND_NONE);
+  test_dag t;
+  test_dag_init(&t, 8, 8);
+  const int priority[] = {0, 1, 5, 3, 2, 9, 4, 7};
+  for (int i = 0; i < 8; i++)
+    add_task(&t, priority[i], -1, "p");
+  add_edge(&t, 0, 1); /* task 0 releases 1, 2, 3 (priorities 1, 5, 3) */
+  add_edge(&t, 0, 2);
+  add_edge(&t, 0, 3);
+  char err[SCHED_ERRMSG_MAX];
+  assert_int_equal(sched_dag_finalize(t.dag, err), REMAT_OK);
+  run_ok(pool, &t);
+  /* One worker: roots by priority (5: 9, 7: 7, 6: 4, 4: 2, 0: 0), then
+   * the continuation 2, then 3 and 1 from the deque. */
+  const int order[] = {5, 7, 6, 4, 0, 2, 3, 1};
+  for (int i = 0; i < 8; i++)
+    assert_int_equal(atomic_load(&t.rec.stamp[order[i]]), i);
+  test_dag_free(&t);
+  sched_pool_destroy(pool);
+  hwloc_topology_destroy(topo);
+}
+
+static void test_cycle(void **state) {
+  (void)state;
+  static const char *names[20] = {"a", "a", "a", "a", "a", "a", "a",
+                                  "a", "a", "a", "a", "a", "a", "a",
+                                  "a", "a", "a", "b", "c", "d"};
+  test_dag t;
+  test_dag_init(&t, 20, 40);
+  for (int i = 0; i < 20; i++)
+    add_task(&t, 0, -1, names[i]);
+  for (int i = 0; i + 1 < 20; i++)
+    add_edge(&t, i, i + 1);
+  add_edge(&t, 18, 17);
+  char err[SCHED_ERRMSG_MAX] = "";
+  assert_int_equal(sched_dag_finalize(t.dag, err), REMAT_ERR_CYCLE);
+  assert_string_equal(err, "task graph has a cycle through task 17 'b'");
+  assert_int_equal(sched_run(NULL, t.dag, NULL, err), REMAT_ERR_INVALID_ARG);
+  test_dag_free(&t);
+
+  test_dag_init(&t, 3, 3); /* a self-loop */
+  for (int i = 0; i < 3; i++)
+    add_task(&t, 0, -1, i == 2 ? "self" : "x");
+  add_edge(&t, 0, 2);
+  add_edge(&t, 2, 2);
+  assert_int_equal(sched_dag_finalize(t.dag, err), REMAT_ERR_CYCLE);
+  assert_string_equal(err, "task graph has a cycle through task 2 'self'");
+  test_dag_free(&t);
+}
+
+static int nop_task(void *arg, int worker) {
+  (void)arg;
+  (void)worker;
+  return 0;
+}
+
+static void test_dag_limits(void **state) {
+  (void)state;
+  char err[SCHED_ERRMSG_MAX];
+  sched_dag *dag;
+  assert_int_equal(sched_dag_create(&dag, err), REMAT_OK);
+  sched_dag_set_limits(dag, 4, 3);
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(sched_dag_add(dag, nop_task, NULL, 0, -1, "t", "c"), i);
+  assert_int_equal(sched_dag_add(dag, nop_task, NULL, 0, -1, "t", "c"),
+                   -REMAT_ERR_LIMIT);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(sched_dag_edge(dag, i, i + 1), REMAT_OK);
+  assert_int_equal(sched_dag_edge(dag, 0, 3), REMAT_ERR_LIMIT);
+  assert_int_equal(sched_dag_edge(dag, -1, 3), REMAT_ERR_INVALID_ARG);
+  assert_int_equal(sched_dag_edge(dag, 0, 4), REMAT_ERR_INVALID_ARG);
+  assert_int_equal(sched_dag_edge(NULL, 0, 1), REMAT_ERR_INVALID_ARG);
+  assert_int_equal(sched_dag_add(NULL, nop_task, NULL, 0, -1, "t", "c"),
+                   -REMAT_ERR_INVALID_ARG);
+  assert_int_equal(sched_dag_add(dag, NULL, NULL, 0, -1, "t", "c"),
+                   -REMAT_ERR_INVALID_ARG);
+  assert_int_equal(sched_dag_add(dag, nop_task, NULL, 0, -2, "t", "c"),
+                   -REMAT_ERR_INVALID_ARG);
+  assert_int_equal(sched_dag_num_tasks(dag), 4);
+  assert_int_equal(sched_dag_finalize(dag, err), REMAT_OK);
+  assert_int_equal(sched_dag_finalize(dag, err), REMAT_ERR_STATE);
+  assert_int_equal(sched_dag_add(dag, nop_task, NULL, 0, -1, "t", "c"),
+                   -REMAT_ERR_STATE);
+  assert_int_equal(sched_dag_edge(dag, 0, 1), REMAT_ERR_STATE);
+  assert_int_equal(sched_dag_finalize(NULL, err), REMAT_ERR_INVALID_ARG);
+  assert_int_equal(sched_dag_num_tasks(NULL), 0);
+  sched_dag_destroy(dag);
+  sched_dag_destroy(NULL);
+}
+
+static void test_pool_args(void **state) {
+  (void)state;
+  char err[SCHED_ERRMSG_MAX];
+  hwloc_topology_t topo = load_topology("numa:2 core:2 pu:1");
+  sched_pool *pool;
+  assert_int_equal(sched_pool_create(topo, 0, SCHED_BIND_CORE, &pool, err),
+                   REMAT_ERR_INVALID_ARG);
+  assert_null(pool);
+  assert_int_equal(sched_pool_create(topo, SCHED_MAX_THREADS + 1,
+                                     SCHED_BIND_CORE, &pool, err),
+                   REMAT_ERR_LIMIT);
+  assert_int_equal(sched_pool_create(NULL, 2, SCHED_BIND_CORE, &pool, err),
+                   REMAT_ERR_INVALID_ARG);
+  assert_int_equal(sched_pool_create(topo, 2, (sched_bind)7, &pool, err),
+                   REMAT_ERR_INVALID_ARG);
+  assert_int_equal(sched_pool_create(topo, 2, SCHED_BIND_CORE, NULL, err),
+                   REMAT_ERR_INVALID_ARG);
+  pool = make_pool(topo, 2, SCHED_BIND_NUMA);
+  sched_dag *dag;
+  assert_int_equal(sched_dag_create(&dag, err), REMAT_OK);
+  assert_int_equal(sched_dag_add(dag, nop_task, NULL, 0, 2, "far", "c"), 0);
+  assert_int_equal(sched_run(pool, dag, NULL, err), REMAT_ERR_STATE);
+  assert_int_equal(sched_dag_finalize(dag, err), REMAT_OK);
+  assert_int_equal(sched_run(pool, dag, NULL, err), REMAT_ERR_INVALID_ARG);
+  assert_string_equal(err,
+                      "task 0 'far' wants NUMA node 2 but the pool has 2 "
+                      "node(s)");
+  assert_int_equal(sched_run(pool, NULL, NULL, err), REMAT_ERR_INVALID_ARG);
+  sched_dag_destroy(dag);
+  sched_pool_destroy(pool);
+  sched_pool_destroy(NULL);
+  hwloc_topology_destroy(topo);
+}
+
+/* Marks every task reachable from `task` in `reach`. */
+static void mark_descendants(const test_dag *t, int task, bool *reach) {
+  reach[task] = true;
+  for (int e = 0; e < t->nedges; e++) /* edges go up, so one pass in order */
+    if (reach[t->from[e]])
+      reach[t->to[e]] = true;
+}
+
+static void test_task_error(void **state) {
+  (void)state;
+  hwloc_topology_t topo = load_topology(NULL);
+  sched_pool *pool = make_pool(topo, 2, SCHED_BIND_NONE);
+  test_dag t;
+  build_random(&t, 1000, 5, 0);
+  t.rec.fail_task = 123;
+  t.rec.fail_status = REMAT_ERR_NUMERIC;
+  t.rec.nworkers = 2;
+  char err[SCHED_ERRMSG_MAX];
+  assert_int_equal(sched_run(pool, t.dag, NULL, err), REMAT_ERR_NUMERIC);
+  assert_string_equal(err, "task 123 'random' failed with status 10");
+  bool *reach = calloc((size_t)t.ntasks, sizeof(bool));
+  mark_descendants(&t, 123, reach);
+  for (int i = 0; i < t.ntasks; i++) {
+    int count = atomic_load(&t.rec.count[i]);
+    assert_true(count <= 1);
+    if (i == 123)
+      assert_int_equal(count, 1);
+    else if (reach[i])
+      assert_int_equal(count, 0); /* skipped: it ran after the failure */
+    atomic_store(&t.rec.count[i], 0);
+  }
+  free(reach);
+  t.rec.fail_task = -1; /* the pool and DAG are fine for the next run */
+  run_ok(pool, &t);
+  test_dag_free(&t);
+  sched_pool_destroy(pool);
+  hwloc_topology_destroy(topo);
+}
+
+static char *read_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *text = calloc((size_t)size + 1, 1);
+  assert_int_equal(fread(text, 1, (size_t)size, f), (size_t)size);
+  fclose(f);
+  return text;
+}
+
+static void test_trace(void **state) {
+  (void)state;
+  hwloc_topology_t topo = load_topology(NULL);
+  sched_pool *pool = make_pool(topo, 2, SCHED_BIND_NONE);
+  test_dag t;
+  test_dag_init(&t, 3, 2);
+  add_task(&t, 0, -1, "matmul \"fwd\"");
+  add_task(&t, 0, -1, "back\\slash");
+  add_task(&t, 0, -1, "softmax");
+  add_edge(&t, 0, 1);
+  add_edge(&t, 1, 2);
+  char err[SCHED_ERRMSG_MAX];
+  assert_int_equal(sched_dag_finalize(t.dag, err), REMAT_OK);
+  char path[] = "/tmp/test_sched_trace_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  sched_run_opts opts = {.trace_path = path};
+  t.rec.nworkers = 2;
+  assert_int_equal(sched_run(pool, t.dag, &opts, err), REMAT_OK);
+  char *text = read_file(path);
+  assert_memory_equal(text, "{\"traceEvents\":", 15);
+  assert_non_null(strstr(text, "\"ph\":\"X\""));
+  assert_non_null(strstr(text, "\"name\":\"matmul \\\"fwd\\\"\""));
+  assert_non_null(strstr(text, "\"name\":\"back\\\\slash\""));
+  assert_non_null(strstr(text, "\"name\":\"softmax\",\"cat\":\"test\""));
+  assert_non_null(strstr(text, "\"name\":\"worker 1 (node 0)\""));
+  assert_string_equal(text + strlen(text) - 3, "]}\n");
+  free(text);
+  unlink(path);
+  opts.trace_path = "/nonexistent-dir/trace.json";
+  assert_int_equal(sched_run(pool, t.dag, &opts, err), REMAT_ERR_IO);
+  assert_string_equal(err, "cannot write trace '/nonexistent-dir/trace.json'"
+                           ": No such file or directory");
+  test_dag_free(&t);
+  sched_pool_destroy(pool);
+  hwloc_topology_destroy(topo);
+}
+
+static void test_empty_dag(void **state) {
+  (void)state;
+  hwloc_topology_t topo = load_topology(NULL);
+  sched_pool *pool = make_pool(topo, 2, SCHED_BIND_CORE);
+  char err[SCHED_ERRMSG_MAX];
+  sched_dag *dag;
+  assert_int_equal(sched_dag_create(&dag, err), REMAT_OK);
+  assert_int_equal(sched_dag_finalize(dag, err), REMAT_OK);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(sched_run(pool, dag, NULL, err), REMAT_OK);
+  sched_dag_destroy(dag);
+  sched_pool_destroy(pool);
+  hwloc_topology_destroy(topo);
+}
+
+typedef struct host_thread {
+  sched_pool *pool;
+  test_dag *t;
+  int runs;
+} host_thread;
+
+static void *host_main(void *arg) {
+  host_thread *h = arg;
+  for (int r = 0; r < h->runs; r++)
+    run_ok(h->pool, h->t);
+  return NULL;
+}
+
+/* One pool runs small and large DAGs over and over, also from two host
+ * threads at once (runs are serialized). */
+static void test_repeated_runs(void **state) {
+  (void)state;
+  hwloc_topology_t topo = load_topology(NULL);
+  sched_pool *pool = make_pool(topo, 2, SCHED_BIND_CORE);
+  test_dag small, large;
+  build_random(&small, 20, 3, 0);
+  build_random(&large, 2000, 4, 0);
+  int runs = quick() ? 100 : 1000;
+  for (int r = 0; r < runs; r++)
+    run_ok(pool, r % 10 == 9 ? &large : &small);
+  host_thread a = {pool, &small, runs}, b = {pool, &large, runs / 10};
+  pthread_t ta, tb;
+  assert_int_equal(pthread_create(&ta, NULL, host_main, &a), 0);
+  assert_int_equal(pthread_create(&tb, NULL, host_main, &b), 0);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  test_dag_free(&small);
+  test_dag_free(&large);
+  sched_pool_destroy(pool);
+  hwloc_topology_destroy(topo);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_random_dags),
+      cmocka_unit_test(test_placement_two_nodes),
+      cmocka_unit_test(test_placement_four_nodes),
+      cmocka_unit_test(test_affinity),
+      cmocka_unit_test(test_priorities),
+      cmocka_unit_test(test_cycle),
+      cmocka_unit_test(test_dag_limits),
+      cmocka_unit_test(test_pool_args),
+      cmocka_unit_test(test_task_error),
+      cmocka_unit_test(test_trace),
+      cmocka_unit_test(test_empty_dag),
+      cmocka_unit_test(test_repeated_runs),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
