@@ -42,7 +42,7 @@ int plan_start_task(void *arg, int worker) {
     plan_buffer *b = &p->bufs[kn->init[i]];
     if (!b->persistent) {
       b->node = pl->worker_node[worker];
-      b->data = mem_alloc(&p->arena, (size_t)b->bytes, b->cat, b->node);
+      b->data = mem_alloc(&p->arena, (size_t)b->bytes, b->cat, b->node, true);
       if (b->data == NULL)
         return REMAT_ERR_OUT_OF_MEMORY;
     }
@@ -72,7 +72,7 @@ int plan_done_task(void *arg, int worker) {
   for (int i = 0; i < kn->ntouch; i++) {
     plan_buffer *b = &p->bufs[kn->touch[i]];
     if (!b->persistent && atomic_fetch_sub(&b->users_left, 1) == 1) {
-      mem_free(&p->arena, b->data, (size_t)b->bytes, b->cat, b->node);
+      mem_free(&p->arena, b->data, (size_t)b->bytes, b->cat, b->node, true);
       b->data = NULL;
     }
   }
@@ -113,7 +113,7 @@ remat_status plan_allocate_persistent(remat_step_plan *p) {
     plan_buffer *buf = &p->bufs[b];
     if (!buf->persistent)
       continue;
-    buf->data = mem_alloc(&p->arena, (size_t)buf->bytes, buf->cat, 0);
+    buf->data = mem_alloc(&p->arena, (size_t)buf->bytes, buf->cat, 0, false);
     if (buf->data == NULL)
       return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                          "remat_compile: out of memory allocating %lld bytes",
@@ -133,7 +133,7 @@ remat_status plan_allocate_persistent(remat_step_plan *p) {
     return REMAT_ERR_OUT_OF_MEMORY;
   if (p->scratch_bytes > 0) {
     p->scratch = mem_alloc(&p->arena, p->scratch_bytes * (size_t)nw,
-                           REMAT_MEM_WORKSPACE, 0);
+                           REMAT_MEM_WORKSPACE, 0, false);
     if (p->scratch == NULL)
       return REMAT_ERR_OUT_OF_MEMORY;
   }
@@ -155,10 +155,10 @@ void plan_destroy(remat_graph *g) {
   for (int32_t b = 0; b < p->nbufs; b++)
     if (p->bufs[b].data != NULL)
       mem_free(&p->arena, p->bufs[b].data, (size_t)p->bufs[b].bytes,
-               p->bufs[b].cat, p->bufs[b].node);
+               p->bufs[b].cat, p->bufs[b].node, !p->bufs[b].persistent);
   if (p->scratch != NULL)
     mem_free(&p->arena, p->scratch, p->scratch_bytes * (size_t)g->rt->nworkers,
-             REMAT_MEM_WORKSPACE, 0);
+             REMAT_MEM_WORKSPACE, 0, false);
   for (int32_t i = 0; i < p->nknodes; i++) {
     free(p->knodes[i].touch);
     free(p->knodes[i].init);
@@ -293,7 +293,8 @@ static void release_transients(remat_step_plan *p) {
   for (int32_t b = 0; b < p->nbufs; b++) {
     plan_buffer *buf = &p->bufs[b];
     if (!buf->persistent && buf->data != NULL) {
-      mem_free(&p->arena, buf->data, (size_t)buf->bytes, buf->cat, buf->node);
+      mem_free(&p->arena, buf->data, (size_t)buf->bytes, buf->cat, buf->node,
+               true);
       buf->data = NULL;
     }
   }
@@ -304,7 +305,7 @@ static void fill_stats(remat_step_plan *p, remat_step_stats *st, double secs) {
   st->loss = NAN;
   if (p->loss >= 0)
     st->loss = p->bufs[p->value_buf[p->loss]].data[0];
-  st->nonfinite = atomic_load(&p->nonfinite);
+  st->nonfinite = atomic_load(&p->nonfinite) || (p->loss >= 0 && !isfinite(st->loss));
   st->seconds = secs;
   st->flops = p->forward_only ? 0.0 : p->flops;
   st->recompute_flops = p->recompute_flops;

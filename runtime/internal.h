@@ -49,10 +49,13 @@ typedef struct mem_arena {
 
 remat_status mem_arena_init(mem_arena *a, hwloc_topology_t topo, int nnodes);
 void mem_arena_destroy(mem_arena *a);
-/* 64-byte aligned; node -1 means any. Returns NULL when out of memory. */
-void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int node);
+/* 64-byte aligned; node -1 means any. Returns NULL when out of memory.
+ * `transient` memory (allocated and freed within a step) is also counted
+ * in the activation peak. */
+void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int node,
+                bool transient);
 void mem_free(mem_arena *a, void *p, size_t bytes, remat_mem_category cat,
-              int node);
+              int node, bool transient);
 /* Starts a new peak window: peaks become the current values. */
 void mem_reset_peaks(mem_arena *a);
 

@@ -299,6 +299,8 @@ static remat_status emit_backward_op(remat_step_plan *p, op_buffers *ob,
 static remat_status emit_backward(remat_step_plan *p, op_buffers *ob,
                                   const bool *has_grad, const bool *needed) {
   remat_graph *g = p->g;
+  if (p->grad_buf[p->loss] < 0)
+    return REMAT_OK; /* the loss depends on no parameter */
   plan_knode *seed = add_knode(p, KNODE_SEED, -1, NULL);
   if (seed == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;

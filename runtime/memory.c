@@ -75,7 +75,8 @@ static size_list *find_list(node_cache *c, size_t bytes, bool create) {
   return &c->lists[c->nlists++];
 }
 
-static void count(mem_arena *a, int64_t delta, remat_mem_category cat) {
+static void count(mem_arena *a, int64_t delta, remat_mem_category cat,
+                  bool transient) {
   int64_t cur = atomic_fetch_add(&a->current[cat], delta) + delta;
   int64_t peak = atomic_load(&a->peak[cat]);
   while (cur > peak && !atomic_compare_exchange_weak(&a->peak[cat], &peak, cur))
@@ -84,7 +85,7 @@ static void count(mem_arena *a, int64_t delta, remat_mem_category cat) {
   peak = atomic_load(&a->total_peak);
   while (tot > peak && !atomic_compare_exchange_weak(&a->total_peak, &peak, tot))
     ;
-  if (cat >= REMAT_MEM_ACTIVATIONS) {
+  if (transient) {
     int64_t tr = atomic_fetch_add(&a->transient_current, delta) + delta;
     peak = atomic_load(&a->transient_peak);
     while (tr > peak &&
@@ -93,7 +94,8 @@ static void count(mem_arena *a, int64_t delta, remat_mem_category cat) {
   }
 }
 
-void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int node) {
+void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int node,
+                bool transient) {
   size_t size = round_up(bytes == 0 ? 1 : bytes);
   int n = node < 0 || node >= a->nnodes ? 0 : node;
   node_cache *c = &a->caches[n];
@@ -113,16 +115,16 @@ void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int node) {
     a->reserved_bytes += (int64_t)size;
     pthread_mutex_unlock(&a->lock);
   }
-  count(a, (int64_t)size, cat);
+  count(a, (int64_t)size, cat, transient);
   return p;
 }
 
 void mem_free(mem_arena *a, void *p, size_t bytes, remat_mem_category cat,
-              int node) {
+              int node, bool transient) {
   if (p == NULL)
     return;
   size_t size = round_up(bytes == 0 ? 1 : bytes);
-  count(a, -(int64_t)size, cat);
+  count(a, -(int64_t)size, cat, transient);
   int n = node < 0 || node >= a->nnodes ? 0 : node;
   node_cache *c = &a->caches[n];
   pthread_mutex_lock(&a->lock);

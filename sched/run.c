@@ -91,7 +91,9 @@ static int32_t release_successors(sched_worker *w, int32_t task) {
   for (int32_t e = dag->succ_first[task + 1] - 1; e >= dag->succ_first[task];
        e--) {
     int32_t s = dag->succ[e];
-    if (atomic_fetch_sub_explicit(&pending[s], 1, memory_order_acq_rel) != 1)
+    /* A task with one predecessor needs no counter: this is it. */
+    if (dag->npred[s] > 1 &&
+        atomic_fetch_sub_explicit(&pending[s], 1, memory_order_acq_rel) != 1)
       continue;
     int node = dag->tasks[s].numa_node;
     if (node >= 0 && node != w->node) {
