@@ -2,6 +2,11 @@
  * (oneDNN eltwise, tanh or erf form). Flat ops tile the elements in chunks
  * of OP_FLAT_ELEMS; bias gradients tile column blocks and sum every row in
  * order. */
+/* The relu loops vectorize only when gcc may if-convert float compares. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 #include <string.h>
 
 #include "ops/op_impl.h"

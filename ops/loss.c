@@ -2,6 +2,11 @@
  * the target), sum and mean. Forward tiles write per-row or per-tile
  * partials into aux; a one-tile kernel then sums them in order into out[0],
  * so the result does not depend on the thread count. */
+/* The exp loops vectorize only when gcc may if-convert float compares. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 #include <math.h>
 
 #include "ops/op_impl.h"
