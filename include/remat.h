@@ -268,7 +268,8 @@ typedef struct remat_step_stats {
   int nonfinite;               /* 1 if loss or a gradient was NaN or Inf */
   double seconds;              /* wall time of the step */
   double flops;                /* model FLOPs of forward + backward */
-  double recompute_flops;      /* FLOPs executed again by recompute tasks */
+  double recompute_flops;      /* the plan's FLOPs of recompute tasks */
+  double executed_recompute_flops; /* counted by the recompute tiles run */
   int64_t peak_bytes;          /* peak of all categories together, this step */
   int64_t activation_peak_bytes; /* peak of activations, recomputed, act
                                     grads and workspace together */
@@ -320,6 +321,27 @@ REMAT_API remat_status remat_gpt_build(remat_graph *g,
                                        remat_gpt *out);
 /* Model FLOPs of one training step (forward + backward, matmuls only). */
 REMAT_API double remat_gpt_flops(const remat_gpt_config *cfg);
+
+/* ---- saving and loading parameters (safetensors) ---- */
+
+/* Writes every parameter, by name in creation order, as an F32 tensor of a
+ * safetensors file (the format PyTorch's `safetensors` package reads). The
+ * file is written to PATH.tmp, synced, then renamed to PATH, so an
+ * interrupted save never leaves a half-written file under PATH. The graph
+ * must be compiled. */
+REMAT_API remat_status remat_save_safetensors(remat_graph *g, const char *path);
+/* Reads parameters written by remat_save_safetensors (or by any program
+ * that writes F32 tensors with the same names and shapes). The whole file
+ * is checked before any parameter changes: a truncated file, a bad header,
+ * a wrong dtype, a missing or unknown tensor, a shape mismatch or bad data
+ * offsets fail with REMAT_ERR_IO or REMAT_ERR_SHAPE and leave every
+ * parameter as it was. */
+REMAT_API remat_status remat_load_safetensors(remat_graph *g, const char *path);
+/* Writes the gradients of the last step, one F32 tensor per parameter
+ * under the parameter's name, in the same format (for checking gradients
+ * against another framework). */
+REMAT_API remat_status remat_save_grads_safetensors(remat_graph *g,
+                                                    const char *path);
 
 #ifdef __cplusplus
 }

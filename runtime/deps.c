@@ -52,13 +52,13 @@ static remat_status collect_touch(remat_step_plan *p) {
 /* Gradient buffers written by several nodes are zero-filled by the first
  * and accumulated into by all; the first writer of a transient buffer
  * allocates it. */
-static void assign_init(remat_step_plan *p) {
+static remat_status assign_init(remat_step_plan *p) {
   int32_t *writers = calloc((size_t)p->nbufs, sizeof *writers);
   int32_t *first = malloc((size_t)p->nbufs * sizeof *first);
   if (writers == NULL || first == NULL) {
     free(writers);
     free(first);
-    return;
+    return REMAT_ERR_OUT_OF_MEMORY;
   }
   for (int32_t b = 0; b < p->nbufs; b++)
     first[b] = -1;
@@ -73,6 +73,7 @@ static void assign_init(remat_step_plan *p) {
     }
   for (int32_t b = 0; b < p->nbufs; b++) {
     plan_buffer *buf = &p->bufs[b];
+    buf->first_writer = first[b];
     buf->zero_fill = writers[b] > 1 && (buf->cat == REMAT_MEM_GRADS ||
                                         buf->cat == REMAT_MEM_ACT_GRADS);
     if (first[b] >= 0 && (!buf->persistent || buf->zero_fill)) {
@@ -89,6 +90,7 @@ static void assign_init(remat_step_plan *p) {
   }
   free(writers);
   free(first);
+  return REMAT_OK;
 }
 
 /* ---- edges between nodes ---- */
@@ -268,13 +270,24 @@ static remat_status add_tasks(remat_step_plan *p) {
   return REMAT_OK;
 }
 
-remat_status plan_build_dag(remat_step_plan *p) {
+remat_status plan_lifetimes(remat_step_plan *p) {
   remat_status s = collect_touch(p);
-  if (s != REMAT_OK)
-    return s;
-  assign_init(p);
+  if (s == REMAT_OK)
+    s = assign_init(p);
+  for (int32_t i = 0; s == REMAT_OK && i < p->nknodes; i++) {
+    plan_knode *kn = &p->knodes[i];
+    if (kn->kind == KNODE_RECOMPUTE)
+      p->recompute_flops += kn->flops;
+    else if (kn->kind == KNODE_FORWARD || kn->kind == KNODE_BACKWARD)
+      p->flops += kn->flops;
+  }
+  return s;
+}
+
+remat_status plan_build_dag(remat_step_plan *p) {
   char err[SCHED_ERRMSG_MAX];
-  if ((s = sched_dag_create(&p->dag, err)) != REMAT_OK)
+  remat_status s = sched_dag_create(&p->dag, err);
+  if (s != REMAT_OK)
     return remat__fail_msg(s, err);
   if ((s = add_tasks(p)) != REMAT_OK)
     return remat__fail(s, "remat_compile: cannot build the task graph");
@@ -290,12 +303,5 @@ remat_status plan_build_dag(remat_step_plan *p) {
                        "remat_compile: out of memory adding task edges");
   if ((s = sched_dag_finalize(p->dag, err)) != REMAT_OK)
     return remat__fail_msg(s, err);
-  for (int32_t i = 0; i < p->nknodes; i++) {
-    plan_knode *kn = &p->knodes[i];
-    if (kn->kind == KNODE_RECOMPUTE)
-      p->recompute_flops += kn->flops;
-    else if (kn->kind == KNODE_FORWARD || kn->kind == KNODE_BACKWARD)
-      p->flops += kn->flops;
-  }
   return REMAT_OK;
 }

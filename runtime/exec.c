@@ -60,6 +60,9 @@ int plan_tile_task(void *arg, int worker) {
   switch (kn->kind) {
   case KNODE_SEED: return optim_seed_tile(p, kn);
   case KNODE_UPDATE: return optim_update_tile(p, kn, t->tile);
+  case KNODE_RECOMPUTE:
+    p->worker_recompute_flops[worker * 8] += kn->flops / (double)kn->tiles;
+    return kn->kernel->fn(kn->inst, &kn->bufs, t->tile, &p->workers[worker]);
   default:
     return kn->kernel->fn(kn->inst, &kn->bufs, t->tile, &p->workers[worker]);
   }
@@ -129,7 +132,9 @@ remat_status plan_allocate_persistent(remat_step_plan *p) {
   int nw = p->g->rt->nworkers;
   p->scratch_bytes = (max_scratch + 63) / 64 * 64;
   p->workers = calloc((size_t)nw, sizeof *p->workers);
-  if (p->workers == NULL)
+  p->worker_recompute_flops =
+      calloc((size_t)nw * 8, sizeof *p->worker_recompute_flops);
+  if (p->workers == NULL || p->worker_recompute_flops == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   if (p->scratch_bytes > 0) {
     p->scratch = mem_alloc(&p->arena, p->scratch_bytes * (size_t)nw,
@@ -159,15 +164,13 @@ void plan_destroy(remat_graph *g) {
   if (p->scratch != NULL)
     mem_free(&p->arena, p->scratch, p->scratch_bytes * (size_t)g->rt->nworkers,
              REMAT_MEM_WORKSPACE, 0, false);
-  for (int32_t i = 0; i < p->nknodes; i++) {
-    free(p->knodes[i].touch);
-    free(p->knodes[i].init);
-  }
+  plan_unlower(p);
   mem_arena_destroy(&p->arena);
   free(p->knodes);
   free(p->bufs);
   free(p->tiles);
   free(p->workers);
+  free(p->worker_recompute_flops);
   free(p->value_buf);
   free(p->grad_buf);
   free(p->recomp_buf);
@@ -309,6 +312,8 @@ static void fill_stats(remat_step_plan *p, remat_step_stats *st, double secs) {
   st->seconds = secs;
   st->flops = p->forward_only ? 0.0 : p->flops;
   st->recompute_flops = p->recompute_flops;
+  for (int w = 0; w < p->g->rt->nworkers; w++)
+    st->executed_recompute_flops += p->worker_recompute_flops[w * 8];
   st->peak_bytes = atomic_load(&p->arena.total_peak);
   st->activation_peak_bytes = atomic_load(&p->arena.transient_peak);
   st->predicted_peak_bytes = p->predicted_peak;
@@ -328,6 +333,8 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
   for (int32_t b = 0; b < p->nbufs; b++)
     atomic_store(&p->bufs[b].users_left, p->bufs[b].users);
   atomic_store(&p->nonfinite, 0);
+  memset(p->worker_recompute_flops, 0,
+         (size_t)g->rt->nworkers * 8 * sizeof *p->worker_recompute_flops);
   mem_reset_peaks(&p->arena);
   p->opt_step++;
   sched_run_opts opts = {.trace_path = g->rt->config.trace_path};

@@ -364,7 +364,7 @@ static remat_status plan_ops(remat_graph *g) {
   return REMAT_OK;
 }
 
-static remat_status build_lists(remat_step_plan *p) {
+remat_status plan_lower(remat_step_plan *p) {
   remat_graph *g = p->g;
   size_t n = (size_t)g->ntensors;
   bool *has_grad = calloc(n, sizeof *has_grad);
@@ -389,7 +389,18 @@ out:
   free(has_grad);
   free(needed);
   free(ob);
-  return s;
+  return s == REMAT_OK ? plan_lifetimes(p) : s;
+}
+
+void plan_unlower(remat_step_plan *p) {
+  for (int32_t i = 0; i < p->nknodes; i++) {
+    free(p->knodes[i].touch);
+    free(p->knodes[i].init);
+  }
+  p->nknodes = 0;
+  p->nbufs = 0;
+  p->flops = 0.0;
+  p->recompute_flops = 0.0;
 }
 
 static remat_status check_compile_args(remat_graph *g, remat_tensor *loss,
@@ -441,9 +452,7 @@ static remat_status alloc_plan_arrays(remat_step_plan *p) {
   return REMAT_OK;
 }
 
-remat_status plan_build_dag(remat_step_plan *p); /* deps.c */
 remat_status plan_allocate_persistent(remat_step_plan *p); /* exec.c */
-void plan_report(remat_step_plan *p);           /* memplan.c */
 
 remat_status remat_compile(remat_graph *g, remat_tensor *loss,
                            const remat_optimizer *opt) {
@@ -474,9 +483,7 @@ remat_status remat_compile(remat_graph *g, remat_tensor *loss,
   if (s == REMAT_OK)
     s = alloc_plan_arrays(p);
   if (s == REMAT_OK)
-    s = policy_decide(g, p->saved);
-  if (s == REMAT_OK)
-    s = build_lists(p);
+    s = planner_run(p);
   if (s == REMAT_OK)
     s = plan_build_dag(p);
   if (s == REMAT_OK)

@@ -9,42 +9,57 @@
 
 static int64_t rounded(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
-void memplan_predict(remat_step_plan *p) {
-  int64_t live = 0, transient = 0, peak = 0, tpeak = 0;
-  int32_t *left = malloc((size_t)p->nbufs * sizeof *left);
-  for (int32_t b = 0; b < p->nbufs; b++) {
-    if (left != NULL)
-      left[b] = p->bufs[b].users;
+int64_t memplan_persistent_bytes(const remat_step_plan *p) {
+  int64_t bytes = 0;
+  for (int32_t b = 0; b < p->nbufs; b++)
     if (p->bufs[b].persistent)
-      live += rounded(p->bufs[b].bytes);
-  }
-  if (p->scratch != NULL)
-    live += (int64_t)p->scratch_bytes * p->g->rt->nworkers;
-  peak = live;
-  for (int32_t i = 0; left != NULL && i < p->nknodes; i++) {
-    plan_knode *kn = &p->knodes[i];
-    for (int k = 0; k < kn->ninit; k++) {
-      plan_buffer *b = &p->bufs[kn->init[k]];
-      if (!b->persistent) {
-        live += rounded(b->bytes);
-        transient += rounded(b->bytes);
-      }
-    }
-    if (live > peak)
-      peak = live;
-    if (transient > tpeak)
-      tpeak = transient;
+      bytes += rounded(p->bufs[b].bytes);
+  size_t scratch = 0;
+  for (int32_t o = 0; o < p->g->nops; o++)
+    if (p->g->ops[o].inst.scratch_bytes > scratch)
+      scratch = p->g->ops[o].inst.scratch_bytes;
+  if (scratch > 0)
+    bytes += rounded(rounded((int64_t)scratch) * p->g->rt->nworkers);
+  return bytes;
+}
+
+/* Walks program order: a node's buffers are allocated when it starts, and a
+ * buffer is freed when its last user is done. Returns the peak transient
+ * bytes; live[i] gets the transient bytes while node i runs. */
+static int64_t simulate_transient(const remat_step_plan *p, int64_t *live) {
+  int32_t *left = malloc(((size_t)p->nbufs + 1) * sizeof *left);
+  if (left == NULL)
+    return -1;
+  for (int32_t b = 0; b < p->nbufs; b++)
+    left[b] = p->bufs[b].users;
+  int64_t cur = 0, peak = 0;
+  for (int32_t i = 0; i < p->nknodes; i++) {
+    const plan_knode *kn = &p->knodes[i];
+    for (int k = 0; k < kn->ninit; k++)
+      if (!p->bufs[kn->init[k]].persistent)
+        cur += rounded(p->bufs[kn->init[k]].bytes);
+    if (live != NULL)
+      live[i] = cur;
+    if (cur > peak)
+      peak = cur;
     for (int k = 0; k < kn->ntouch; k++) {
-      plan_buffer *b = &p->bufs[kn->touch[k]];
-      if (!b->persistent && --left[kn->touch[k]] == 0) {
-        live -= rounded(b->bytes);
-        transient -= rounded(b->bytes);
-      }
+      const plan_buffer *b = &p->bufs[kn->touch[k]];
+      if (!b->persistent && --left[kn->touch[k]] == 0)
+        cur -= rounded(b->bytes);
     }
   }
   free(left);
-  p->predicted_peak = peak;
-  p->predicted_transient_peak = tpeak;
+  return peak;
+}
+
+int64_t memplan_simulate(const remat_step_plan *p, int64_t *live) {
+  int64_t transient = simulate_transient(p, live);
+  return transient < 0 ? -1 : memplan_persistent_bytes(p) + transient;
+}
+
+void memplan_predict(remat_step_plan *p) {
+  p->predicted_transient_peak = simulate_transient(p, NULL);
+  p->predicted_peak = memplan_persistent_bytes(p) + p->predicted_transient_peak;
 }
 
 /* Per top-level region: bytes of activations kept for backward, bytes

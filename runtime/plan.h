@@ -14,6 +14,7 @@ typedef struct plan_buffer {
   bool zero_fill;       /* several kernels accumulate into it */
   int32_t tensor;       /* tensor id, -1 for aux/workspace buffers */
   int32_t users;        /* kernel nodes that touch it (per step) */
+  int32_t first_writer; /* kernel node that allocates or zero-fills it */
   _Atomic int32_t users_left;
   int node;             /* NUMA node it was allocated on */
   float *data;
@@ -82,6 +83,7 @@ typedef struct remat_step_plan {
   void *scratch;        /* per-worker scratchpads, one block */
   size_t scratch_bytes;
   op_worker *workers;   /* per worker: runtime stream + this graph's scratch */
+  double *worker_recompute_flops; /* [nworkers * 8]: one cache line each */
   _Atomic int nonfinite;
   double flops, recompute_flops;
   int64_t predicted_peak, predicted_transient_peak;
@@ -93,8 +95,14 @@ typedef struct remat_step_plan {
 remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
                            int nin, const op_attrs *attrs);
 
-/* lower.c */
+/* lower.c: kernel nodes and buffers from the decisions in p->saved */
+remat_status plan_lower(remat_step_plan *p);
+void plan_unlower(remat_step_plan *p);
 void plan_destroy(remat_graph *g);
+
+/* deps.c */
+remat_status plan_lifetimes(remat_step_plan *p); /* users, allocation points */
+remat_status plan_build_dag(remat_step_plan *p);
 
 /* exec.c: the task bodies */
 int plan_start_task(void *arg, int worker);
@@ -108,10 +116,17 @@ int optim_seed_tile(remat_step_plan *p, plan_knode *kn);
 
 /* policy.c: regions and remat policies */
 void policy_free_all(remat_graph *g);
-/* Decides, for every activation, saved (true) or recomputed (false). */
-remat_status policy_decide(remat_graph *g, bool *saved);
 
-/* memplan.c: predicted peak by simulating program order */
+/* planner.c: decides, for every activation, saved or recomputed (fixed
+ * policies, or the least recompute that fits the memory budget) and leaves
+ * the plan lowered with that decision. */
+remat_status planner_run(remat_step_plan *p);
+
+/* memplan.c: the peak of program order; `live` (may be NULL) receives the
+ * live bytes after each node's allocations. */
+int64_t memplan_simulate(const remat_step_plan *p, int64_t *live);
+int64_t memplan_persistent_bytes(const remat_step_plan *p);
 void memplan_predict(remat_step_plan *p);
+void plan_report(remat_step_plan *p);
 
 #endif

@@ -1,0 +1,275 @@
+/* Tests of rematerialization: every policy gives the same loss and
+ * gradients bit for bit, the measured peak against the predicted one,
+ * recompute FLOPs executed against the plan, activation memory against
+ * depth, memory budgets (the chain optimizer against brute force), and the
+ * errors of bad policies and regions. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpt_fixture.h"
+#include "runtime/planner.h"
+
+static const remat_gpt_config four = {
+    .layers = 4, .d_model = 32, .heads = 4, .seq = 16, .batch = 2, .vocab = 13};
+
+static const char *const policies[] = {
+    "nothing_saveable",
+    "dots_saveable",
+    "checkpoint_dots",
+    "dots_with_no_batch_dims_saveable",
+    "save_only_these_names:attn_probs,ffn_in",
+    "save_any_names_but_these:attn_scores,attn_probs",
+    "save_from_both_policies:dots_with_no_batch_dims_saveable+"
+    "save_only_these_names:ln1_out",
+};
+
+typedef struct result {
+  uint32_t loss_bits[2];
+  uint64_t grad_hash;
+  remat_step_stats stats;
+} result;
+
+static result run(const remat_gpt_config *c, int threads, const char *policy,
+                  int64_t budget) {
+  fixture f;
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-3f};
+  remat_status s = fixture_open(&f, c, threads, policy, budget, &opt);
+  if (s != REMAT_OK)
+    fail_msg("open %s: %s", policy, remat_last_error());
+  result r;
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(remat_step(f.g, &r.stats), REMAT_OK);
+    memcpy(&r.loss_bits[i], &r.stats.loss, sizeof(float));
+    if (i == 0)
+      r.grad_hash = fixture_grad_hash(&f);
+  }
+  fixture_close(&f);
+  return r;
+}
+
+static void test_policies_bitwise_equal(void **state) {
+  (void)state;
+  result ref = run(&four, 2, "everything_saveable", 0);
+  assert_true(ref.stats.recompute_flops == 0.0);
+  for (size_t i = 0; i < sizeof policies / sizeof *policies; i++)
+    for (int threads = 1; threads <= 2; threads++) {
+      result r = run(&four, threads, policies[i], 0);
+      if (r.loss_bits[0] != ref.loss_bits[0] ||
+          r.loss_bits[1] != ref.loss_bits[1] || r.grad_hash != ref.grad_hash)
+        fail_msg("%s at %d threads differs from everything_saveable",
+                 policies[i], threads);
+      assert_true(r.stats.recompute_flops > 0.0);
+    }
+}
+
+/* At one thread the scheduler runs tasks in program order, the order the
+ * prediction simulates. */
+static void test_peak_predicted(void **state) {
+  (void)state;
+  const char *all[] = {"everything_saveable", "nothing_saveable",
+                       "dots_saveable", "save_only_these_names:attn_probs"};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+    result r = run(&four, 1, all[i], 0);
+    int64_t measured = r.stats.peak_bytes, predicted = r.stats.predicted_peak_bytes;
+    if (measured > predicted || measured < predicted * 0.9)
+      fail_msg("%s: measured peak %lld, predicted %lld", all[i],
+               (long long)measured, (long long)predicted);
+  }
+}
+
+static void test_recompute_flops_executed(void **state) {
+  (void)state;
+  fixture f;
+  assert_int_equal(fixture_open(&f, &four, 2, "nothing_saveable", 0, NULL),
+                   REMAT_OK);
+  remat_step_stats st;
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_true(st.recompute_flops > 0.0);
+  assert_true(st.executed_recompute_flops == st.recompute_flops);
+  /* Less than one extra forward: outputs only the backward of an add reads
+   * (the feed-forward's last linear) are not recomputed. */
+  assert_true(st.recompute_flops < st.flops / 3.0);
+  fixture_close(&f);
+  result dots = run(&four, 2, "dots_saveable", 0);
+  result none = run(&four, 2, "nothing_saveable", 0);
+  assert_true(dots.stats.executed_recompute_flops <
+              none.stats.executed_recompute_flops);
+}
+
+static void test_activation_memory(void **state) {
+  (void)state;
+  remat_gpt_config c = {.layers = 8, .d_model = 64, .heads = 4, .seq = 32,
+                        .batch = 4, .vocab = 16};
+  result all = run(&c, 1, "everything_saveable", 0);
+  result none = run(&c, 1, "nothing_saveable", 0);
+  if (!(none.stats.activation_peak_bytes * 3 < all.stats.activation_peak_bytes))
+    fail_msg("nothing_saveable %lld vs everything_saveable %lld",
+             (long long)none.stats.activation_peak_bytes,
+             (long long)all.stats.activation_peak_bytes);
+  c.layers = 16;
+  result deeper = run(&c, 1, "nothing_saveable", 0);
+  int64_t block_input = (int64_t)c.batch * c.seq * c.d_model * 4;
+  int64_t added = deeper.stats.activation_peak_bytes - none.stats.activation_peak_bytes;
+  assert_int_equal(added, 8 * block_input);
+}
+
+static void test_budget(void **state) {
+  (void)state;
+  result all = run(&four, 1, "everything_saveable", 0);
+  result none = run(&four, 1, "nothing_saveable", 0);
+  int64_t lo = none.stats.peak_bytes, hi = all.stats.peak_bytes;
+  assert_true(lo < hi);
+  int64_t budgets[3] = {lo, (lo + hi) / 2, hi};
+  for (int i = 0; i < 3; i++) {
+    result r = run(&four, 1, "auto", budgets[i]);
+    assert_true(r.stats.predicted_peak_bytes <= budgets[i]);
+    assert_true(r.stats.peak_bytes <= budgets[i]);
+    assert_true(r.stats.recompute_flops <= none.stats.recompute_flops);
+    assert_int_equal(r.loss_bits[0], all.loss_bits[0]);
+    assert_true(r.grad_hash == all.grad_hash);
+  }
+  result r = run(&four, 1, "auto", hi);
+  assert_true(r.stats.recompute_flops == 0.0);
+
+  fixture f;
+  assert_int_equal(fixture_open(&f, &four, 1, "auto", lo - 4096, NULL),
+                   REMAT_ERR_BUDGET);
+  char expected[256];
+  snprintf(expected, sizeof expected,
+           "memory budget of %lld bytes (%.2f MiB) is infeasible: the "
+           "smallest feasible budget for this graph is %lld bytes (%.2f MiB)",
+           (long long)(lo - 4096), (double)(lo - 4096) / 1048576.0,
+           (long long)lo, (double)lo / 1048576.0);
+  assert_string_equal(remat_graph_error(f.g), expected);
+  fixture_close(&f);
+}
+
+/* The dynamic program against every assignment of small random chains. */
+static void test_chain_plan_brute_force(void **state) {
+  (void)state;
+  uint32_t x = 99;
+  for (int trial = 0; trial < 300; trial++) {
+    int n = 1 + trial % 5;
+    chain_region r[5];
+    for (int i = 0; i < n; i++) {
+      r[i].nchoices = 1 + (int)((x = x * 1664525u + 1013904223u) >> 30);
+      for (int c = 0; c < r[i].nchoices; c++) {
+        r[i].saved[c] = (x = x * 1664525u + 1013904223u) >> 24;
+        r[i].working[c] = (x = x * 1664525u + 1013904223u) >> 23;
+        r[i].recompute[c] = (double)((x = x * 1664525u + 1013904223u) >> 26);
+      }
+    }
+    int64_t tail = (x = x * 1664525u + 1013904223u) >> 24;
+    int64_t budget = 200 + ((x = x * 1664525u + 1013904223u) >> 22);
+    int choice[5] = {0}, best[5] = {0}, cur[5] = {0};
+    double best_cost = INFINITY;
+    for (;;) {
+      if (chain_peak(r, n, tail, cur) <= budget) {
+        double cost = 0.0;
+        for (int i = 0; i < n; i++)
+          cost += r[i].recompute[cur[i]];
+        if (cost < best_cost) {
+          best_cost = cost;
+          memcpy(best, cur, sizeof cur);
+        }
+      }
+      int i = 0;
+      while (i < n && ++cur[i] == r[i].nchoices)
+        cur[i++] = 0;
+      if (i == n)
+        break;
+    }
+    int rc = chain_plan(r, n, tail, budget, choice);
+    if (isinf(best_cost)) {
+      assert_int_equal(rc, -1);
+      continue;
+    }
+    assert_int_equal(rc, 0);
+    assert_true(chain_peak(r, n, tail, choice) <= budget);
+    double cost = 0.0;
+    for (int i = 0; i < n; i++)
+      cost += r[i].recompute[choice[i]];
+    assert_true(cost == best_cost);
+  }
+}
+
+/* ---- bad input ---- */
+
+static void test_bad_regions_and_names(void **state) {
+  (void)state;
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_MEMORY_BUDGET,
+                     .num_threads = 1};
+  remat_runtime *rt;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  remat_graph *g;
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  assert_int_equal(remat_region_end(g), REMAT_ERR_STATE);
+  assert_string_equal(remat_graph_error(g),
+                      "remat_region_end: no checkpoint region is open: each "
+                      "remat_region_end must follow a remat_region_begin");
+  remat_graph_destroy(g);
+
+  const char *names[] = {"no_such_tensor"};
+  remat_policy *p = remat_policy_save_only_these_names(names, 1);
+  assert_non_null(p);
+  fixture f;
+  assert_int_equal(fixture_open(&f, &four, 1, "nothing_saveable", 0, NULL),
+                   REMAT_OK);
+  fixture_close(&f);
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  remat_gpt m;
+  assert_int_equal(remat_region_begin(g, p), REMAT_OK);
+  assert_int_equal(remat_gpt_build(g, &four, &m), REMAT_OK);
+  assert_int_equal(remat_region_end(g), REMAT_OK);
+  assert_int_equal(remat_compile(g, m.loss, NULL), REMAT_ERR_POLICY);
+  assert_string_equal(
+      remat_graph_error(g),
+      "policy save_only_these_names names 'no_such_tensor', which no tensor "
+      "carries: names in this graph are ln1_out, qkv, attn_scores, "
+      "attn_probs, attn_values, attn_out, resid_mid, ln2_out, ffn_in, "
+      "ffn_act, ffn_out");
+  remat_graph_destroy(g);
+  remat_policy_destroy(p);
+
+  assert_null(remat_policy_save_only_these_names(names, 0));
+  assert_string_equal(remat_last_error(),
+                      "save_only_these_names needs at least one name, e.g. "
+                      "save_only_these_names:attn_out,ffn_in");
+
+  /* A region left open is refused at compile. */
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  assert_int_equal(remat_region_begin(g, NULL), REMAT_OK);
+  assert_int_equal(remat_gpt_build(g, &four, &m), REMAT_OK);
+  assert_int_equal(remat_compile(g, m.loss, NULL), REMAT_ERR_STATE);
+  assert_string_equal(remat_graph_error(g),
+                      "remat_compile: 1 checkpoint region(s) still open: call "
+                      "remat_region_end for each remat_region_begin");
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+
+  /* auto without a budget */
+  assert_int_equal(fixture_open(&f, &four, 1, "auto", 0, NULL), REMAT_ERR_POLICY);
+  assert_string_equal(remat_graph_error(f.g),
+                      "policy 'auto' needs a memory budget: set "
+                      "REMAT_MEMORY_BUDGET or remat_config.memory_budget");
+  fixture_close(&f);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_policies_bitwise_equal),
+      cmocka_unit_test(test_peak_predicted),
+      cmocka_unit_test(test_recompute_flops_executed),
+      cmocka_unit_test(test_activation_memory),
+      cmocka_unit_test(test_budget),
+      cmocka_unit_test(test_chain_plan_brute_force),
+      cmocka_unit_test(test_bad_regions_and_names),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
