@@ -148,6 +148,7 @@ static double time_ours(sched_pool *pool, const shape *s) {
 static void spawn_omp_task(const shape *s, char *dep, int32_t i) {
   const int32_t *p = s->pred + s->pred_first[i];
   (void)dep; /* gcc 12 does not count depend clauses as uses */
+  /* clang-format off */
   switch (s->pred_first[i + 1] - s->pred_first[i]) {
   case 0:
 #pragma omp task depend(out : dep[i])
@@ -162,16 +163,17 @@ static void spawn_omp_task(const shape *s, char *dep, int32_t i) {
     omp_body(NULL, 0);
     break;
   case 3:
-#pragma omp task depend(in : dep[p[0]], dep[p[1]], dep[p[2]])              \
-    depend(out : dep[i])
+#pragma omp task depend(in : dep[p[0]], dep[p[1]], dep[p[2]]) \
+                 depend(out : dep[i])
     omp_body(NULL, 0);
     break;
   default:
-#pragma omp task depend(in : dep[p[0]], dep[p[1]], dep[p[2]], dep[p[3]])   \
-    depend(out : dep[i])
+#pragma omp task depend(in : dep[p[0]], dep[p[1]], dep[p[2]], dep[p[3]]) \
+                 depend(out : dep[i])
     omp_body(NULL, 0);
     break;
   }
+  /* clang-format on */
 }
 
 static double time_omp(const shape *s, int nthreads) {

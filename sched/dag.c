@@ -2,6 +2,7 @@
  * doubling, then frozen by sched_dag_finalize into the arrays a run reads
  * (CSR successor lists sorted by priority, predecessor counts, roots sorted
  * by priority). Kahn's algorithm refuses a cycle there, naming a task on it. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,8 @@
 
 #define INITIAL_TASKS 64
 #define INITIAL_EDGES 256
+
+static atomic_uint_least64_t last_serial;
 
 remat_status sched_dag_create(sched_dag **out, char err[SCHED_ERRMSG_MAX]) {
   if (!out) {
@@ -42,9 +45,8 @@ void sched_dag_destroy(sched_dag *dag) {
     return;
   free_edges(dag);
   free(dag->tasks);
-  free(dag->succ_first);
+  free(dag->info);
   free(dag->succ);
-  free(dag->npred);
   free(dag->roots);
   free(dag);
 }
@@ -65,6 +67,10 @@ static bool grow_tasks(sched_dag *dag) {
   if (!tasks)
     return false;
   dag->tasks = tasks;
+  sched_task_info *info = realloc(dag->info, (size_t)cap * sizeof *info);
+  if (!info)
+    return false;
+  dag->info = info;
   dag->task_cap = cap;
   return true;
 }
@@ -81,12 +87,8 @@ int32_t sched_dag_add(sched_dag *dag, sched_task_fn fn, void *arg,
   if (dag->ntasks == dag->task_cap && !grow_tasks(dag))
     return -(int32_t)REMAT_ERR_OUT_OF_MEMORY;
   int32_t id = dag->ntasks++;
-  dag->tasks[id] = (sched_task){.fn = fn,
-                                .arg = arg,
-                                .name = name,
-                                .category = category,
-                                .priority = priority,
-                                .numa_node = numa_node};
+  dag->tasks[id] = (sched_task){.fn = fn, .arg = arg, .numa_node = numa_node};
+  dag->info[id] = (sched_task_info){name, category, priority};
   if (numa_node > dag->max_node) {
     dag->max_node = numa_node;
     dag->max_node_task = id;
@@ -109,8 +111,7 @@ static bool grow_edges(sched_dag *dag) {
 }
 
 remat_status sched_dag_edge(sched_dag *dag, int32_t from, int32_t to) {
-  if (!dag || from < 0 || to < 0 || from >= dag->ntasks ||
-      to >= dag->ntasks)
+  if (!dag || from < 0 || to < 0 || from >= dag->ntasks || to >= dag->ntasks)
     return REMAT_ERR_INVALID_ARG;
   if (dag->finalized)
     return REMAT_ERR_STATE;
@@ -146,17 +147,15 @@ static void scratch_free(scratch *s) {
 static remat_status alloc_arrays(sched_dag *dag, scratch *s,
                                  char err[SCHED_ERRMSG_MAX]) {
   size_t n = (size_t)dag->ntasks, m = (size_t)dag->nedges;
-  dag->succ_first = malloc((n + 1) * sizeof(int32_t));
   dag->succ = malloc((m ? m : 1) * sizeof(int32_t));
-  dag->npred = calloc(n ? n : 1, sizeof(int32_t));
   dag->roots = malloc((n ? n : 1) * sizeof(int32_t));
   s->pred_first = calloc(n + 1, sizeof(int32_t));
   s->pred = malloc((m ? m : 1) * sizeof(int32_t));
   s->order = malloc((n ? n : 1) * sizeof(int32_t));
   s->indegree = malloc((n ? n : 1) * sizeof(int32_t));
   s->queue = malloc((n ? n : 1) * sizeof(int32_t));
-  if (dag->succ_first && dag->succ && dag->npred && dag->roots &&
-      s->pred_first && s->pred && s->order && s->indegree && s->queue)
+  if (dag->succ && dag->roots && s->pred_first && s->pred && s->order &&
+      s->indegree && s->queue)
     return REMAT_OK;
   snprintf(err, SCHED_ERRMSG_MAX,
            "sched_dag_finalize: out of memory for %d tasks and %lld edges",
@@ -165,21 +164,21 @@ static remat_status alloc_arrays(sched_dag *dag, scratch *s,
 }
 
 static void free_frozen(sched_dag *dag) {
-  free(dag->succ_first);
   free(dag->succ);
-  free(dag->npred);
   free(dag->roots);
-  dag->succ_first = dag->succ = dag->npred = dag->roots = NULL;
+  dag->succ = dag->roots = NULL;
 }
 
 /* Counting sort of the edges by target: predecessor lists and counts. */
 static void build_preds(sched_dag *dag, scratch *s) {
   int32_t n = dag->ntasks;
+  for (int32_t t = 0; t < n; t++)
+    dag->tasks[t].npred = 0;
   for (int64_t e = 0; e < dag->nedges; e++)
-    dag->npred[dag->edge_to[e]]++;
+    dag->tasks[dag->edge_to[e]].npred++;
   s->pred_first[0] = 0;
   for (int32_t t = 0; t < n; t++)
-    s->pred_first[t + 1] = s->pred_first[t] + dag->npred[t];
+    s->pred_first[t + 1] = s->pred_first[t] + dag->tasks[t].npred;
   memcpy(s->indegree, s->pred_first, (size_t)n * sizeof(int32_t));
   for (int64_t e = 0; e < dag->nedges; e++)
     s->pred[s->indegree[dag->edge_to[e]]++] = dag->edge_from[e];
@@ -203,13 +202,13 @@ static bool sort_by_priority(const sched_dag *dag, int32_t *order) {
   int32_t n = dag->ntasks;
   bool sorted = true;
   for (int32_t t = 1; t < n && sorted; t++)
-    sorted = dag->tasks[t - 1].priority >= dag->tasks[t].priority;
+    sorted = dag->info[t - 1].priority >= dag->info[t].priority;
   if (!sorted) {
     ranked *r = malloc((size_t)n * sizeof *r);
     if (!r)
       return false;
     for (int32_t t = 0; t < n; t++)
-      r[t] = (ranked){dag->tasks[t].priority, t};
+      r[t] = (ranked){dag->info[t].priority, t};
     qsort(r, (size_t)n, sizeof *r, compare_ranked);
     for (int32_t t = 0; t < n; t++)
       order[t] = r[t].id;
@@ -226,17 +225,19 @@ static bool sort_by_priority(const sched_dag *dag, int32_t *order) {
  * that order. */
 static void build_succs(sched_dag *dag, scratch *s) {
   int32_t n = dag->ntasks;
-  int32_t *cursor = s->indegree; /* reused: per-task fill position */
-  memset(dag->succ_first, 0, (size_t)(n + 1) * sizeof(int32_t));
+  sched_task *tasks = dag->tasks;
+  int32_t *outdegree = s->indegree; /* reused */
+  memset(outdegree, 0, (size_t)n * sizeof(int32_t));
   for (int64_t e = 0; e < dag->nedges; e++)
-    dag->succ_first[dag->edge_from[e] + 1]++;
-  for (int32_t t = 0; t < n; t++)
-    dag->succ_first[t + 1] += dag->succ_first[t];
-  memcpy(cursor, dag->succ_first, (size_t)n * sizeof(int32_t));
+    outdegree[dag->edge_from[e]]++;
+  for (int32_t t = 0, offset = 0; t < n; t++) {
+    tasks[t].succ_begin = tasks[t].succ_end = offset;
+    offset += outdegree[t];
+  }
   for (int32_t i = 0; i < n; i++) {
     int32_t t = s->order[i];
     for (int32_t p = s->pred_first[t]; p < s->pred_first[t + 1]; p++)
-      dag->succ[cursor[s->pred[p]]++] = t;
+      dag->succ[tasks[s->pred[p]].succ_end++] = t;
   }
 }
 
@@ -246,13 +247,13 @@ static void collect_roots(sched_dag *dag, const scratch *s) {
   int32_t k = 0;
   for (int32_t i = 0; i < dag->ntasks; i++) {
     int32_t t = s->order[i];
-    if (dag->npred[t] == 0 && dag->tasks[t].numa_node < 0)
+    if (dag->tasks[t].npred == 0 && dag->tasks[t].numa_node < 0)
       dag->roots[k++] = t;
   }
   dag->nroots = k;
   for (int32_t i = 0; i < dag->ntasks; i++) {
     int32_t t = s->order[i];
-    if (dag->npred[t] == 0 && dag->tasks[t].numa_node >= 0)
+    if (dag->tasks[t].npred == 0 && dag->tasks[t].numa_node >= 0)
       dag->roots[k++] = t;
   }
   dag->naffine_roots = k - dag->nroots;
@@ -262,13 +263,14 @@ static void collect_roots(sched_dag *dag, const scratch *s) {
  * indegree[t] > 0 exactly for the tasks it could not (on or after a cycle). */
 static int32_t kahn(const sched_dag *dag, scratch *s) {
   int32_t n = dag->ntasks, head = 0, tail = 0;
-  memcpy(s->indegree, dag->npred, (size_t)n * sizeof(int32_t));
-  for (int32_t t = 0; t < n; t++)
+  for (int32_t t = 0; t < n; t++) {
+    s->indegree[t] = dag->tasks[t].npred;
     if (s->indegree[t] == 0)
       s->queue[tail++] = t;
+  }
   while (head < tail) {
     int32_t t = s->queue[head++];
-    for (int32_t e = dag->succ_first[t]; e < dag->succ_first[t + 1]; e++)
+    for (int32_t e = dag->tasks[t].succ_begin; e < dag->tasks[t].succ_end; e++)
       if (--s->indegree[dag->succ[e]] == 0)
         s->queue[tail++] = dag->succ[e];
   }
@@ -311,7 +313,7 @@ static remat_status freeze(sched_dag *dag, scratch *s,
   build_succs(dag, s);
   if (kahn(dag, s) < dag->ntasks) {
     int32_t t = task_on_cycle(dag, s);
-    const char *name = dag->tasks[t].name ? dag->tasks[t].name : "";
+    const char *name = dag->info[t].name ? dag->info[t].name : "";
     snprintf(err, SCHED_ERRMSG_MAX,
              "task graph has a cycle through task %d '%s'", (int)t, name);
     return REMAT_ERR_CYCLE;
@@ -338,6 +340,7 @@ remat_status sched_dag_finalize(sched_dag *dag, char err[SCHED_ERRMSG_MAX]) {
     return status;
   }
   free_edges(dag);
+  dag->serial = atomic_fetch_add(&last_serial, 1) + 1;
   dag->finalized = true;
   return REMAT_OK;
 }

@@ -123,14 +123,12 @@ static remat_status check_args(hwloc_topology_t topo, int nthreads,
                                sched_bind bind, sched_placement *out,
                                char err[SCHED_ERRMSG_MAX]) {
   if (!topo || !out) {
-    snprintf(err, SCHED_ERRMSG_MAX, "sched_place_workers: topology or out "
-                                    "is NULL");
+    snprintf(err, SCHED_ERRMSG_MAX, "sched_place_workers: topo or out is NULL");
     return REMAT_ERR_INVALID_ARG;
   }
   if (nthreads < 1 || nthreads > SCHED_MAX_THREADS) {
-    snprintf(err, SCHED_ERRMSG_MAX,
-             "thread count %d is out of range (1 to %d)", nthreads,
-             SCHED_MAX_THREADS);
+    snprintf(err, SCHED_ERRMSG_MAX, "thread count %d is out of range (1 to %d)",
+             nthreads, SCHED_MAX_THREADS);
     return nthreads < 1 ? REMAT_ERR_INVALID_ARG : REMAT_ERR_LIMIT;
   }
   if (bind != SCHED_BIND_CORE && bind != SCHED_BIND_NUMA &&
@@ -180,17 +178,21 @@ void sched_placement_free(sched_placement *p) {
   memset(p, 0, sizeof *p);
 }
 
-/* Own node first, then the other nodes in cyclic order after it (the
- * placement keeps no distance matrix; on the two- and four-node machines
- * this targets, cyclic order is as good). Inside each node a worker starts
- * from its own rank, so thieves of a node spread over different victims. */
+/* Own node first, then the other nodes by increasing (index XOR own index):
+ * hwloc numbers nodes package by package, so this visits the node that
+ * shares a package (index differing in the lowest bit) before the nodes of
+ * other packages. The placement keeps no distance matrix; this ordering is
+ * what the usual two-level machines need. Inside each node a worker starts
+ * from its own rank, so the thieves of a node spread over their victims. */
 void sched_steal_order(const sched_placement *p, int worker, int *victims) {
   if (!p || !victims || worker < 0 || worker >= p->nworkers)
     return;
   int node = p->worker_node[worker], k = 0;
   int rank = worker - p->node_first[node];
-  for (int j = 0; j < p->nnodes; j++) {
-    int m = (node + j) % p->nnodes;
+  for (int x = 0; x < 2 * p->nnodes; x++) {
+    int m = node ^ x;
+    if (m >= p->nnodes)
+      continue;
     int first = p->node_first[m], count = p->node_first[m + 1] - first;
     for (int i = 0; i < count; i++) {
       int v = first + (rank + i) % count;

@@ -191,9 +191,8 @@ static remat_status start_threads(sched_pool *pool,
     int rc = pthread_create(&pool->workers[i].thread, NULL, worker_main,
                             &pool->workers[i]);
     if (rc != 0) {
-      snprintf(err, SCHED_ERRMSG_MAX,
-               "cannot start worker %d of %d: %s", i, pool->nworkers,
-               strerror(rc));
+      snprintf(err, SCHED_ERRMSG_MAX, "cannot start worker %d of %d: %s", i,
+               pool->nworkers, strerror(rc));
       teardown(pool, i);
       return REMAT_ERR_BACKEND;
     }
@@ -220,8 +219,8 @@ remat_status sched_pool_create(hwloc_topology_t topo, int nthreads,
     snprintf(err, SCHED_ERRMSG_MAX, "sched_pool_create: out of memory");
     return REMAT_ERR_OUT_OF_MEMORY;
   }
-  remat_status status = sched_place_workers(topo, nthreads, bind,
-                                            &pool->place, err);
+  remat_status status =
+      sched_place_workers(topo, nthreads, bind, &pool->place, err);
   if (status != REMAT_OK) {
     free(pool);
     return status;

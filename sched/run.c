@@ -1,21 +1,22 @@
-/* One run of a finalized DAG on a pool: the caller resets the dependency
- * counters and wakes the workers, which find, run and release tasks until
- * all have finished.
+/* One run of a finalized DAG on a pool: the caller wakes the workers, which
+ * find, run and release tasks until all have finished, and waits for them.
  *
  * Where a worker looks for its next task, in order:
  *  1. the continuation: of the successors a finished task made ready, the
  *     highest-priority one that may run on this worker's node runs next on
- *     the same worker, with no queue traffic (chains cost one atomic
- *     decrement per task);
+ *     the same worker, with no queue traffic (a chain, whose tasks have
+ *     one predecessor each, costs no atomic operation at all);
  *  2. its own deque, newest first (LIFO): the other newly ready successors
  *     are pushed lowest priority first, so the next pop takes the next
  *     highest;
  *  3. its node's affinity inbox: a task with numa_node >= 0 is only ever
  *     queued there (FIFO), and only workers of that node take from it;
  *  4. the roots: sorted by priority at finalize and handed out from that
- *     static array through an atomic cursor, in batches that shrink as the
- *     roots run out (guided scheduling), so a million independent tasks cost
- *     one atomic add per batch and the last roots still spread out;
+ *     static array through an atomic cursor, in batches of about a
+ *     (2 * workers)-th of the roots left, at most ROOT_BATCH_MAX (guided
+ *     scheduling): a million independent tasks cost one atomic add per 128,
+ *     and when roots are few (real steps) batches are of one or two, so a
+ *     claimed batch (which only its worker runs) never holds back much;
  *  5. stealing the oldest task (FIFO end) of other workers' deques, own
  *     node first, in the order of sched_steal_order.
  * Deques hold only tasks without affinity, so stealing never moves a task
@@ -25,9 +26,9 @@
 
 #include "sched/sched_internal.h"
 
-#define ROOT_BATCH_MAX 32
-#define SPIN_PAUSES 64  /* find_task attempts with a pause between */
-#define SPIN_YIELDS 16  /* then attempts with a sched_yield between */
+#define ROOT_BATCH_MAX 128
+#define SPIN_PAUSES 64 /* find_task attempts with a pause between */
+#define SPIN_YIELDS 16 /* then attempts with a sched_yield between */
 
 static void record_error(sched_pool *pool, int32_t task, int status) {
   int none = 0;
@@ -55,13 +56,14 @@ static void run_task(sched_worker *w, int32_t task) {
 }
 
 /* Wakes a sleeper for a task just pushed on a deque: one of this worker's
- * node if any sleeps, else of the nearest node that has one. */
+ * node if any sleeps, else of the nearest node that has one (in the order
+ * of sched_steal_order). */
 static void wake_for_deque(sched_worker *w) {
   sched_pool *pool = w->pool;
   int nnodes = pool->place.nnodes;
-  for (int i = 0; i < nnodes; i++) {
-    int node = (w->node + i) % nnodes;
-    if (atomic_load(&pool->nodes[node].sleepers) > 0) {
+  for (int x = 0; x < 2 * nnodes; x++) {
+    int node = w->node ^ x;
+    if (node < nnodes && atomic_load(&pool->nodes[node].sleepers) > 0) {
       sched_wake_node(pool, node);
       return;
     }
@@ -80,6 +82,19 @@ static void push_ready(sched_worker *w, int32_t task) {
   }
 }
 
+/* Counts down a successor's pending predecessors; true if this was the
+ * last. A task with one predecessor needs no counter. The last one puts
+ * the counter back for the next run (no one else touches it in this run),
+ * so runs need no reset pass. */
+static bool last_predecessor(const sched_task *succ, atomic_int *pending) {
+  if (succ->npred == 1)
+    return true;
+  if (atomic_fetch_sub_explicit(pending, 1, memory_order_acq_rel) != 1)
+    return false;
+  atomic_store_explicit(pending, succ->npred, memory_order_relaxed);
+  return true;
+}
+
 /* Releases the successors of a finished task and returns the one to run
  * next on this worker (-1 if none). Successor lists are sorted highest
  * priority first; walking them backwards pushes the ready ones lowest
@@ -88,12 +103,10 @@ static int32_t release_successors(sched_worker *w, int32_t task) {
   const sched_dag *dag = w->dag;
   atomic_int *pending = w->pool->pending;
   int32_t next = -1;
-  for (int32_t e = dag->succ_first[task + 1] - 1; e >= dag->succ_first[task];
-       e--) {
+  const sched_task *t = &dag->tasks[task];
+  for (int32_t e = t->succ_end - 1; e >= t->succ_begin; e--) {
     int32_t s = dag->succ[e];
-    /* A task with one predecessor needs no counter: this is it. */
-    if (dag->npred[s] > 1 &&
-        atomic_fetch_sub_explicit(&pending[s], 1, memory_order_acq_rel) != 1)
+    if (!last_predecessor(&dag->tasks[s], &pending[s]))
       continue;
     int node = dag->tasks[s].numa_node;
     if (node >= 0 && node != w->node) {
@@ -114,8 +127,7 @@ static void run_chain(sched_worker *w, int32_t task) {
   }
 }
 
-/* The next root for this worker: from its claimed batch, else a new batch
- * of about a (2 * workers)-th of the roots left, at most ROOT_BATCH_MAX. */
+/* The next root for this worker: from its claimed batch, else a new one. */
 static int32_t next_root(sched_worker *w) {
   const sched_dag *dag = w->dag;
   if (w->root_next < w->root_end)
@@ -225,7 +237,7 @@ static remat_status check_run(const sched_pool *pool, const sched_dag *dag,
     return REMAT_ERR_STATE;
   }
   if (dag->max_node >= pool->place.nnodes) {
-    const char *name = dag->tasks[dag->max_node_task].name;
+    const char *name = dag->info[dag->max_node_task].name;
     snprintf(err, SCHED_ERRMSG_MAX,
              "task %d '%s' wants NUMA node %d but the pool has %d node(s)",
              (int)dag->max_node_task, name ? name : "", (int)dag->max_node,
@@ -244,6 +256,7 @@ static remat_status ensure_capacity(sched_pool *pool, int32_t ntasks,
   free(pool->links.next);
   free(pool->links.prev);
   pool->pending = malloc((size_t)ntasks * sizeof *pool->pending);
+  pool->pending_serial = 0;
   pool->links.next = malloc((size_t)ntasks * sizeof(int32_t));
   pool->links.prev = malloc((size_t)ntasks * sizeof(int32_t));
   pool->capacity = ntasks;
@@ -255,10 +268,20 @@ static remat_status ensure_capacity(sched_pool *pool, int32_t ntasks,
   return REMAT_ERR_OUT_OF_MEMORY;
 }
 
-static void prepare_run(sched_pool *pool, const sched_dag *dag) {
+/* Dependency counters: each run leaves them as it found them (see
+ * last_predecessor), so they are set only when this DAG was not the last
+ * one run on this pool. */
+static void reset_counters(sched_pool *pool, const sched_dag *dag) {
+  if (pool->pending_serial == dag->serial)
+    return;
   for (int32_t t = 0; t < dag->ntasks; t++)
-    atomic_store_explicit(&pool->pending[t], dag->npred[t],
+    atomic_store_explicit(&pool->pending[t], dag->tasks[t].npred,
                           memory_order_relaxed);
+  pool->pending_serial = dag->serial;
+}
+
+static void prepare_run(sched_pool *pool, const sched_dag *dag) {
+  reset_counters(pool, dag);
   atomic_store(&pool->root_cursor, 0);
   atomic_store(&pool->finished, 0);
   pool->error_task = -1;
@@ -291,8 +314,8 @@ static remat_status run_locked(sched_pool *pool, const sched_dag *dag,
   if (status != REMAT_OK)
     return status;
   if (trace_path) {
-    pool->trace = calloc(dag->ntasks ? (size_t)dag->ntasks : 1,
-                         sizeof *pool->trace);
+    pool->trace =
+        calloc(dag->ntasks ? (size_t)dag->ntasks : 1, sizeof *pool->trace);
     if (!pool->trace) {
       snprintf(err, SCHED_ERRMSG_MAX, "sched_run: out of memory for a trace");
       return REMAT_ERR_OUT_OF_MEMORY;
@@ -305,7 +328,7 @@ static remat_status run_locked(sched_pool *pool, const sched_dag *dag,
   }
   int failed = atomic_load(&pool->error_status);
   if (failed != 0) {
-    const char *name = dag->tasks[pool->error_task].name;
+    const char *name = dag->info[pool->error_task].name;
     snprintf(err, SCHED_ERRMSG_MAX, "task %d '%s' failed with status %d",
              (int)pool->error_task, name ? name : "", failed);
     status = (remat_status)failed;

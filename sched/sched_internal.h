@@ -24,26 +24,34 @@
 
 /* ---- DAG (dag.c) ---- */
 
+/* What a run reads of a task: 32 bytes, two to a cache line. */
 typedef struct sched_task {
   sched_task_fn fn;
   void *arg;
-  const char *name;     /* may be NULL */
-  const char *category; /* may be NULL */
-  int32_t priority;
+  int32_t succ_begin; /* successors are succ[succ_begin..succ_end) */
+  int32_t succ_end;
+  int32_t npred;     /* predecessors */
   int32_t numa_node; /* -1: anywhere */
 } sched_task;
 
+/* What only finalize and traces read. */
+typedef struct sched_task_info {
+  const char *name;     /* may be NULL */
+  const char *category; /* may be NULL */
+  int32_t priority;
+} sched_task_info;
+
 struct sched_dag {
-  sched_task *tasks;
+  sched_task *tasks;     /* [ntasks] */
+  sched_task_info *info; /* [ntasks] */
   int32_t ntasks, task_cap, max_tasks;
   int32_t *edge_from, *edge_to; /* freed at finalize */
   int64_t nedges, edge_cap, max_edges;
   bool finalized;
   /* Frozen at finalize. */
-  int32_t *succ_first; /* [ntasks+1] CSR offsets into succ */
-  int32_t *succ;       /* [nedges] each list highest priority first */
-  int32_t *npred;      /* [ntasks] dependency count a run starts from */
-  int32_t *roots;      /* [nroots + naffine_roots] highest priority first */
+  uint64_t serial;       /* unique per finalized DAG (pools cache counters) */
+  int32_t *succ;         /* [nedges] each list highest priority first */
+  int32_t *roots;        /* [nroots + naffine_roots] highest priority first */
   int32_t nroots;        /* roots with no affinity: roots[0..nroots) */
   int32_t naffine_roots; /* roots with a NUMA node follow them */
   int32_t max_node;      /* highest numa_node of any task, -1 if none */
@@ -51,8 +59,7 @@ struct sched_dag {
 };
 
 /* Lowers the limits of one DAG (tests reach them without 2^26 tasks). */
-void sched_dag_set_limits(sched_dag *dag, int32_t max_tasks,
-                          int64_t max_edges);
+void sched_dag_set_limits(sched_dag *dag, int32_t max_tasks, int64_t max_edges);
 
 /* ---- queues ---- */
 
@@ -164,10 +171,10 @@ typedef struct sched_worker {
   const sched_dag *dag; /* of the current run */
   int index;
   int node;
-  int *victims;       /* [nworkers-1] steal order, nearest first */
-  int32_t root_next;  /* roots claimed by this worker and not yet started: */
-  int32_t root_end;   /* dag->roots[root_next..root_end) */
-  int64_t finished;   /* tasks finished, not yet added to pool->finished */
+  int *victims;      /* [nworkers-1] steal order, nearest first */
+  int32_t root_next; /* roots claimed by this worker and not yet started: */
+  int32_t root_end;  /* dag->roots[root_next..root_end) */
+  int64_t finished;  /* tasks finished, not yet added to pool->finished */
   pthread_t thread;
 } sched_worker;
 
@@ -196,8 +203,9 @@ struct sched_pool {
 
   /* Per-task state of a run, sized for the largest DAG run so far. */
   int32_t capacity;
-  atomic_int *pending; /* predecessors not yet finished */
-  sched_links links;   /* queue links */
+  atomic_int *pending; /* predecessors not yet finished (npred between runs) */
+  uint64_t pending_serial;   /* the DAG whose npred `pending` now holds */
+  sched_links links;         /* queue links */
   sched_trace_record *trace; /* only while a traced run is in progress */
   int64_t trace_origin_ns;
 

@@ -30,7 +30,7 @@ static void write_workers(FILE *f, const sched_pool *pool) {
 static void write_task(FILE *f, const sched_pool *pool, const sched_dag *dag,
                        int32_t t) {
   const sched_trace_record *r = &pool->trace[t];
-  const sched_task *task = &dag->tasks[t];
+  const sched_task_info *task = &dag->info[t];
   fputs(",\n{\"name\":\"", f);
   write_escaped(f, task->name ? task->name : "task");
   fputs("\",\"cat\":\"", f);
