@@ -236,6 +236,9 @@ static const char *node_name(const plan_knode *kn) {
   return kn->kind == KNODE_SEED ? "loss.seed" : "optimizer.update";
 }
 
+/* Priority is program order, earliest first: one worker then runs the
+ * nodes exactly in program order, the order memplan.c predicts, and more
+ * workers never let a later node starve an earlier one. */
 static remat_status add_tasks(remat_step_plan *p) {
   int64_t ntiles = 0;
   for (int32_t i = 0; i < p->nknodes; i++)
@@ -249,15 +252,15 @@ static remat_status add_tasks(remat_step_plan *p) {
     plan_knode *kn = &p->knodes[i];
     kn->plan = p;
     const char *name = node_name(kn), *cat = node_category(kn);
-    kn->start_task = sched_dag_add(p->dag, plan_start_task, kn, i, -1, name, cat);
-    kn->done_task = sched_dag_add(p->dag, plan_done_task, kn, i, -1, name, cat);
+    kn->start_task = sched_dag_add(p->dag, plan_start_task, kn, -i, -1, name, cat);
+    kn->done_task = sched_dag_add(p->dag, plan_done_task, kn, -i, -1, name, cat);
     if (kn->start_task < 0 || kn->done_task < 0)
       return (remat_status)(kn->start_task < 0 ? -kn->start_task : -kn->done_task);
     for (int64_t t = 0; t < kn->tiles; t++) {
       plan_tile *tile = &p->tiles[next++];
       tile->kn = kn;
       tile->tile = t;
-      int32_t id = sched_dag_add(p->dag, plan_tile_task, tile, i, -1, name, cat);
+      int32_t id = sched_dag_add(p->dag, plan_tile_task, tile, -i, -1, name, cat);
       if (id < 0)
         return (remat_status)-id;
       remat_status s = sched_dag_edge(p->dag, kn->start_task, id);

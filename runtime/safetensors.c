@@ -313,7 +313,9 @@ static remat_status check_entry(remat_graph *g, const char *path,
 
 static int cmp_begin(const void *a, const void *b) {
   const entry *x = a, *y = b;
-  return (x->begin > y->begin) - (x->begin < y->begin);
+  if (x->begin != y->begin)
+    return (x->begin > y->begin) - (x->begin < y->begin);
+  return (x->end > y->end) - (x->end < y->end);
 }
 
 /* Every parameter present, no two tensors sharing bytes. */

@@ -29,7 +29,7 @@ static bool has_work(const sched_worker *w) {
       atomic_load(&pool->root_cursor) < w->dag->nroots)
     return true;
   for (int v = 0; v < pool->nworkers; v++)
-    if (atomic_load(&pool->workers[v].deque.size) > 0)
+    if (atomic_load(&pool->workers[v].ready.size) > 0)
       return true;
   return false;
 }
@@ -146,7 +146,7 @@ static void init_nodes(sched_pool *pool) {
 static remat_status init_workers(sched_pool *pool) {
   for (int i = 0; i < pool->nworkers; i++) {
     sched_worker *w = &pool->workers[i];
-    sched_queue_init(&w->deque);
+    sched_heap_init(&w->ready);
     w->pool = pool;
     w->index = i;
     w->node = pool->place.worker_node[i];

@@ -5,10 +5,10 @@
  *  1. the continuation: of the successors a finished task made ready, the
  *     highest-priority one that may run on this worker's node runs next on
  *     the same worker, with no queue traffic (a chain, whose tasks have
- *     one predecessor each, costs no atomic operation at all);
- *  2. its own deque, newest first (LIFO): the other newly ready successors
- *     are pushed lowest priority first, so the next pop takes the next
- *     highest;
+ *     one predecessor each, costs no atomic operation at all), unless a
+ *     task of strictly higher priority waits in its heap or the roots;
+ *  2. its own ready heap, highest priority first (the other newly ready
+ *     successors go there), when its top outranks the next root;
  *  3. its node's affinity inbox: a task with numa_node >= 0 is only ever
  *     queued there (FIFO), and only workers of that node take from it;
  *  4. the roots: sorted by priority at finalize and handed out from that
@@ -17,10 +17,13 @@
  *     scheduling): a million independent tasks cost one atomic add per 128,
  *     and when roots are few (real steps) batches are of one or two, so a
  *     claimed batch (which only its worker runs) never holds back much;
- *  5. stealing the oldest task (FIFO end) of other workers' deques, own
- *     node first, in the order of sched_steal_order.
- * Deques hold only tasks without affinity, so stealing never moves a task
- * off its node. An idle worker spins, yields, then sleeps (pool.c). */
+ *  5. stealing the top task of other workers' heaps, own node first, in
+ *     the order of sched_steal_order.
+ * So one worker always runs the highest-priority ready task: with priorities
+ * that follow a topological order, a one-thread run follows that order
+ * exactly (the runtime predicts memory from it). Heaps hold only tasks
+ * without affinity, so stealing never moves a task off its node. An idle
+ * worker spins, yields, then sleeps (pool.c). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -55,10 +58,10 @@ static void run_task(sched_worker *w, int32_t task) {
   w->finished++;
 }
 
-/* Wakes a sleeper for a task just pushed on a deque: one of this worker's
+/* Wakes a sleeper for a task just pushed on a heap: one of this worker's
  * node if any sleeps, else of the nearest node that has one (in the order
  * of sched_steal_order). */
-static void wake_for_deque(sched_worker *w) {
+static void wake_for_push(sched_worker *w) {
   sched_pool *pool = w->pool;
   int nnodes = pool->place.nnodes;
   for (int x = 0; x < 2 * nnodes; x++) {
@@ -74,8 +77,8 @@ static void push_ready(sched_worker *w, int32_t task) {
   sched_pool *pool = w->pool;
   int node = w->dag->tasks[task].numa_node;
   if (node < 0) {
-    sched_queue_push(&w->deque, pool->links, task);
-    wake_for_deque(w);
+    sched_heap_push(&w->ready, w->dag, pool->links, task);
+    wake_for_push(w);
   } else {
     sched_queue_push(&pool->nodes[node].inbox, pool->links, task);
     sched_wake_node(pool, node);
@@ -120,10 +123,34 @@ static int32_t release_successors(sched_worker *w, int32_t task) {
   return next;
 }
 
+/* Priority of the next root this worker would take (INT32_MIN if none). */
+static int32_t next_root_prio(const sched_worker *w) {
+  const sched_dag *dag = w->dag;
+  if (w->root_next < w->root_end)
+    return sched_prio(dag, dag->roots[w->root_next]);
+  int32_t first = atomic_load_explicit(&w->pool->root_cursor,
+                                       memory_order_relaxed);
+  return first < dag->nroots ? sched_prio(dag, dag->roots[first])
+                             : INT32_MIN;
+}
+
+static int32_t find_task(sched_worker *w);
+
+/* The continuation, or a waiting task that strictly outranks it. */
+static int32_t continue_with(sched_worker *w, int32_t next) {
+  int32_t p = sched_prio(w->dag, next);
+  if (sched_heap_top_prio(&w->ready, w->dag) <= p && next_root_prio(w) <= p)
+    return next;
+  push_ready(w, next);
+  return find_task(w);
+}
+
 static void run_chain(sched_worker *w, int32_t task) {
   while (task >= 0) {
     run_task(w, task);
     task = release_successors(w, task);
+    if (task >= 0)
+      task = continue_with(w, task);
   }
 }
 
@@ -150,10 +177,10 @@ static int32_t next_root(sched_worker *w) {
 static int32_t steal(sched_worker *w) {
   sched_pool *pool = w->pool;
   for (int i = 0; i < pool->nworkers - 1; i++) {
-    sched_queue *victim = &pool->workers[w->victims[i]].deque;
-    if (sched_queue_size(victim) == 0)
+    sched_heap *victim = &pool->workers[w->victims[i]].ready;
+    if (sched_heap_size(victim) == 0)
       continue;
-    int32_t task = sched_queue_pop_head(victim, pool->links);
+    int32_t task = sched_heap_pop(victim, w->dag, pool->links);
     if (task >= 0)
       return task;
   }
@@ -163,13 +190,16 @@ static int32_t steal(sched_worker *w) {
 static int32_t find_task(sched_worker *w) {
   sched_pool *pool = w->pool;
   int32_t task = -1;
-  if (sched_queue_size(&w->deque) > 0)
-    task = sched_queue_pop_tail(&w->deque, pool->links);
+  int32_t top = sched_heap_top_prio(&w->ready, w->dag);
+  if (top != INT32_MIN && top >= next_root_prio(w))
+    task = sched_heap_pop(&w->ready, w->dag, pool->links);
   sched_queue *inbox = &pool->nodes[w->node].inbox;
   if (task < 0 && sched_queue_size(inbox) > 0)
     task = sched_queue_pop_head(inbox, pool->links);
   if (task < 0)
     task = next_root(w);
+  if (task < 0 && sched_heap_size(&w->ready) > 0)
+    task = sched_heap_pop(&w->ready, w->dag, pool->links);
   if (task < 0)
     task = steal(w);
   return task;

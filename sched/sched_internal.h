@@ -159,6 +159,101 @@ static inline int32_t sched_queue_pop_head(sched_queue *q, sched_links links) {
   return task;
 }
 
+/* A worker's ready tasks as a pairing heap threaded through the same link
+ * arrays (next: sibling, prev: first child), highest priority on top, under
+ * the same kind of spinlock. The owner pops the top; so do thieves. */
+typedef struct sched_heap {
+  atomic_int lock;
+  int32_t root; /* -1 if empty */
+  atomic_int size;
+} sched_heap;
+
+static inline void sched_heap_init(sched_heap *h) {
+  atomic_init(&h->lock, 0);
+  h->root = -1;
+  atomic_init(&h->size, 0);
+}
+
+static inline int sched_heap_size(sched_heap *h) {
+  return atomic_load_explicit(&h->size, memory_order_relaxed);
+}
+
+static inline int32_t sched_prio(const sched_dag *dag, int32_t task) {
+  return dag->info[task].priority;
+}
+
+/* Melds two heaps; ties keep `a` on top (the older task). */
+static inline int32_t sched_heap_meld(const sched_dag *dag, sched_links l,
+                                      int32_t a, int32_t b) {
+  if (a < 0)
+    return b;
+  if (b < 0)
+    return a;
+  if (sched_prio(dag, b) > sched_prio(dag, a)) {
+    int32_t t = a;
+    a = b;
+    b = t;
+  }
+  l.next[b] = l.prev[a];
+  l.prev[a] = b;
+  return a;
+}
+
+static inline void sched_heap_push(sched_heap *h, const sched_dag *dag,
+                                   sched_links l, int32_t task) {
+  sched_spin_lock(&h->lock);
+  l.next[task] = -1;
+  l.prev[task] = -1;
+  h->root = sched_heap_meld(dag, l, h->root, task);
+  int size = atomic_load_explicit(&h->size, memory_order_relaxed);
+  atomic_store_explicit(&h->size, size + 1, memory_order_seq_cst);
+  sched_spin_unlock(&h->lock);
+}
+
+/* Priority of the top task, or INT32_MIN when empty (read under no lock:
+ * a hint that may be stale). */
+static inline int32_t sched_heap_top_prio(sched_heap *h, const sched_dag *dag) {
+  if (sched_heap_size(h) == 0)
+    return INT32_MIN;
+  sched_spin_lock(&h->lock);
+  int32_t top = h->root >= 0 ? sched_prio(dag, h->root) : INT32_MIN;
+  sched_spin_unlock(&h->lock);
+  return top;
+}
+
+/* Removes the top: pairs its children left to right, then melds the pairs
+ * right to left (the two passes of a pairing heap). */
+static inline int32_t sched_heap_pop(sched_heap *h, const sched_dag *dag,
+                                     sched_links l) {
+  sched_spin_lock(&h->lock);
+  int32_t top = h->root;
+  if (top >= 0) {
+    int32_t stack = -1;
+    for (int32_t a = l.prev[top]; a >= 0;) {
+      int32_t b = l.next[a], rest = b >= 0 ? l.next[b] : -1;
+      l.next[a] = -1;
+      if (b >= 0)
+        l.next[b] = -1;
+      int32_t m = sched_heap_meld(dag, l, a, b);
+      l.next[m] = stack;
+      stack = m;
+      a = rest;
+    }
+    int32_t root = -1;
+    while (stack >= 0) {
+      int32_t s = stack;
+      stack = l.next[s];
+      l.next[s] = -1;
+      root = sched_heap_meld(dag, l, root, s);
+    }
+    h->root = root;
+    int size = atomic_load_explicit(&h->size, memory_order_relaxed);
+    atomic_store_explicit(&h->size, size - 1, memory_order_relaxed);
+  }
+  sched_spin_unlock(&h->lock);
+  return top;
+}
+
 /* ---- pool (pool.c, run.c) ---- */
 
 struct sched_pool;
@@ -166,7 +261,7 @@ struct sched_pool;
 /* One worker. The first cache line is what thieves touch; the rest is the
  * worker's own, so that stealing does not bounce it. */
 typedef struct sched_worker {
-  alignas(SCHED_CACHE_LINE) sched_queue deque;
+  alignas(SCHED_CACHE_LINE) sched_heap ready;
   alignas(SCHED_CACHE_LINE) struct sched_pool *pool;
   const sched_dag *dag; /* of the current run */
   int index;

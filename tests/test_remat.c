@@ -138,7 +138,8 @@ static void test_budget(void **state) {
   assert_true(r.stats.recompute_flops == 0.0);
 
   fixture f;
-  assert_int_equal(fixture_open(&f, &four, 1, "auto", lo - 4096, NULL),
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-3f};
+  assert_int_equal(fixture_open(&f, &four, 1, "auto", lo - 4096, &opt),
                    REMAT_ERR_BUDGET);
   char expected[256];
   snprintf(expected, sizeof expected,
