@@ -141,8 +141,13 @@ remat_status op_plan(const op_desc *desc, dnnl_engine_t engine,
   if (rs != REMAT_OK) return rs;
   int threads = omp_get_max_threads();
   omp_set_num_threads(1);
+  err[0] = '\0';
   rs = op_table[desc->type].plan(inst, engine, err);
   omp_set_num_threads(threads);
+  if (rs != REMAT_OK && err[0] == '\0')
+    snprintf(err, OP_ERRMSG_MAX, "%s: %s while planning the op",
+             op_name(desc->type),
+             rs == REMAT_ERR_OUT_OF_MEMORY ? "out of memory" : "failure");
   if (rs != REMAT_OK) op_instance_release(inst);
   return rs;
 }

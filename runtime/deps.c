@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/alloc.h"
 #include "runtime/plan.h"
 
 #define DIN_SLOTS (OP_SLOT_DIN(0) | OP_SLOT_DIN(1) | OP_SLOT_DIN(2))
@@ -31,8 +32,8 @@ static bool node_writes_buf(const plan_knode *kn, int32_t b) {
 static remat_status collect_touch(remat_step_plan *p) {
   for (int32_t i = 0; i < p->nknodes; i++) {
     plan_knode *kn = &p->knodes[i];
-    kn->touch = malloc(PLAN_SLOTS * sizeof *kn->touch);
-    kn->init = malloc(PLAN_SLOTS * sizeof *kn->init);
+    kn->touch = remat__malloc(PLAN_SLOTS * sizeof *kn->touch);
+    kn->init = remat__malloc(PLAN_SLOTS * sizeof *kn->init);
     if (kn->touch == NULL || kn->init == NULL)
       return REMAT_ERR_OUT_OF_MEMORY;
     for (int s = 0; s < PLAN_SLOTS; s++) {
@@ -53,8 +54,8 @@ static remat_status collect_touch(remat_step_plan *p) {
  * and accumulated into by all; the first writer of a transient buffer
  * allocates it. */
 static remat_status assign_init(remat_step_plan *p) {
-  int32_t *writers = calloc((size_t)p->nbufs, sizeof *writers);
-  int32_t *first = malloc((size_t)p->nbufs * sizeof *first);
+  int32_t *writers = remat__calloc((size_t)p->nbufs, sizeof *writers);
+  int32_t *first = remat__malloc((size_t)p->nbufs * sizeof *first);
   if (writers == NULL || first == NULL) {
     free(writers);
     free(first);
@@ -103,11 +104,11 @@ typedef struct edge_list {
 static bool push_edge(edge_list *e, int32_t from, int32_t to) {
   if (e->n == e->cap) {
     int64_t cap = e->cap ? 2 * e->cap : 1024;
-    int32_t *f = realloc(e->from, (size_t)cap * sizeof *f);
+    int32_t *f = remat__realloc(e->from, (size_t)cap * sizeof *f);
     if (f == NULL)
       return false;
     e->from = f;
-    int32_t *t = realloc(e->to, (size_t)cap * sizeof *t);
+    int32_t *t = remat__realloc(e->to, (size_t)cap * sizeof *t);
     if (t == NULL)
       return false;
     e->to = t;
@@ -126,8 +127,8 @@ typedef struct buf_state {
 
 /* Data edges from program order. `mark` dedupes sources per target. */
 static bool data_edges(remat_step_plan *p, edge_list *e) {
-  buf_state *st = calloc((size_t)p->nbufs, sizeof *st);
-  int32_t *mark = malloc((size_t)p->nknodes * sizeof *mark);
+  buf_state *st = remat__calloc((size_t)p->nbufs, sizeof *st);
+  int32_t *mark = remat__malloc((size_t)p->nknodes * sizeof *mark);
   bool ok = st != NULL && mark != NULL;
   for (int32_t b = 0; ok && b < p->nbufs; b++)
     st[b].last_writer = -1;
@@ -157,7 +158,7 @@ static bool data_edges(remat_step_plan *p, edge_list *e) {
       } else {
         if (s->nreaders == s->cap) {
           int cap = s->cap ? 2 * s->cap : 4;
-          int32_t *r = realloc(s->readers, (size_t)cap * sizeof *r);
+          int32_t *r = remat__realloc(s->readers, (size_t)cap * sizeof *r);
           if (r == NULL) {
             ok = false;
             break;
@@ -182,7 +183,7 @@ static bool data_edges(remat_step_plan *p, edge_list *e) {
 static bool memory_order_edges(remat_step_plan *p, edge_list *e) {
   int lookahead = p->g->rt->config.lookahead;
   int32_t nreg = p->g->nregions;
-  int32_t *first_bwd = malloc(((size_t)nreg + 1) * sizeof *first_bwd);
+  int32_t *first_bwd = remat__malloc(((size_t)nreg + 1) * sizeof *first_bwd);
   if (first_bwd == NULL)
     return false;
   int32_t seed = -1;
@@ -243,7 +244,7 @@ static remat_status add_tasks(remat_step_plan *p) {
   int64_t ntiles = 0;
   for (int32_t i = 0; i < p->nknodes; i++)
     ntiles += p->knodes[i].tiles;
-  p->tiles = malloc((size_t)ntiles * sizeof *p->tiles);
+  p->tiles = remat__malloc((size_t)ntiles * sizeof *p->tiles);
   if (p->tiles == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   p->ntiles = ntiles;

@@ -2,6 +2,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "runtime/alloc.h"
 #include "runtime/internal.h"
 
 static _Thread_local char last_error[REMAT__ERRMSG_MAX];

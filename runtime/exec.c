@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/alloc.h"
 #include "runtime/plan.h"
 
 static double now_seconds(void) {
@@ -131,9 +132,9 @@ remat_status plan_allocate_persistent(remat_step_plan *p) {
       max_scratch = p->g->ops[o].inst.scratch_bytes;
   int nw = p->g->rt->nworkers;
   p->scratch_bytes = (max_scratch + 63) / 64 * 64;
-  p->workers = calloc((size_t)nw, sizeof *p->workers);
+  p->workers = remat__calloc((size_t)nw, sizeof *p->workers);
   p->worker_recompute_flops =
-      calloc((size_t)nw * 8, sizeof *p->worker_recompute_flops);
+      remat__calloc((size_t)nw * 8, sizeof *p->worker_recompute_flops);
   if (p->workers == NULL || p->worker_recompute_flops == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   if (p->scratch_bytes > 0) {
@@ -340,6 +341,11 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
   sched_run_opts opts = {.trace_path = g->rt->config.trace_path};
   char err[SCHED_ERRMSG_MAX];
   double t0 = now_seconds();
+  if (mem_reserve(&p->arena) != REMAT_OK) {
+    p->opt_step--;
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
+                       "%s: out of memory reserving the step's tensors", what);
+  }
   s = sched_run(g->rt->pool, p->dag, &opts, err);
   double secs = now_seconds() - t0;
   if (s != REMAT_OK) {

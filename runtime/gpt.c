@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "runtime/alloc.h"
 #include "runtime/internal.h"
 
 static remat_tensor *param(remat_graph *g, const char *block, const char *name,

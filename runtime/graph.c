@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/alloc.h"
 #include "runtime/internal.h"
 #include "runtime/plan.h"
 
@@ -40,7 +41,7 @@ remat_status remat_graph_create(remat_runtime *rt, remat_graph **out) {
   if (rt == NULL || out == NULL)
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_graph_create: rt and out must not be NULL");
-  remat_graph *g = calloc(1, sizeof *g);
+  remat_graph *g = remat__calloc(1, sizeof *g);
   if (g == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "out of memory creating a graph");
@@ -105,7 +106,7 @@ static remat_tensor *new_tensor(remat_graph *g, tensor_kind kind,
   }
   if (g->ntensors == g->cap_tensors) {
     int32_t cap = g->cap_tensors ? 2 * g->cap_tensors : 64;
-    remat_tensor **t = realloc(g->tensors, (size_t)cap * sizeof *t);
+    remat_tensor **t = remat__realloc(g->tensors, (size_t)cap * sizeof *t);
     if (t == NULL) {
       graph_fail(g, REMAT_ERR_OUT_OF_MEMORY, "out of memory adding a tensor");
       return NULL;
@@ -113,7 +114,7 @@ static remat_tensor *new_tensor(remat_graph *g, tensor_kind kind,
     g->tensors = t;
     g->cap_tensors = cap;
   }
-  remat_tensor *t = calloc(1, sizeof *t);
+  remat_tensor *t = remat__calloc(1, sizeof *t);
   if (t == NULL) {
     graph_fail(g, REMAT_ERR_OUT_OF_MEMORY, "out of memory adding a tensor");
     return NULL;
@@ -226,7 +227,7 @@ remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
   }
   if (g->nops == g->cap_ops) {
     int32_t cap = g->cap_ops ? 2 * g->cap_ops : 64;
-    graph_op *ops = realloc(g->ops, (size_t)cap * sizeof *ops);
+    graph_op *ops = remat__realloc(g->ops, (size_t)cap * sizeof *ops);
     if (ops == NULL) {
       graph_fail(g, REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
       return NULL;

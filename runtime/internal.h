@@ -44,7 +44,6 @@ typedef struct mem_arena {
   _Atomic int64_t peak[REMAT_MEM_NUM_CATEGORIES];
   _Atomic int64_t total_current, total_peak;
   _Atomic int64_t transient_current, transient_peak;
-  int64_t reserved_bytes; /* held from the system, in use or cached */
 } mem_arena;
 
 remat_status mem_arena_init(mem_arena *a, hwloc_topology_t topo, int nnodes);
@@ -56,6 +55,12 @@ void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int node,
                 bool transient);
 void mem_free(mem_arena *a, void *p, size_t bytes, remat_mem_category cat,
               int node, bool transient);
+/* Expects `blocks` blocks of `bytes` bytes to be live at once on `node`. */
+remat_status mem_expect(mem_arena *a, size_t bytes, int64_t blocks, int node);
+/* Takes from the system what the expected or highest use needs; run before
+ * a step, outside the step's tasks (so mem_reserve is not thread-safe
+ * against mem_alloc on the same arena). */
+remat_status mem_reserve(mem_arena *a);
 /* Starts a new peak window: peaks become the current values. */
 void mem_reset_peaks(mem_arena *a);
 

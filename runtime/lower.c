@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/alloc.h"
 #include "runtime/plan.h"
 
 #define DIN_SLOTS (OP_SLOT_DIN(0) | OP_SLOT_DIN(1) | OP_SLOT_DIN(2))
@@ -18,7 +19,7 @@ static int32_t add_buffer(remat_step_plan *p, int64_t bytes,
                           int32_t tensor) {
   if (p->nbufs == p->cap_bufs) {
     int32_t cap = p->cap_bufs ? 2 * p->cap_bufs : 256;
-    plan_buffer *b = realloc(p->bufs, (size_t)cap * sizeof *b);
+    plan_buffer *b = remat__realloc(p->bufs, (size_t)cap * sizeof *b);
     if (b == NULL)
       return -1;
     p->bufs = b;
@@ -37,7 +38,7 @@ static plan_knode *add_knode(remat_step_plan *p, knode_kind kind, int32_t op,
                              const op_kernel *k) {
   if (p->nknodes == p->cap_knodes) {
     int32_t cap = p->cap_knodes ? 2 * p->cap_knodes : 256;
-    plan_knode *n = realloc(p->knodes, (size_t)cap * sizeof *n);
+    plan_knode *n = remat__realloc(p->knodes, (size_t)cap * sizeof *n);
     if (n == NULL)
       return NULL;
     p->knodes = n;
@@ -70,7 +71,7 @@ static int slot_index(uint32_t bit) { return __builtin_ctz(bit); }
  * loss depends on it. */
 static remat_status mark_gradients(remat_step_plan *p, bool *has_grad) {
   remat_graph *g = p->g;
-  bool *depends = calloc((size_t)g->ntensors, sizeof *depends);
+  bool *depends = remat__calloc((size_t)g->ntensors, sizeof *depends);
   if (depends == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   for (int32_t t = 0; t < g->ntensors; t++)
@@ -367,9 +368,9 @@ static remat_status plan_ops(remat_graph *g) {
 remat_status plan_lower(remat_step_plan *p) {
   remat_graph *g = p->g;
   size_t n = (size_t)g->ntensors;
-  bool *has_grad = calloc(n, sizeof *has_grad);
-  bool *needed = calloc(n, sizeof *needed);
-  op_buffers *ob = calloc((size_t)g->nops + 1, sizeof *ob);
+  bool *has_grad = remat__calloc(n, sizeof *has_grad);
+  bool *needed = remat__calloc(n, sizeof *needed);
+  op_buffers *ob = remat__calloc((size_t)g->nops + 1, sizeof *ob);
   remat_status s = REMAT_ERR_OUT_OF_MEMORY;
   if (has_grad == NULL || needed == NULL || ob == NULL)
     goto out;
@@ -443,10 +444,10 @@ static remat_status check_compile_args(remat_graph *g, remat_tensor *loss,
 
 static remat_status alloc_plan_arrays(remat_step_plan *p) {
   size_t n = (size_t)p->g->ntensors;
-  p->value_buf = malloc(n * sizeof *p->value_buf);
-  p->grad_buf = malloc(n * sizeof *p->grad_buf);
-  p->recomp_buf = malloc(n * sizeof *p->recomp_buf);
-  p->saved = malloc(n * sizeof *p->saved);
+  p->value_buf = remat__malloc(n * sizeof *p->value_buf);
+  p->grad_buf = remat__malloc(n * sizeof *p->grad_buf);
+  p->recomp_buf = remat__malloc(n * sizeof *p->recomp_buf);
+  p->saved = remat__malloc(n * sizeof *p->saved);
   if (!p->value_buf || !p->grad_buf || !p->recomp_buf || !p->saved)
     return REMAT_ERR_OUT_OF_MEMORY;
   return REMAT_OK;
@@ -459,7 +460,7 @@ remat_status remat_compile(remat_graph *g, remat_tensor *loss,
   remat_status s = check_compile_args(g, loss, opt);
   if (s != REMAT_OK)
     return s;
-  remat_step_plan *p = calloc(1, sizeof *p);
+  remat_step_plan *p = remat__calloc(1, sizeof *p);
   if (p == NULL)
     return graph_fail(g, REMAT_ERR_OUT_OF_MEMORY, "remat_compile: out of memory");
   g->plan = p;
@@ -488,6 +489,10 @@ remat_status remat_compile(remat_graph *g, remat_tensor *loss,
     s = plan_build_dag(p);
   if (s == REMAT_OK)
     s = plan_allocate_persistent(p);
+  if (s == REMAT_OK)
+    s = memplan_predict(p);
+  if (s == REMAT_OK)
+    s = plan_report(p);
   if (s != REMAT_OK) {
     if (g->status == REMAT_OK)
       graph_fail(g, s, "remat_compile: %s",
@@ -496,8 +501,6 @@ remat_status remat_compile(remat_graph *g, remat_tensor *loss,
     plan_destroy(g);
     return g->status;
   }
-  memplan_predict(p);
-  plan_report(p);
   g->compiled = true;
   return REMAT_OK;
 }

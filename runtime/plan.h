@@ -126,7 +126,7 @@ remat_status planner_run(remat_step_plan *p);
  * live bytes after each node's allocations. */
 int64_t memplan_simulate(const remat_step_plan *p, int64_t *live);
 int64_t memplan_persistent_bytes(const remat_step_plan *p);
-void memplan_predict(remat_step_plan *p);
-void plan_report(remat_step_plan *p);
+remat_status memplan_predict(remat_step_plan *p);
+remat_status plan_report(remat_step_plan *p);
 
 #endif

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/alloc.h"
 #include "runtime/plan.h"
 #include "runtime/planner.h"
 #include "runtime/policy.h"
@@ -61,19 +62,19 @@ static int prune(frontier_entry *f, int n) {
 
 int chain_plan(const chain_region *r, int n, int64_t tail, int64_t budget,
                int *choice) {
-  frontier_entry **levels = calloc((size_t)n + 1, sizeof *levels);
-  int *sizes = calloc((size_t)n + 1, sizeof *sizes);
+  frontier_entry **levels = remat__calloc((size_t)n + 1, sizeof *levels);
+  int *sizes = remat__calloc((size_t)n + 1, sizeof *sizes);
   int result = -2;
   if (levels == NULL || sizes == NULL)
     goto out;
-  levels[0] = calloc(1, sizeof **levels);
+  levels[0] = remat__calloc(1, sizeof **levels);
   if (levels[0] == NULL)
     goto out;
   levels[0][0] = (frontier_entry){0, 0, 0.0, -1, 0};
   sizes[0] = 1;
   for (int i = 0; i < n; i++) {
     int cap = sizes[i] * r[i].nchoices;
-    levels[i + 1] = malloc((size_t)(cap > 0 ? cap : 1) * sizeof **levels);
+    levels[i + 1] = remat__malloc((size_t)(cap > 0 ? cap : 1) * sizeof **levels);
     if (levels[i + 1] == NULL)
       goto out;
     int m = 0;
@@ -158,11 +159,11 @@ static remat_status lower_with(planner *pl, const int *choice) {
 }
 
 /* Bytes of each top-level region's buffers alive when backward starts. */
-static void saved_at_seed(const remat_step_plan *p, int32_t seed,
-                          int64_t *saved_by_region) {
-  int32_t *last = malloc((size_t)p->nbufs * sizeof *last);
+static remat_status saved_at_seed(const remat_step_plan *p, int32_t seed,
+                                  int64_t *saved_by_region) {
+  int32_t *last = remat__malloc(((size_t)p->nbufs + 1) * sizeof *last);
   if (last == NULL)
-    return;
+    return REMAT_ERR_OUT_OF_MEMORY;
   for (int32_t b = 0; b < p->nbufs; b++)
     last[b] = -1;
   for (int32_t i = 0; i < p->nknodes; i++)
@@ -178,27 +179,30 @@ static void saved_at_seed(const remat_step_plan *p, int32_t seed,
       saved_by_region[r] += (buf->bytes + 63) / 64 * 64;
   }
   free(last);
+  return REMAT_OK;
 }
 
 /* Lowers with every free region on candidate c and records its figures. */
 static remat_status measure_candidate(planner *pl, int c) {
   remat_step_plan *p = pl->p;
-  int *choice = malloc(((size_t)pl->ntops + 1) * sizeof *choice);
-  int64_t *live = NULL, *saved = calloc((size_t)p->g->nregions + 1, sizeof *saved);
+  int *choice = remat__malloc(((size_t)pl->ntops + 1) * sizeof *choice);
+  int64_t *live = NULL, *saved = remat__calloc((size_t)p->g->nregions + 1, sizeof *saved);
   remat_status s = choice && saved ? REMAT_OK : REMAT_ERR_OUT_OF_MEMORY;
   for (int t = 0; s == REMAT_OK && t < pl->ntops; t++)
     choice[t] = c;
   if (s == REMAT_OK)
     s = lower_with(pl, choice);
-  if (s == REMAT_OK && (live = malloc((size_t)p->nknodes * sizeof *live)) == NULL)
+  if (s == REMAT_OK && (live = remat__malloc((size_t)p->nknodes * sizeof *live)) == NULL)
     s = REMAT_ERR_OUT_OF_MEMORY;
+  int32_t seed = p->nknodes;
+  for (int32_t i = 0; s == REMAT_OK && i < p->nknodes && seed == p->nknodes; i++)
+    if (p->knodes[i].kind == KNODE_SEED || p->knodes[i].kind == KNODE_BACKWARD)
+      seed = i;
+  if (s == REMAT_OK && memplan_simulate(p, live) < 0)
+    s = REMAT_ERR_OUT_OF_MEMORY;
+  if (s == REMAT_OK)
+    s = saved_at_seed(p, seed, saved);
   if (s == REMAT_OK) {
-    memplan_simulate(p, live);
-    int32_t seed = p->nknodes;
-    for (int32_t i = 0; i < p->nknodes && seed == p->nknodes; i++)
-      if (p->knodes[i].kind == KNODE_SEED || p->knodes[i].kind == KNODE_BACKWARD)
-        seed = i;
-    saved_at_seed(p, seed, saved);
     int64_t before = 0, total = 0;
     for (int t = 0; t < pl->ntops; t++)
       total += saved[pl->tops[t]];
@@ -235,16 +239,21 @@ static remat_status measure_candidate(planner *pl, int c) {
 static remat_status infeasible(planner *pl, int64_t budget) {
   remat_step_plan *p = pl->p;
   int64_t smallest = INT64_MAX;
-  int *choice = calloc((size_t)pl->ntops + 1, sizeof *choice);
-  for (int c = 0; choice != NULL && c < PLANNER_MAX_CHOICES; c++) {
+  int *choice = remat__calloc((size_t)pl->ntops + 1, sizeof *choice);
+  if (choice == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  for (int c = 0; c < PLANNER_MAX_CHOICES; c++) {
     for (int t = 0; t < pl->ntops; t++)
       choice[t] = c;
-    if (lower_with(pl, choice) == REMAT_OK) {
-      int64_t peak = memplan_simulate(p, NULL);
-      if (peak >= 0 && peak < smallest)
-        smallest = peak;
-    }
+    remat_status s = lower_with(pl, choice);
+    int64_t peak = s == REMAT_OK ? memplan_simulate(p, NULL) : -1;
     plan_unlower(p);
+    if (peak < 0) {
+      free(choice);
+      return REMAT_ERR_OUT_OF_MEMORY;
+    }
+    if (peak < smallest)
+      smallest = peak;
   }
   free(choice);
   return graph_fail(p->g, REMAT_ERR_BUDGET,
@@ -266,7 +275,7 @@ static remat_status plan_budget(planner *pl, int64_t budget) {
       return s;
   }
   int64_t base = memplan_persistent_bytes(p);
-  int *choice = calloc((size_t)pl->ntops + 1, sizeof *choice);
+  int *choice = remat__calloc((size_t)pl->ntops + 1, sizeof *choice);
   if (choice == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   int64_t model_budget = budget - base;
@@ -284,7 +293,11 @@ static remat_status plan_budget(planner *pl, int64_t budget) {
       return s;
     }
     int64_t peak = memplan_simulate(p, NULL);
-    if (peak >= 0 && peak <= budget) {
+    if (peak < 0) {
+      free(choice);
+      return REMAT_ERR_OUT_OF_MEMORY;
+    }
+    if (peak <= budget) {
       free(choice);
       return REMAT_OK;
     }
@@ -306,10 +319,10 @@ static remat_status setup(planner *pl, remat_step_plan *p) {
   if (s != REMAT_OK)
     return s;
   size_t n = (size_t)g->nregions + 1;
-  pl->region_policy = calloc(n, sizeof *pl->region_policy);
-  pl->free_region = calloc(n, sizeof *pl->free_region);
-  pl->tops = calloc(n, sizeof *pl->tops);
-  pl->chain = calloc(n, sizeof *pl->chain);
+  pl->region_policy = remat__calloc(n, sizeof *pl->region_policy);
+  pl->free_region = remat__calloc(n, sizeof *pl->free_region);
+  pl->tops = remat__calloc(n, sizeof *pl->tops);
+  pl->chain = remat__calloc(n, sizeof *pl->chain);
   if (!pl->region_policy || !pl->free_region || !pl->tops || !pl->chain)
     return REMAT_ERR_OUT_OF_MEMORY;
   bool budget = g->rt->config.memory_budget > 0;
@@ -354,7 +367,10 @@ remat_status planner_run(remat_step_plan *p) {
     for (int t = 0; t < pl.ntops; t++)
       pl.free_region[pl.tops[t]] = false;
     s = lower_with(&pl, zero);
-    if (s == REMAT_OK && budget > 0 && memplan_simulate(p, NULL) > budget) {
+    int64_t peak = s == REMAT_OK && budget > 0 ? memplan_simulate(p, NULL) : 0;
+    if (peak < 0)
+      s = REMAT_ERR_OUT_OF_MEMORY;
+    if (s == REMAT_OK && peak > budget && budget > 0) {
       plan_unlower(p);
       s = infeasible(&pl, budget);
     }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/alloc.h"
 #include "runtime/plan.h"
 #include "runtime/policy.h"
 
@@ -25,7 +26,7 @@ static const char *const kind_names[] = {
   "save_any_names_but_these:NAME[,NAME...], save_from_both_policies:P+Q, auto"
 
 static remat_policy *new_policy(policy_kind kind) {
-  remat_policy *p = calloc(1, sizeof *p);
+  remat_policy *p = remat__calloc(1, sizeof *p);
   if (p == NULL)
     remat__fail(REMAT_ERR_OUT_OF_MEMORY, "out of memory creating a policy");
   else
@@ -88,9 +89,9 @@ static remat_policy *names_policy(policy_kind kind, const char *const *names,
   remat_policy *p = new_policy(kind);
   if (p == NULL)
     return NULL;
-  p->names = calloc((size_t)count, sizeof *p->names);
+  p->names = remat__calloc((size_t)count, sizeof *p->names);
   for (int i = 0; p->names != NULL && i < count; i++) {
-    p->names[i] = strdup(names[i]);
+    p->names[i] = remat__strdup(names[i]);
     if (p->names[i] == NULL)
       break;
     p->nnames++;
@@ -286,7 +287,7 @@ remat_status remat_region_begin(remat_graph *g, const remat_policy *policy) {
                       REMAT__MAX_REGION_DEPTH);
   if (g->nregions == g->cap_regions) {
     int32_t cap = g->cap_regions ? 2 * g->cap_regions : 16;
-    graph_region *r = realloc(g->regions, (size_t)cap * sizeof *r);
+    graph_region *r = remat__realloc(g->regions, (size_t)cap * sizeof *r);
     if (r == NULL)
       return graph_fail(g, REMAT_ERR_OUT_OF_MEMORY,
                         "remat_region_begin: out of memory");

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/alloc.h"
 #include "runtime/internal.h"
 #include "runtime/policy.h"
 
@@ -18,7 +19,7 @@ static void destroy_streams(remat_runtime *rt) {
 static remat_status create_backend(remat_runtime *rt) {
   if (dnnl_engine_create(&rt->engine, dnnl_cpu, 0) != dnnl_success)
     return remat__fail(REMAT_ERR_BACKEND, "oneDNN: cannot create a CPU engine");
-  rt->workers = calloc((size_t)rt->nworkers, sizeof *rt->workers);
+  rt->workers = remat__calloc((size_t)rt->nworkers, sizeof *rt->workers);
   if (rt->workers == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "out of memory creating %d worker contexts",
@@ -48,8 +49,8 @@ static remat_status check_policy(const remat_config *config,
   remat_policy *p = NULL;
   remat_status s = remat_policy_parse(config->policy, &p);
   remat_policy_destroy(p);
-  if (s == REMAT_OK)
-    return REMAT_OK;
+  if (s == REMAT_OK || s == REMAT_ERR_OUT_OF_MEMORY)
+    return s;
   char msg[REMAT__ERRMSG_MAX];
   snprintf(msg, sizeof msg, "%s", remat_last_error());
   bool from_code = code != NULL && (code->set & REMAT_SET_POLICY);
@@ -63,7 +64,7 @@ remat_status remat_runtime_create(const remat_config *config,
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_runtime_create: out must not be NULL");
   *out = NULL;
-  remat_runtime *rt = calloc(1, sizeof *rt);
+  remat_runtime *rt = remat__calloc(1, sizeof *rt);
   if (rt == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "out of memory creating a runtime");

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/alloc.h"
 #include "sched/sched_internal.h"
 
 #define INITIAL_TASKS 64
@@ -20,7 +21,7 @@ remat_status sched_dag_create(sched_dag **out, char err[SCHED_ERRMSG_MAX]) {
     return REMAT_ERR_INVALID_ARG;
   }
   *out = NULL;
-  sched_dag *dag = calloc(1, sizeof *dag);
+  sched_dag *dag = remat__calloc(1, sizeof *dag);
   if (!dag) {
     snprintf(err, SCHED_ERRMSG_MAX, "sched_dag_create: out of memory");
     return REMAT_ERR_OUT_OF_MEMORY;
@@ -63,11 +64,11 @@ int32_t sched_dag_num_tasks(const sched_dag *dag) {
 
 static bool grow_tasks(sched_dag *dag) {
   int32_t cap = dag->task_cap ? dag->task_cap * 2 : INITIAL_TASKS;
-  sched_task *tasks = realloc(dag->tasks, (size_t)cap * sizeof *tasks);
+  sched_task *tasks = remat__realloc(dag->tasks, (size_t)cap * sizeof *tasks);
   if (!tasks)
     return false;
   dag->tasks = tasks;
-  sched_task_info *info = realloc(dag->info, (size_t)cap * sizeof *info);
+  sched_task_info *info = remat__realloc(dag->info, (size_t)cap * sizeof *info);
   if (!info)
     return false;
   dag->info = info;
@@ -98,11 +99,11 @@ int32_t sched_dag_add(sched_dag *dag, sched_task_fn fn, void *arg,
 
 static bool grow_edges(sched_dag *dag) {
   int64_t cap = dag->edge_cap ? dag->edge_cap * 2 : INITIAL_EDGES;
-  int32_t *from = realloc(dag->edge_from, (size_t)cap * sizeof *from);
+  int32_t *from = remat__realloc(dag->edge_from, (size_t)cap * sizeof *from);
   if (!from)
     return false;
   dag->edge_from = from;
-  int32_t *to = realloc(dag->edge_to, (size_t)cap * sizeof *to);
+  int32_t *to = remat__realloc(dag->edge_to, (size_t)cap * sizeof *to);
   if (!to)
     return false;
   dag->edge_to = to;
@@ -147,13 +148,13 @@ static void scratch_free(scratch *s) {
 static remat_status alloc_arrays(sched_dag *dag, scratch *s,
                                  char err[SCHED_ERRMSG_MAX]) {
   size_t n = (size_t)dag->ntasks, m = (size_t)dag->nedges;
-  dag->succ = malloc((m ? m : 1) * sizeof(int32_t));
-  dag->roots = malloc((n ? n : 1) * sizeof(int32_t));
-  s->pred_first = calloc(n + 1, sizeof(int32_t));
-  s->pred = malloc((m ? m : 1) * sizeof(int32_t));
-  s->order = malloc((n ? n : 1) * sizeof(int32_t));
-  s->indegree = malloc((n ? n : 1) * sizeof(int32_t));
-  s->queue = malloc((n ? n : 1) * sizeof(int32_t));
+  dag->succ = remat__malloc((m ? m : 1) * sizeof(int32_t));
+  dag->roots = remat__malloc((n ? n : 1) * sizeof(int32_t));
+  s->pred_first = remat__calloc(n + 1, sizeof(int32_t));
+  s->pred = remat__malloc((m ? m : 1) * sizeof(int32_t));
+  s->order = remat__malloc((n ? n : 1) * sizeof(int32_t));
+  s->indegree = remat__malloc((n ? n : 1) * sizeof(int32_t));
+  s->queue = remat__malloc((n ? n : 1) * sizeof(int32_t));
   if (dag->succ && dag->roots && s->pred_first && s->pred && s->order &&
       s->indegree && s->queue)
     return REMAT_OK;
@@ -204,7 +205,7 @@ static bool sort_by_priority(const sched_dag *dag, int32_t *order) {
   for (int32_t t = 1; t < n && sorted; t++)
     sorted = dag->info[t - 1].priority >= dag->info[t].priority;
   if (!sorted) {
-    ranked *r = malloc((size_t)n * sizeof *r);
+    ranked *r = remat__malloc((size_t)n * sizeof *r);
     if (!r)
       return false;
     for (int32_t t = 0; t < n; t++)

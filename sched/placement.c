@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/alloc.h"
 #include "sched/sched_internal.h"
 
 /* A NUMA node that has cores, as placement sees it. */
@@ -148,10 +149,10 @@ remat_status sched_place_workers(hwloc_topology_t topo, int nthreads,
     return status;
   memset(out, 0, sizeof *out);
   int nnuma = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
-  domain *d = calloc((size_t)(nnuma > 0 ? nnuma : 1), sizeof *d);
-  out->worker_node = calloc((size_t)nthreads, sizeof(int));
-  out->cpuset = calloc((size_t)nthreads, sizeof(hwloc_bitmap_t));
-  out->node_first = calloc((size_t)(nnuma > 0 ? nnuma : 1) + 1, sizeof(int));
+  domain *d = remat__calloc((size_t)(nnuma > 0 ? nnuma : 1), sizeof *d);
+  out->worker_node = remat__calloc((size_t)nthreads, sizeof(int));
+  out->cpuset = remat__calloc((size_t)nthreads, sizeof(hwloc_bitmap_t));
+  out->node_first = remat__calloc((size_t)(nnuma > 0 ? nnuma : 1) + 1, sizeof(int));
   status = REMAT_ERR_OUT_OF_MEMORY;
   if (d && out->worker_node && out->cpuset && out->node_first) {
     int nd = find_domains(topo, d);

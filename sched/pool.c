@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/alloc.h"
 #include "sched/sched_internal.h"
 
 int64_t sched_now_ns(void) {
@@ -117,7 +118,7 @@ static void *worker_main(void *arg) {
 static void *aligned_calloc(size_t count, size_t size) {
   size_t bytes = count * size;
   bytes = (bytes + SCHED_CACHE_LINE - 1) / SCHED_CACHE_LINE * SCHED_CACHE_LINE;
-  void *p = aligned_alloc(SCHED_CACHE_LINE, bytes ? bytes : SCHED_CACHE_LINE);
+  void *p = remat__aligned_alloc(SCHED_CACHE_LINE, bytes ? bytes : SCHED_CACHE_LINE);
   if (p)
     memset(p, 0, bytes);
   return p;
@@ -150,7 +151,7 @@ static remat_status init_workers(sched_pool *pool) {
     w->pool = pool;
     w->index = i;
     w->node = pool->place.worker_node[i];
-    w->victims = malloc((size_t)(pool->nworkers > 1 ? pool->nworkers - 1 : 1) *
+    w->victims = remat__malloc((size_t)(pool->nworkers > 1 ? pool->nworkers - 1 : 1) *
                         sizeof(int));
     if (!w->victims)
       return REMAT_ERR_OUT_OF_MEMORY;

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "runtime/alloc.h"
 #include "sched/sched_internal.h"
 
 #define ROOT_BATCH_MAX 128
@@ -285,10 +286,10 @@ static remat_status ensure_capacity(sched_pool *pool, int32_t ntasks,
   free(pool->pending);
   free(pool->links.next);
   free(pool->links.prev);
-  pool->pending = malloc((size_t)ntasks * sizeof *pool->pending);
+  pool->pending = remat__malloc((size_t)ntasks * sizeof *pool->pending);
   pool->pending_serial = 0;
-  pool->links.next = malloc((size_t)ntasks * sizeof(int32_t));
-  pool->links.prev = malloc((size_t)ntasks * sizeof(int32_t));
+  pool->links.next = remat__malloc((size_t)ntasks * sizeof(int32_t));
+  pool->links.prev = remat__malloc((size_t)ntasks * sizeof(int32_t));
   pool->capacity = ntasks;
   if (pool->pending && pool->links.next && pool->links.prev)
     return REMAT_OK;
@@ -345,7 +346,7 @@ static remat_status run_locked(sched_pool *pool, const sched_dag *dag,
     return status;
   if (trace_path) {
     pool->trace =
-        calloc(dag->ntasks ? (size_t)dag->ntasks : 1, sizeof *pool->trace);
+        remat__calloc(dag->ntasks ? (size_t)dag->ntasks : 1, sizeof *pool->trace);
     if (!pool->trace) {
       snprintf(err, SCHED_ERRMSG_MAX, "sched_run: out of memory for a trace");
       return REMAT_ERR_OUT_OF_MEMORY;

@@ -1,0 +1,46 @@
+/* The allocation shim: plain libc allocation with a countdown that tests set
+ * to make the N-th allocation, and every one after it, fail. The countdown
+ * is the library's only mutable global, and only tests set it. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/alloc.h"
+
+static _Atomic int64_t fail_at;   /* 0: never fail */
+static _Atomic int64_t allocations;
+
+static int allowed(void) {
+  int64_t n = atomic_fetch_add_explicit(&allocations, 1, memory_order_relaxed) + 1;
+  int64_t limit = atomic_load_explicit(&fail_at, memory_order_relaxed);
+  return limit == 0 || n < limit;
+}
+
+void remat__alloc_fail_after(int64_t n) {
+  atomic_store(&allocations, 0);
+  atomic_store(&fail_at, n < 0 ? 0 : n);
+}
+
+int64_t remat__alloc_count(void) { return atomic_load(&allocations); }
+
+void *remat__malloc(size_t bytes) { return allowed() ? malloc(bytes) : NULL; }
+
+void *remat__calloc(size_t count, size_t bytes) {
+  return allowed() ? calloc(count, bytes) : NULL;
+}
+
+void *remat__realloc(void *p, size_t bytes) {
+  return allowed() ? realloc(p, bytes) : NULL;
+}
+
+void *remat__aligned_alloc(size_t align, size_t bytes) {
+  return allowed() ? aligned_alloc(align, bytes) : NULL;
+}
+
+char *remat__strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *copy = remat__malloc(n);
+  if (copy != NULL)
+    memcpy(copy, s, n);
+  return copy;
+}

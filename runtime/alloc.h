@@ -1,0 +1,22 @@
+/* The allocation shim every folder of the library allocates through, so
+ * that tests can make the N-th allocation fail (SQLite-style failure
+ * injection). It depends on nothing; ops/ and sched/ may include it. */
+#ifndef REMAT_RUNTIME_ALLOC_H
+#define REMAT_RUNTIME_ALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+void *remat__malloc(size_t bytes);
+void *remat__calloc(size_t count, size_t bytes);
+void *remat__realloc(void *p, size_t bytes);
+void *remat__aligned_alloc(size_t align, size_t bytes);
+char *remat__strdup(const char *s);
+
+/* Test hook: the n-th allocation from now on (n >= 1) fails, and every one
+ * after it until the hook is reset with n = 0. */
+void remat__alloc_fail_after(int64_t n);
+/* Allocations made through the shim since the last remat__alloc_fail_after. */
+int64_t remat__alloc_count(void);
+
+#endif
