@@ -1,6 +1,7 @@
 /* Helpers shared by the ops: op state bookkeeping, oneDNN primitive creation
  * (user-mode scratchpad, size recorded), per-tile execution on a worker's
  * stream, and op_gemm, the strided block matmul behind every dot op. */
+#include "runtime/alloc.h"
 #include "ops/dnnl_util.h"
 
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -11,7 +12,7 @@
 #define OP_EXEC_MAX_ARGS 12
 
 void *op_state_new(size_t bytes, dnnl_engine_t engine, const char *name) {
-  op_base *base = calloc(1, bytes);
+  op_base *base = remat__calloc(1, bytes);
   if (base) {
     base->engine = engine;
     base->name = name;
@@ -47,7 +48,7 @@ static remat_status keep_prim(op_base *base, dnnl_primitive_t prim,
                               char err[OP_ERRMSG_MAX]) {
   if (base->nprims == base->cap) {
     int cap = base->cap ? 2 * base->cap : 8;
-    dnnl_primitive_t *grown = realloc(base->prims, cap * sizeof *grown);
+    dnnl_primitive_t *grown = remat__realloc(base->prims, cap * sizeof *grown);
     if (!grown) {
       dnnl_primitive_destroy(prim);
       snprintf(err, OP_ERRMSG_MAX, "%s: out of memory", base->name);
@@ -90,11 +91,14 @@ remat_status op_prim_create(op_base *base, const_dnnl_op_desc_t op_desc,
     dnnl_primitive_desc_destroy(pd);
     return op_dnnl_fail(st, base->name, "primitive creation", err);
   }
-  if (pd_out)
+  remat_status rs = keep_prim(base, *prim, err); /* destroys it on failure */
+  if (rs != REMAT_OK)
+    *prim = NULL;
+  if (pd_out && rs == REMAT_OK)
     *pd_out = pd;
   else
     dnnl_primitive_desc_destroy(pd);
-  return keep_prim(base, *prim, err);
+  return rs;
 }
 
 int op_exec(dnnl_primitive_t prim, op_worker *w, int nargs,
