@@ -39,61 +39,86 @@ static double median(double *v, int n) {
 }
 
 /* oneDNN's f32 matmul, 2048x512 by 512x2048, run by oneDNN's own OpenMP
- * parallelization on `threads` threads: the roofline of model FLOP/s. */
-static double matmul_roofline(int threads) {
-  const dnnl_dim_t m = 2048, k = 512, n = 2048;
-  int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
+ * parallelization on the benchmark's thread count: the roofline of model
+ * FLOP/s. It is measured between the timed steps, so that both see the same
+ * machine (this one is shared and noisy). */
+typedef struct roofline {
   dnnl_engine_t eng;
   dnnl_stream_t stream;
-  dnnl_engine_create(&eng, dnnl_cpu, 0);
-  dnnl_stream_create(&stream, eng, dnnl_stream_default_flags);
-  dnnl_memory_desc_t a_md, b_md, c_md;
-  dnnl_dims_t ad = {m, k}, bd = {k, n}, cd = {m, n};
-  dnnl_memory_desc_init_by_tag(&a_md, 2, ad, dnnl_f32, dnnl_ab);
-  dnnl_memory_desc_init_by_tag(&b_md, 2, bd, dnnl_f32, dnnl_ab);
-  dnnl_memory_desc_init_by_tag(&c_md, 2, cd, dnnl_f32, dnnl_ab);
-  dnnl_matmul_desc_t desc;
-  dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md);
   dnnl_primitive_desc_t pd;
   dnnl_primitive_t prim;
-  double gflops = 0.0;
-  if (dnnl_primitive_desc_create(&pd, &desc, NULL, eng, NULL) == dnnl_success &&
-      dnnl_primitive_create(&prim, pd) == dnnl_success) {
-    float *a = calloc((size_t)(m * k), 4), *b = calloc((size_t)(k * n), 4),
-          *c = calloc((size_t)(m * n), 4);
-    for (dnnl_dim_t i = 0; i < m * k; i++)
-      a[i] = (float)(i % 7) * 0.1f;
-    for (dnnl_dim_t i = 0; i < k * n; i++)
-      b[i] = (float)(i % 5) * 0.1f;
-    dnnl_memory_t am, bm, cm;
-    dnnl_memory_create(&am, &a_md, eng, a);
-    dnnl_memory_create(&bm, &b_md, eng, b);
-    dnnl_memory_create(&cm, &c_md, eng, c);
-    dnnl_exec_arg_t args[3] = {
-        {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
-    double times[15];
-    for (int r = -3; r < 15; r++) {
-      double t0 = now();
-      dnnl_primitive_execute(prim, stream, 3, args);
-      dnnl_stream_wait(stream);
-      if (r >= 0)
-        times[r] = now() - t0;
-    }
-    gflops = 2.0 * (double)m * (double)k * (double)n / median(times, 15) * 1e-9;
-    dnnl_memory_destroy(am);
-    dnnl_memory_destroy(bm);
-    dnnl_memory_destroy(cm);
-    dnnl_primitive_destroy(prim);
-    dnnl_primitive_desc_destroy(pd);
-    free(a);
-    free(b);
-    free(c);
+  dnnl_memory_t mem[3];
+  float *buf[3];
+  int threads;
+  double flops;
+} roofline;
+
+static int roofline_open(roofline *r, int threads) {
+  const dnnl_dim_t m = 2048, k = 512, n = 2048;
+  memset(r, 0, sizeof *r);
+  r->threads = threads;
+  r->flops = 2.0 * (double)m * (double)k * (double)n;
+  int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  dnnl_memory_desc_t md[3];
+  dnnl_dims_t dims[3] = {{m, k}, {k, n}, {m, n}};
+  for (int i = 0; i < 3; i++)
+    dnnl_memory_desc_init_by_tag(&md[i], 2, dims[i], dnnl_f32, dnnl_ab);
+  dnnl_matmul_desc_t desc;
+  int ok = dnnl_engine_create(&r->eng, dnnl_cpu, 0) == dnnl_success &&
+           dnnl_stream_create(&r->stream, r->eng, dnnl_stream_default_flags) ==
+               dnnl_success &&
+           dnnl_matmul_desc_init(&desc, &md[0], &md[1], NULL, &md[2]) ==
+               dnnl_success &&
+           dnnl_primitive_desc_create(&r->pd, &desc, NULL, r->eng, NULL) ==
+               dnnl_success &&
+           dnnl_primitive_create(&r->prim, r->pd) == dnnl_success;
+  for (int i = 0; ok && i < 3; i++) {
+    size_t count = (size_t)(dims[i][0] * dims[i][1]);
+    r->buf[i] = malloc(count * sizeof(float));
+    ok = r->buf[i] != NULL &&
+         dnnl_memory_create(&r->mem[i], &md[i], r->eng, r->buf[i]) == dnnl_success;
+    for (size_t j = 0; ok && j < count; j++)
+      r->buf[i][j] = (float)(j % 7) * 0.1f;
   }
-  dnnl_stream_destroy(stream);
-  dnnl_engine_destroy(eng);
   omp_set_num_threads(saved);
-  return gflops;
+  return ok;
+}
+
+/* GFLOP/s: the median of a few runs. */
+static double roofline_measure(roofline *r, int runs) {
+  int saved = omp_get_max_threads();
+  omp_set_num_threads(r->threads);
+  dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, r->mem[0]},
+                             {DNNL_ARG_WEIGHTS, r->mem[1]},
+                             {DNNL_ARG_DST, r->mem[2]}};
+  double times[16];
+  runs = runs > 16 ? 16 : runs;
+  for (int i = -1; i < runs; i++) {
+    double t0 = now();
+    dnnl_primitive_execute(r->prim, r->stream, 3, args);
+    dnnl_stream_wait(r->stream);
+    if (i >= 0)
+      times[i] = now() - t0;
+  }
+  omp_set_num_threads(saved);
+  return r->flops / median(times, runs) * 1e-9;
+}
+
+static void roofline_close(roofline *r) {
+  for (int i = 0; i < 3; i++) {
+    if (r->mem[i])
+      dnnl_memory_destroy(r->mem[i]);
+    free(r->buf[i]);
+  }
+  if (r->prim)
+    dnnl_primitive_destroy(r->prim);
+  if (r->pd)
+    dnnl_primitive_desc_destroy(r->pd);
+  if (r->stream)
+    dnnl_stream_destroy(r->stream);
+  if (r->eng)
+    dnnl_engine_destroy(r->eng);
 }
 
 static void usage(FILE *f) {
@@ -219,8 +244,13 @@ int main(int argc, char **argv) {
   fill_batch(&o.cfg, tok, tgt);
   remat_feed(g, m.tokens, tok, n * 4);
   remat_feed(g, m.targets, tgt, n * 4);
-  double roofline = matmul_roofline(o.threads);
+  roofline roof;
+  if (!roofline_open(&roof, o.threads)) {
+    fprintf(stderr, "bench_train: cannot create the roofline matmul\n");
+    return 1;
+  }
   double *times = calloc((size_t)o.steps, sizeof *times);
+  double *roofs = calloc((size_t)o.steps, sizeof *roofs);
   remat_step_stats st = {0}, first = {0};
   uint64_t checksum = 0;
   int64_t peak = 0, act_peak = 0;
@@ -233,12 +263,15 @@ int main(int argc, char **argv) {
     } else {
       times[s - 1] = st.seconds;
     }
+    if (s < o.steps)
+      roofs[s] = roofline_measure(&roof, 5);
     if (st.peak_bytes > peak)
       peak = st.peak_bytes;
     if (st.activation_peak_bytes > act_peak)
       act_peak = st.activation_peak_bytes;
   }
   double step_s = median(times, o.steps);
+  double roofline = median(roofs, o.steps);
   double flops = remat_gpt_flops(&o.cfg);
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
@@ -258,6 +291,8 @@ int main(int argc, char **argv) {
          (long long)st.predicted_peak_bytes, (long long)ru.ru_maxrss * 1024,
          flops, st.recompute_flops, roofline, mfu);
   free(times);
+  free(roofs);
+  roofline_close(&roof);
   free(tok);
   free(tgt);
   remat_graph_destroy(g);

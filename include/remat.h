@@ -87,6 +87,8 @@ REMAT_API remat_status remat_parse_bytes(const char *text, int64_t *bytes);
  * value and what is accepted. */
 REMAT_API remat_status remat_runtime_create(const remat_config *config,
                                             remat_runtime **out);
+/* Stops the workers and frees the runtime once its last graph is destroyed
+ * too (graphs keep their runtime alive). */
 REMAT_API void remat_runtime_destroy(remat_runtime *rt);
 /* The configuration in force (environment and code merged). */
 REMAT_API remat_status remat_runtime_config(const remat_runtime *rt,

@@ -16,6 +16,8 @@ static uint32_t node_writes(const plan_knode *kn) {
   switch (kn->kind) {
   case KNODE_SEED: return OP_SLOT_OUT;
   case KNODE_UPDATE: return OP_SLOT_IN(0) | OP_SLOT_AUX(0) | OP_SLOT_AUX(1);
+  case KNODE_CHECK:
+  case KNODE_GATE: return 0;
   default: return kn->kernel->writes;
   }
 }
@@ -219,6 +221,22 @@ static bool memory_order_edges(remat_step_plan *p, edge_list *e) {
   return ok;
 }
 
+/* Every check before the gate, the gate before every update. */
+static bool gate_edges(remat_step_plan *p, edge_list *e) {
+  int32_t gate = -1;
+  for (int32_t i = 0; i < p->nknodes && gate < 0; i++)
+    if (p->knodes[i].kind == KNODE_GATE)
+      gate = i;
+  bool ok = true;
+  for (int32_t i = 0; gate >= 0 && ok && i < p->nknodes; i++) {
+    if (p->knodes[i].kind == KNODE_CHECK)
+      ok = push_edge(e, i, gate);
+    else if (p->knodes[i].kind == KNODE_UPDATE)
+      ok = push_edge(e, gate, i);
+  }
+  return ok;
+}
+
 /* ---- tasks ---- */
 
 static const char *node_category(const plan_knode *kn) {
@@ -234,7 +252,12 @@ static const char *node_category(const plan_knode *kn) {
 static const char *node_name(const plan_knode *kn) {
   if (kn->kernel != NULL)
     return kn->kernel->name;
-  return kn->kind == KNODE_SEED ? "loss.seed" : "optimizer.update";
+  switch (kn->kind) {
+  case KNODE_SEED: return "loss.seed";
+  case KNODE_CHECK: return "optimizer.check";
+  case KNODE_GATE: return "optimizer.gate";
+  default: return "optimizer.update";
+  }
 }
 
 /* Priority is program order, earliest first: one worker then runs the
@@ -296,7 +319,7 @@ remat_status plan_build_dag(remat_step_plan *p) {
   if ((s = add_tasks(p)) != REMAT_OK)
     return remat__fail(s, "remat_compile: cannot build the task graph");
   edge_list e = {0};
-  bool ok = data_edges(p, &e) && memory_order_edges(p, &e);
+  bool ok = data_edges(p, &e) && memory_order_edges(p, &e) && gate_edges(p, &e);
   for (int64_t i = 0; ok && i < e.n; i++)
     ok = sched_dag_edge(p->dag, p->knodes[e.from[i]].done_task,
                         p->knodes[e.to[i]].start_task) == REMAT_OK;

@@ -1,6 +1,7 @@
 /* Status names and the per-thread message of the last failure. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "runtime/alloc.h"
 #include "runtime/internal.h"
@@ -28,16 +29,21 @@ const char *remat_status_string(remat_status status) {
 
 const char *remat_last_error(void) { return last_error; }
 
+/* Formats into a local buffer first: the arguments may point into
+ * last_error itself. */
 remat_status remat__fail(remat_status status, const char *fmt, ...) {
+  char msg[REMAT__ERRMSG_MAX];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(last_error, msg, sizeof msg);
   return status;
 }
 
 remat_status remat__fail_msg(remat_status status, const char *msg) {
-  snprintf(last_error, sizeof last_error, "%s", msg);
+  if (msg != last_error)
+    snprintf(last_error, sizeof last_error, "%s", msg);
   return status;
 }
 

@@ -61,6 +61,8 @@ int plan_tile_task(void *arg, int worker) {
   switch (kn->kind) {
   case KNODE_SEED: return optim_seed_tile(p, kn);
   case KNODE_UPDATE: return optim_update_tile(p, kn, t->tile);
+  case KNODE_CHECK: return optim_check_tile(p, kn, t->tile);
+  case KNODE_GATE: return REMAT_OK;
   case KNODE_RECOMPUTE:
     p->worker_recompute_flops[worker * 8] += kn->flops / (double)kn->tiles;
     return kn->kernel->fn(kn->inst, &kn->bufs, t->tile, &p->workers[worker]);
@@ -357,11 +359,13 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
   fill_stats(p, &p->last, secs);
   if (stats != NULL)
     *stats = p->last;
-  if (p->last.nonfinite)
+  if (p->last.nonfinite) {
+    p->opt_step--; /* no update was applied */
     return remat__fail(REMAT_ERR_NUMERIC,
                        "%s: the loss or a gradient is NaN or Inf; the updates "
-                       "that would have used it were skipped",
+                       "were skipped",
                        what);
+  }
   return REMAT_OK;
 }
 

@@ -46,7 +46,7 @@ remat_status remat_graph_create(remat_runtime *rt, remat_graph **out) {
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "out of memory creating a graph");
   g->rt = rt;
-  g->region_depth = 0;
+  runtime_retain(rt);
   *out = g;
   return REMAT_OK;
 }
@@ -63,7 +63,9 @@ void remat_graph_destroy(remat_graph *g) {
   free(g->tensors);
   free(g->ops);
   policy_free_all(g);
+  remat_runtime *rt = g->rt;
   free(g);
+  runtime_release(rt);
 }
 
 remat_status remat_graph_status(const remat_graph *g) {

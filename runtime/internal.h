@@ -26,7 +26,8 @@ void remat__clear_error(void);
 /* ---- config.c ---- */
 /* Reads the REMAT_* environment and overlays the set fields of `code`. The
  * policy string is copied into `policy_buf`, the trace path into
- * `trace_buf`. */
+ * `trace_buf`. default_threads 0 leaves num_threads 0 when neither sets it
+ * (the caller then uses the physical cores). */
 remat_status remat__config_load(const remat_config *code, int default_threads,
                                 remat_config *out, char *policy_buf,
                                 size_t policy_len, char *trace_buf,
@@ -66,6 +67,7 @@ void mem_reset_peaks(mem_arena *a);
 
 /* ---- the runtime ---- */
 struct remat_runtime {
+  _Atomic int refs; /* the program's, plus one per graph */
   remat_config config;
   char policy_buf[512];
   char trace_buf[4096];
@@ -75,6 +77,10 @@ struct remat_runtime {
   op_worker *workers; /* [nworkers]: stream per worker */
   int nworkers;
 };
+
+/* runtime.c: graphs keep their runtime alive. */
+void runtime_retain(remat_runtime *rt);
+void runtime_release(remat_runtime *rt);
 
 /* ---- graph IR ---- */
 typedef enum tensor_kind { TENSOR_INPUT, TENSOR_PARAM, TENSOR_ACT } tensor_kind;

@@ -326,21 +326,31 @@ static remat_status emit_backward(remat_step_plan *p, op_buffers *ob,
 
 /* ---- updates ---- */
 
+/* Per parameter a finite check of its gradient (as soon as it is final),
+ * one gate after all checks, then the updates: a NaN or Inf anywhere in the
+ * gradients or the loss skips every update, so none is half-applied. */
 static remat_status emit_updates(remat_step_plan *p) {
   remat_graph *g = p->g;
-  for (int32_t t = 0; t < g->ntensors; t++) {
-    remat_tensor *x = g->tensors[t];
-    if (x->kind != TENSOR_PARAM || p->grad_buf[t] < 0)
+  for (int kind = KNODE_CHECK; kind <= KNODE_UPDATE; kind++) {
+    if (kind == KNODE_GATE) {
+      if (add_knode(p, KNODE_GATE, -1, NULL) == NULL)
+        return REMAT_ERR_OUT_OF_MEMORY;
       continue;
-    plan_knode *kn = add_knode(p, KNODE_UPDATE, -1, NULL);
-    if (kn == NULL)
-      return REMAT_ERR_OUT_OF_MEMORY;
-    kn->param = t;
-    kn->tiles = optim_tiles(op_numel(&x->shape));
-    kn->slot_buf[slot_index(OP_SLOT_IN(0))] = p->value_buf[t];
-    kn->slot_buf[slot_index(OP_SLOT_DOUT)] = p->grad_buf[t];
-    if (p->opt.kind == REMAT_OPT_ADAMW) {
-      for (int k = 0; k < 2; k++) {
+    }
+    for (int32_t t = 0; t < g->ntensors; t++) {
+      remat_tensor *x = g->tensors[t];
+      if (x->kind != TENSOR_PARAM || p->grad_buf[t] < 0)
+        continue;
+      plan_knode *kn = add_knode(p, (knode_kind)kind, -1, NULL);
+      if (kn == NULL)
+        return REMAT_ERR_OUT_OF_MEMORY;
+      kn->param = t;
+      kn->tiles = optim_tiles(op_numel(&x->shape));
+      kn->slot_buf[slot_index(OP_SLOT_DOUT)] = p->grad_buf[t];
+      if (kind == KNODE_CHECK)
+        continue;
+      kn->slot_buf[slot_index(OP_SLOT_IN(0))] = p->value_buf[t];
+      for (int k = 0; k < 2 && p->opt.kind == REMAT_OPT_ADAMW; k++) {
         int32_t b = add_buffer(p, tensor_bytes(x), REMAT_MEM_OPTIMIZER, true, -1);
         if (b < 0)
           return REMAT_ERR_OUT_OF_MEMORY;

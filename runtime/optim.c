@@ -1,8 +1,8 @@
-/* The optimizer as tasks: SGD and AdamW updates tiled over a parameter's
- * elements, each starting as soon as its gradient is final, and the seed
- * task that starts backward with d(loss) = 1. Non-finite values are caught
- * here: a NaN or Inf loss skips every update, a NaN or Inf gradient skips
- * the tiles it appears in, and the step reports it. */
+/* The optimizer as tasks: the seed task that starts backward with
+ * d(loss) = 1, finite checks of each gradient as soon as it is final, and
+ * SGD and AdamW updates tiled over a parameter's elements, which run after
+ * every check (a gate between): a NaN or Inf in the loss or any gradient
+ * skips every update, and the step reports it. */
 #include <math.h>
 
 #include "runtime/plan.h"
@@ -28,18 +28,30 @@ static bool all_finite(const float *x, int64_t n) {
   return acc == 0.0f;
 }
 
+static void tile_range(const remat_step_plan *p, const plan_knode *kn,
+                       int64_t tile, int64_t *lo, int64_t *hi) {
+  int64_t n = op_numel(&p->g->tensors[kn->param]->shape);
+  *lo = tile * OPTIM_TILE;
+  *hi = *lo + OPTIM_TILE < n ? *lo + OPTIM_TILE : n;
+}
+
+int optim_check_tile(remat_step_plan *p, plan_knode *kn, int64_t tile) {
+  int64_t lo, hi;
+  tile_range(p, kn, tile, &lo, &hi);
+  if (!all_finite(kn->bufs.dout + lo, hi - lo))
+    atomic_store(&p->nonfinite, 1);
+  return REMAT_OK;
+}
+
 /* p is the parameter, g its gradient, m and v AdamW's moments. */
 int optim_update_tile(remat_step_plan *p, plan_knode *kn, int64_t tile) {
   const remat_tensor *t = p->g->tensors[kn->param];
-  int64_t n = op_numel(&t->shape);
-  int64_t lo = tile * OPTIM_TILE;
-  int64_t hi = lo + OPTIM_TILE < n ? lo + OPTIM_TILE : n;
+  int64_t lo, hi;
+  tile_range(p, kn, tile, &lo, &hi);
   float *w = kn->bufs.in[0] + lo;
   const float *g = kn->bufs.dout + lo;
-  if (atomic_load(&p->nonfinite) || !all_finite(g, hi - lo)) {
-    atomic_store(&p->nonfinite, 1);
+  if (atomic_load(&p->nonfinite))
     return REMAT_OK;
-  }
   const remat_optimizer *o = &p->opt;
   float lr = o->lr;
   if (o->kind == REMAT_OPT_SGD) {

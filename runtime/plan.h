@@ -25,6 +25,8 @@ typedef enum knode_kind {
   KNODE_SEED,      /* d(loss) = 1 */
   KNODE_BACKWARD,
   KNODE_RECOMPUTE,
+  KNODE_CHECK,  /* is a parameter's gradient finite? */
+  KNODE_GATE,   /* after every check, before any update */
   KNODE_UPDATE
 } knode_kind;
 
@@ -112,6 +114,7 @@ int plan_done_task(void *arg, int worker);
 /* optim.c */
 int64_t optim_tiles(int64_t numel);
 int optim_update_tile(remat_step_plan *p, plan_knode *kn, int64_t tile);
+int optim_check_tile(remat_step_plan *p, plan_knode *kn, int64_t tile);
 int optim_seed_tile(remat_step_plan *p, plan_knode *kn);
 
 /* policy.c: regions and remat policies */

@@ -181,9 +181,8 @@ static remat_status parse_names(policy_kind kind, const char *list,
                          kind_names[kind]);
     names[n++] = tok;
   }
-  *out = names_policy(kind, names, n);
-  return *out == NULL ? remat__fail(REMAT_ERR_POLICY, "%s", remat_last_error())
-                      : REMAT_OK;
+  *out = names_policy(kind, names, n); /* sets the message on failure */
+  return *out == NULL ? REMAT_ERR_POLICY : REMAT_OK;
 }
 
 remat_status remat_policy_parse(const char *text, remat_policy **out) {
@@ -264,7 +263,7 @@ remat_status remat_policy_format(const remat_policy *p, char *buf, size_t len) {
     }
     n = (int)strlen(buf);
   }
-  if (n < 0 || (size_t)n >= len - 1)
+  if (n < 0 || (size_t)n >= len)
     return remat__fail(REMAT_ERR_LIMIT,
                        "remat_policy_format: buffer of %zu bytes is too small",
                        len);

@@ -68,13 +68,17 @@ remat_status remat_runtime_create(const remat_config *config,
   if (rt == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "out of memory creating a runtime");
-  remat_status s = create_topology(rt);
-  if (s == REMAT_OK)
-    s = remat__config_load(config, sched_physical_cores(rt->topo), &rt->config,
-                           rt->policy_buf, sizeof rt->policy_buf,
-                           rt->trace_buf, sizeof rt->trace_buf);
+  atomic_init(&rt->refs, 1);
+  /* The environment first: a bad value fails before any thread starts. */
+  remat_status s = remat__config_load(config, 0, &rt->config, rt->policy_buf,
+                                      sizeof rt->policy_buf, rt->trace_buf,
+                                      sizeof rt->trace_buf);
   if (s == REMAT_OK)
     s = check_policy(&rt->config, config);
+  if (s == REMAT_OK)
+    s = create_topology(rt);
+  if (s == REMAT_OK && rt->config.num_threads == 0)
+    rt->config.num_threads = sched_physical_cores(rt->topo);
   if (s == REMAT_OK) {
     char err[SCHED_ERRMSG_MAX];
     rt->nworkers = rt->config.num_threads;
@@ -93,9 +97,7 @@ remat_status remat_runtime_create(const remat_config *config,
   return REMAT_OK;
 }
 
-void remat_runtime_destroy(remat_runtime *rt) {
-  if (rt == NULL)
-    return;
+static void free_runtime(remat_runtime *rt) {
   if (rt->pool != NULL)
     sched_pool_destroy(rt->pool);
   destroy_streams(rt);
@@ -104,6 +106,20 @@ void remat_runtime_destroy(remat_runtime *rt) {
   if (rt->topo != NULL)
     hwloc_topology_destroy(rt->topo);
   free(rt);
+}
+
+void runtime_retain(remat_runtime *rt) { atomic_fetch_add(&rt->refs, 1); }
+
+void runtime_release(remat_runtime *rt) {
+  if (atomic_fetch_sub(&rt->refs, 1) == 1)
+    free_runtime(rt);
+}
+
+/* Graphs hold a reference: a runtime destroyed before its graphs lives on
+ * until the last of them is destroyed. */
+void remat_runtime_destroy(remat_runtime *rt) {
+  if (rt != NULL)
+    runtime_release(rt);
 }
 
 remat_status remat_runtime_config(const remat_runtime *rt, remat_config *out) {

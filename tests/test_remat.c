@@ -25,8 +25,8 @@ static const char *const policies[] = {
     "dots_with_no_batch_dims_saveable",
     "save_only_these_names:attn_probs,ffn_in",
     "save_any_names_but_these:attn_scores,attn_probs",
-    "save_from_both_policies:dots_with_no_batch_dims_saveable+"
-    "save_only_these_names:ln1_out",
+    ("save_from_both_policies:dots_with_no_batch_dims_saveable+"
+     "save_only_these_names:ln1_out"),
 };
 
 typedef struct result {

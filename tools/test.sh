@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: every test in the release build, every test in
-# an AddressSanitizer + UndefinedBehaviorSanitizer build, and the scheduler
-# and concurrency tests in a ThreadSanitizer build. Ends with the plain line
-# "N passed, N failed" summed over the three.
+# an AddressSanitizer + UndefinedBehaviorSanitizer build, the scheduler
+# tests and the multi-threaded server example in a ThreadSanitizer build,
+# and each libFuzzer target for FUZZ_SECONDS (default 20) in a clang build
+# (tools/fuzz.sh; a target counts as one test). Ends with the plain line
+# "N passed, N failed" summed over the four.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,7 +42,20 @@ run_suite() {
 
 run_suite release build "--buildtype=release"
 run_suite asan build-asan "-Db_sanitize=address,undefined -Db_lundef=false --buildtype=debugoptimized"
-run_suite tsan build-tsan "-Db_sanitize=thread --buildtype=debugoptimized" --suite sched
+run_suite tsan build-tsan "-Db_sanitize=thread --buildtype=debugoptimized" --suite sched --suite server
+
+# run_fuzz SECONDS: each fuzz target for SECONDS; adds its summary line.
+run_fuzz() {
+  tools/fuzz.sh "$1" 2>&1 | tee "$log_dir/fuzz.log"
+  local summary
+  summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log_dir/fuzz.log" | tail -1)
+  if [ -z "$summary" ]; then
+    echo "fuzz: tools/fuzz.sh printed no summary"; failed=$((failed + 1)); return
+  fi
+  passed=$((passed + $(echo "$summary" | cut -d' ' -f1)))
+  failed=$((failed + $(echo "$summary" | cut -d' ' -f3)))
+}
+run_fuzz "${FUZZ_SECONDS:-20}"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

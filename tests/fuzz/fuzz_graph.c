@@ -1,0 +1,224 @@
+/* Fuzz target: random sequences of graph-building calls. The input's bytes
+ * pick which builder to call, on which existing tensors (or NULL), with
+ * which shapes and arguments; then the graph is compiled (for training,
+ * with or without an optimizer, or forward-only) and, when that succeeds,
+ * fed zeros and run once. Nothing may crash; every failure must leave a
+ * status and a message, and a graph that failed to build must fail to
+ * compile with the same status. One runtime (one worker) serves every
+ * input. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz_util.h"
+#include "remat.h"
+
+enum { MAX_TENSORS = 24, MAX_DIM = 6 };
+
+typedef struct builder {
+  remat_graph *g;
+  remat_tensor *t[MAX_TENSORS];
+  int n;
+  int regions_open;
+  fuzz_reader in;
+} builder;
+
+static remat_runtime *shared_runtime(void) {
+  static remat_runtime *rt;
+  if (rt == NULL) {
+    remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_BIND,
+                       .num_threads = 1,
+                       .bind = REMAT_BIND_NONE};
+    FUZZ_CHECK(remat_runtime_create(&rc, &rt) == REMAT_OK);
+  }
+  return rt;
+}
+
+/* An existing tensor, or NULL one time in (n + 1). */
+static remat_tensor *pick(builder *b) {
+  unsigned i = fuzz_byte(&b->in) % (unsigned)(b->n + 1);
+  return i < (unsigned)b->n ? b->t[i] : NULL;
+}
+
+static void push(builder *b, remat_tensor *t) {
+  if (t != NULL && b->n < MAX_TENSORS)
+    b->t[b->n++] = t;
+}
+
+/* 1 to 4 dims of 1 to MAX_DIM each; sometimes a bad ndim or dim. */
+static int read_dims(builder *b, int64_t *dims) {
+  unsigned code = fuzz_byte(&b->in);
+  int ndim = (int)(code % 4) + 1;
+  if (code == 255)
+    ndim = 5;
+  for (int i = 0; i < 4; i++) {
+    unsigned d = fuzz_byte(&b->in);
+    dims[i] = d == 255 ? 0 : (int64_t)(d % MAX_DIM) + 1;
+  }
+  return ndim;
+}
+
+static remat_policy *read_policy(builder *b) {
+  static const char *const forms[] = {
+      "everything_saveable", "nothing_saveable", "dots_saveable",
+      "dots_with_no_batch_dims_saveable", "save_only_these_names:t0",
+      "save_any_names_but_these:t1",
+      "save_from_both_policies:dots_saveable+save_only_these_names:t2"};
+  unsigned i = fuzz_byte(&b->in) % 8;
+  remat_policy *p = NULL;
+  if (i < 7)
+    FUZZ_CHECK(remat_policy_parse(forms[i], &p) == REMAT_OK);
+  return p;
+}
+
+static void build_one(builder *b, unsigned op) {
+  static const char *const names[] = {"t0", "t1", "t2", "x", "w"};
+  remat_graph *g = b->g;
+  int64_t dims[4];
+  char name[8] = {'i', (char)('a' + b->n % 26), 0};
+  switch (op % 22) {
+  case 0: {
+    int nd = read_dims(b, dims);
+    push(b, remat_input(g, name, REMAT_F32, nd, dims));
+    break;
+  }
+  case 1: {
+    int nd = read_dims(b, dims);
+    push(b, remat_input(g, name, REMAT_I32, nd, dims));
+    break;
+  }
+  case 2: {
+    int nd = read_dims(b, dims);
+    name[0] = 'p';
+    push(b, remat_param(g, name, nd, dims,
+                        (remat_init)(fuzz_byte(&b->in) % 4), 0.1f));
+    break;
+  }
+  case 3: {
+    remat_tensor *x = pick(b), *w = pick(b);
+    remat_tensor *bias = fuzz_byte(&b->in) & 1 ? pick(b) : NULL;
+    push(b, remat_linear(g, x, w, bias));
+    break;
+  }
+  case 4: push(b, remat_matmul(g, pick(b), pick(b))); break;
+  case 5: push(b, remat_add(g, pick(b), pick(b))); break;
+  case 6: push(b, remat_bias_add(g, pick(b), pick(b))); break;
+  case 7: push(b, remat_relu(g, pick(b))); break;
+  case 8:
+    push(b, remat_gelu(g, pick(b), (remat_gelu_form)(fuzz_byte(&b->in) % 3)));
+    break;
+  case 9: {
+    remat_tensor *x = pick(b), *gamma = pick(b), *beta = pick(b);
+    push(b, remat_layernorm(g, x, gamma, beta,
+                            (float)(fuzz_byte(&b->in) % 3) * 1e-3f));
+    break;
+  }
+  case 10: push(b, remat_softmax(g, pick(b))); break;
+  case 11: {
+    remat_tensor *qkv = pick(b);
+    push(b, remat_attention_scores(g, qkv, (int)fuzz_byte(&b->in) % 5));
+    break;
+  }
+  case 12: {
+    remat_tensor *probs = pick(b), *qkv = pick(b);
+    push(b, remat_attention_values(g, probs, qkv, (int)fuzz_byte(&b->in) % 5));
+    break;
+  }
+  case 13: {
+    remat_tensor *qkv = pick(b);
+    push(b,
+         remat_causal_self_attention(g, qkv, (int)fuzz_byte(&b->in) % 5));
+    break;
+  }
+  case 14: {
+    remat_tensor *tokens = pick(b), *wte = pick(b), *wpe = pick(b);
+    push(b, remat_embed(g, tokens, wte, wpe));
+    break;
+  }
+  case 15: {
+    remat_tensor *logits = pick(b), *targets = pick(b);
+    push(b, remat_cross_entropy(g, logits, targets));
+    break;
+  }
+  case 16: push(b, remat_sum(g, pick(b))); break;
+  case 17: push(b, remat_mean(g, pick(b))); break;
+  case 18: remat_keep(g, pick(b)); break;
+  case 19: {
+    remat_tensor *t = pick(b);
+    remat_checkpoint_name(g, t, names[fuzz_byte(&b->in) % 5]);
+    break;
+  }
+  case 20: {
+    remat_policy *p = read_policy(b);
+    if (remat_region_begin(g, p) == REMAT_OK)
+      b->regions_open++;
+    remat_policy_destroy(p);
+    break;
+  }
+  default:
+    if (remat_region_end(g) == REMAT_OK)
+      b->regions_open--;
+    break;
+  }
+}
+
+/* Feeds zeros to every input (valid token ids) and runs the graph once. */
+static void run_once(builder *b, bool forward_only) {
+  for (int i = 0; i < b->n; i++) {
+    size_t bytes = (size_t)remat_tensor_numel(b->t[i]) * 4;
+    void *zeros = calloc(bytes, 1);
+    FUZZ_CHECK(zeros != NULL);
+    remat_status s = remat_feed(b->g, b->t[i], zeros, bytes);
+    FUZZ_CHECK(s == REMAT_OK || s == REMAT_ERR_INVALID_ARG);
+    free(zeros);
+  }
+  remat_step_stats st;
+  remat_status s = forward_only ? remat_forward(b->g, &st)
+                                : remat_step(b->g, &st);
+  FUZZ_CHECK(s == REMAT_OK || s == REMAT_ERR_NUMERIC ||
+             s == REMAT_ERR_OUT_OF_MEMORY);
+  FUZZ_CHECK(s != REMAT_ERR_NUMERIC || st.nonfinite == 1);
+}
+
+static void compile_and_run(builder *b) {
+  unsigned how = fuzz_byte(&b->in) % 4;
+  remat_tensor *loss = NULL;
+  if (how != 3 && b->n > 0) {
+    loss = b->t[b->n - 1];
+    if (remat_tensor_numel(loss) != 1 || fuzz_byte(&b->in) & 1)
+      loss = remat_sum(b->g, loss);
+  }
+  remat_optimizer opt = {.kind = how == 1 ? REMAT_OPT_SGD : REMAT_OPT_ADAMW,
+                         .lr = 1e-3f};
+  remat_status before = remat_graph_status(b->g);
+  remat_status s = remat_compile(b->g, loss, how == 0 ? NULL : &opt);
+  if (before != REMAT_OK)
+    FUZZ_CHECK(s == before);
+  if (s != REMAT_OK) {
+    FUZZ_CHECK(remat_last_error()[0] != '\0');
+    FUZZ_CHECK(remat_graph_error(b->g)[0] != '\0' ||
+               s == REMAT_ERR_STATE || s == REMAT_ERR_INVALID_ARG);
+    return;
+  }
+  run_once(b, loss == NULL);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size > 512)
+    return 0;
+  builder b = {.in = {.data = data, .size = size}};
+  FUZZ_CHECK(remat_graph_create(shared_runtime(), &b.g) == REMAT_OK);
+  FUZZ_CHECK(remat_graph_seed(b.g, 1) == REMAT_OK);
+  for (int calls = 0; calls < 40 && !fuzz_done(&b.in); calls++) {
+    unsigned op = fuzz_byte(&b.in);
+    if (op == 0xff)
+      break;
+    build_one(&b, op);
+    if (remat_graph_status(b.g) != REMAT_OK)
+      FUZZ_CHECK(remat_graph_error(b.g)[0] != '\0');
+  }
+  compile_and_run(&b);
+  remat_graph_destroy(b.g);
+  return 0;
+}

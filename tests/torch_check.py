@@ -1,0 +1,21 @@
+#!/usr/bin/python3
+"""Meson test: remat's loss and gradients on one batch against PyTorch's,
+within 1e-4 relative per tensor (benchmarks/compare_torch.py --check).
+Exits 77 (skipped) when this python cannot import torch.
+
+  /usr/bin/python3 tests/torch_check.py build/tools/remat-grads
+"""
+import os
+import sys
+
+try:
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+except ImportError:
+    print("torch or numpy not importable by %s: skipped" % sys.executable)
+    sys.exit(77)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+import compare_torch  # noqa: E402
+
+sys.exit(compare_torch.check(sys.argv[1]))

@@ -1,0 +1,203 @@
+/* remat-train, the command-line trainer: builds the GPT-style model for the
+ * chosen data, trains it with AdamW (warm-up, cosine decay) while drawing a
+ * progress bar, then reports held-out results and sample completions, and
+ * saves or loads weights as safetensors. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tools/train.h"
+
+typedef struct trainer {
+  train_options o;
+  dataset *data;
+  remat_runtime *rt;
+  remat_graph *g;
+  remat_gpt m;
+  int32_t *tokens, *targets;
+  int64_t peak_bytes;
+} trainer;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int fail(const char *what) {
+  fprintf(stderr, "remat-train: %s%s\n", what, remat_last_error());
+  return EXIT_RUNTIME;
+}
+
+static float lr_at(const train_options *o, int step) {
+  int warmup = o->steps / 10 < 100 ? o->steps / 10 : 100;
+  if (step < warmup)
+    return o->lr * (float)(step + 1) / (float)(warmup + 1);
+  double progress = (double)(step - warmup) / (double)(o->steps - warmup);
+  return o->lr * (float)(0.1 + 0.9 * 0.5 * (1.0 + cos(M_PI * progress)));
+}
+
+/* Runtime, graph, compile, optional --load. */
+static int open_model(trainer *t) {
+  const train_options *o = &t->o;
+  remat_config rc = {.set = REMAT_SET_MEMORY_BUDGET, .memory_budget = o->budget};
+  if (o->threads > 0) {
+    rc.set |= REMAT_SET_NUM_THREADS;
+    rc.num_threads = o->threads;
+  }
+  if (o->policy != NULL) {
+    rc.set |= REMAT_SET_POLICY;
+    rc.policy = o->policy;
+  }
+  if (o->trace_path != NULL) {
+    rc.set |= REMAT_SET_TRACE;
+    rc.trace_path = o->trace_path;
+  }
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = o->lr,
+                         .weight_decay = 0.01f};
+  if (remat_runtime_create(&rc, &t->rt) != REMAT_OK ||
+      remat_graph_create(t->rt, &t->g) != REMAT_OK ||
+      remat_graph_seed(t->g, o->seed) != REMAT_OK ||
+      remat_gpt_build(t->g, &o->cfg, &t->m) != REMAT_OK ||
+      remat_compile(t->g, t->m.loss, &opt) != REMAT_OK)
+    return fail("");
+  if (o->load_path != NULL && remat_load_safetensors(t->g, o->load_path))
+    return fail("");
+  size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
+  t->tokens = malloc(n * sizeof *t->tokens);
+  t->targets = malloc(n * sizeof *t->targets);
+  if (t->tokens == NULL || t->targets == NULL) {
+    fprintf(stderr, "remat-train: out of memory\n");
+    return EXIT_RUNTIME;
+  }
+  return 0;
+}
+
+static void format_bytes(char *buf, size_t len, int64_t bytes) {
+  if (bytes >= (int64_t)1 << 30)
+    snprintf(buf, len, "%.2f GiB", (double)bytes / (double)(1 << 30));
+  else
+    snprintf(buf, len, "%.1f MiB", (double)bytes / (double)(1 << 20));
+}
+
+/* "step 120/1000 [=====>      ] loss 1.234 | 52.1k tok/s | peak 12.3 MiB |
+ * ETA 1m05s", redrawn in place on a terminal, every tenth of the run
+ * otherwise. */
+static void progress(const trainer *t, int step, float loss, double elapsed,
+                     int tty) {
+  int steps = t->o.steps, every = steps / 10 > 0 ? steps / 10 : 1;
+  if (!tty && step % every != 0 && step != steps)
+    return;
+  char bar[31], peak[32];
+  int fill = (int)(30.0 * step / steps);
+  for (int i = 0; i < 30; i++)
+    bar[i] = i < fill ? '=' : i == fill ? '>' : ' ';
+  bar[30] = '\0';
+  format_bytes(peak, sizeof peak, t->peak_bytes);
+  double tok_s = (double)step * t->o.cfg.batch * t->o.cfg.seq / elapsed;
+  int eta = (int)(elapsed / step * (steps - step) + 0.5);
+  fprintf(stderr, "%sstep %d/%d [%s] loss %.4f | %.1fk tok/s | peak %s | "
+                  "ETA %dm%02ds%s",
+          tty ? "\r" : "", step, steps, bar, loss, tok_s / 1000.0, peak,
+          eta / 60, eta % 60, tty && step < steps ? "" : "\n");
+  fflush(stderr);
+}
+
+static int train(trainer *t) {
+  const train_options *o = &t->o;
+  size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
+  int tty = isatty(STDERR_FILENO) && !o->json;
+  double start = now(), last_draw = 0.0;
+  for (int step = 0; step < o->steps; step++) {
+    dataset_batch(t->data, o->cfg.batch, o->cfg.seq, t->tokens, t->targets);
+    remat_step_stats st;
+    if (remat_feed(t->g, t->m.tokens, t->tokens, n * sizeof *t->tokens) ||
+        remat_feed(t->g, t->m.targets, t->targets, n * sizeof *t->targets) ||
+        remat_set_lr(t->g, lr_at(o, step)) || remat_step(t->g, &st)) {
+      if (tty && step > 0)
+        fputc('\n', stderr); /* end the progress line first */
+      return fail("");
+    }
+    if (st.peak_bytes > t->peak_bytes)
+      t->peak_bytes = st.peak_bytes;
+    double elapsed = now() - start;
+    if (o->json)
+      printf("{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"step_s\": %.6f, "
+             "\"tokens_per_s\": %.1f, \"peak_bytes\": %lld, "
+             "\"elapsed_s\": %.3f}\n",
+             step + 1, st.loss, lr_at(o, step), st.seconds,
+             st.seconds > 0.0 ? (double)n / st.seconds : 0.0,
+             (long long)st.peak_bytes, elapsed);
+    else if (!tty || elapsed - last_draw > 0.1 || step + 1 == o->steps) {
+      progress(t, step + 1, st.loss, elapsed, tty);
+      last_draw = elapsed;
+    }
+  }
+  return 0;
+}
+
+static int report(trainer *t, double wall) {
+  const train_options *o = &t->o;
+  eval_result r;
+  if (evaluate(t->rt, t->g, o, t->data, o->json ? NULL : stderr, &r))
+    return fail("evaluation: ");
+  char peak[32];
+  format_bytes(peak, sizeof peak, t->peak_bytes);
+  if (o->json) {
+    printf("{\"done\": true, \"steps\": %d, \"heldout_loss\": %.6f, "
+           "\"accuracy\": %.6f, \"peak_bytes\": %lld, \"wall_s\": %.3f}\n",
+           o->steps, r.heldout_loss, r.accuracy, (long long)t->peak_bytes,
+           wall);
+    return 0;
+  }
+  fprintf(stderr, "held-out loss %.4f", r.heldout_loss);
+  if (r.accuracy >= 0.0)
+    fprintf(stderr, ", exact-match accuracy %.1f%% (%d problems)",
+            100.0 * r.accuracy, r.problems);
+  fprintf(stderr, "; %d steps in %.1f s, peak memory %s\n", o->steps, wall,
+          peak);
+  return 0;
+}
+
+static void close_trainer(trainer *t) {
+  remat_graph_destroy(t->g);
+  remat_runtime_destroy(t->rt);
+  dataset_destroy(t->data);
+  free(t->tokens);
+  free(t->targets);
+}
+
+static int run(trainer *t) {
+  train_options *o = &t->o;
+  char err[512];
+  t->data = o->data_path ? dataset_text(o->data_path, o->cfg.seq, err, sizeof err)
+                         : dataset_addition(o->seed);
+  if (t->data == NULL) {
+    fprintf(stderr, "remat-train: %s\n", o->data_path ? err : "out of memory");
+    return EXIT_RUNTIME;
+  }
+  o->cfg.vocab = dataset_vocab(t->data);
+  double start = now();
+  int rc = open_model(t);
+  if (rc == 0)
+    rc = train(t);
+  if (rc == 0)
+    rc = report(t, now() - start);
+  if (rc == 0 && o->save_path != NULL &&
+      remat_save_safetensors(t->g, o->save_path) != REMAT_OK)
+    rc = fail("");
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  trainer t;
+  memset(&t, 0, sizeof t);
+  int rc = options_parse(argc, argv, &t.o);
+  if (rc != 0)
+    return rc < 0 ? 0 : rc;
+  rc = run(&t);
+  close_trainer(&t);
+  return rc;
+}

@@ -1,0 +1,82 @@
+/* Declarations shared by the files of remat-train: the command-line
+ * options, the two data sources (the built-in addition task and a text
+ * file), and evaluation by greedy decoding on a forward-only graph. */
+#ifndef REMAT_TOOLS_TRAIN_H
+#define REMAT_TOOLS_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "remat.h"
+
+/* Exit codes: 2 for a bad command line, 1 for a failure while running. */
+#define EXIT_USAGE 2
+#define EXIT_RUNTIME 1
+
+typedef struct train_options {
+  remat_gpt_config cfg; /* vocab comes from the data source */
+  const char *data_path; /* NULL: the built-in addition task */
+  int steps, threads;
+  float lr;
+  uint64_t seed;
+  const char *policy;   /* NULL: the runtime's default */
+  int64_t budget;       /* bytes; 0: none */
+  const char *save_path, *load_path, *trace_path;
+  int json;
+} train_options;
+
+/* Fills `o` from argv. Returns 0 on success, -1 after --help (printed to
+ * stdout), EXIT_USAGE after printing a one-line error to stderr. */
+int options_parse(int argc, char **argv, train_options *o);
+
+/* ---- data (train_data.c) ---- */
+
+/* The addition task's tokens: digits are 0..9, then these. */
+enum { TOK_PLUS = 10, TOK_EQUALS = 11, TOK_END = 12, TOK_PAD = 13,
+       ADD_VOCAB = 14, ADD_DIGITS = 3, ADD_LEN = 3 * ADD_DIGITS + 4,
+       ADD_HELDOUT = 512 };
+
+typedef struct dataset {
+  int addition;          /* 1: the addition task, 0: a text file */
+  uint64_t rng;
+  /* text: train on bytes [0, train_len), hold out [heldout_start, len) */
+  unsigned char *text;
+  int64_t len, train_len, heldout_start;
+  /* addition: held-out problems (a, b) */
+  int heldout_a[ADD_HELDOUT], heldout_b[ADD_HELDOUT];
+} dataset;
+
+/* The built-in task: "123+456=0579\n" with zero-padded operands; pairs with
+ * a hash in the held-out class are never trained on. */
+dataset *dataset_addition(uint64_t seed);
+/* Byte-level language modelling on a text file. Returns NULL after putting
+ * a one-line message in `err` (missing, empty or binary file, or shorter
+ * than seq + 1 bytes). */
+dataset *dataset_text(const char *path, int seq, char *err, size_t err_len);
+void dataset_destroy(dataset *d);
+int dataset_vocab(const dataset *d);
+uint64_t dataset_next(uint64_t *state);
+/* The 13 tokens of "aaa+bbb=ssss\n". */
+void addition_tokens(int a, int b, int32_t out[ADD_LEN]);
+/* A training batch: tokens[b][t] and next-token targets[b][t]. */
+void dataset_batch(dataset *d, int batch, int seq, int32_t *tokens,
+                   int32_t *targets);
+/* The text of token `tok` for printing ("\\n" for a newline). */
+const char *dataset_token_text(const dataset *d, int32_t tok, char buf[8]);
+
+/* ---- evaluation (train_eval.c) ---- */
+
+typedef struct eval_result {
+  double heldout_loss; /* mean cross-entropy on held-out answer/text tokens */
+  double accuracy;     /* exact-match on held-out problems; -1 for text */
+  int problems;
+} eval_result;
+
+/* Copies the weights of `train` into a forward-only graph and reports
+ * held-out loss and accuracy; prints a few greedy completions to `out`.
+ * Returns the first failing status. */
+remat_status evaluate(remat_runtime *rt, remat_graph *train,
+                      const train_options *o, dataset *d, FILE *out,
+                      eval_result *r);
+
+#endif

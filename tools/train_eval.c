@@ -1,0 +1,252 @@
+/* Evaluation for remat-train: a forward-only copy of the model (compiled
+ * with loss NULL and the logits kept) gets the trained weights; it scores
+ * held-out data and completes prompts by greedy decoding, feeding padded
+ * sequences of the fixed [batch, seq] shape one new token at a time. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/train.h"
+
+typedef struct eval_model {
+  remat_graph *g;
+  remat_gpt m;
+  int batch, seq, vocab;
+  int32_t *tokens;    /* [batch, seq] */
+  int32_t *zeros;     /* [batch, seq]: unused targets */
+  float *logits;      /* [batch, seq, vocab] */
+} eval_model;
+
+static void eval_close(eval_model *e) {
+  remat_graph_destroy(e->g);
+  free(e->tokens);
+  free(e->zeros);
+  free(e->logits);
+}
+
+static remat_status copy_weights(remat_graph *from, remat_graph *to) {
+  remat_status s = REMAT_OK;
+  for (int i = 0; i < remat_num_params(from) && s == REMAT_OK; i++) {
+    remat_tensor *src = remat_param_at(from, i), *dst = remat_param_at(to, i);
+    size_t bytes = (size_t)remat_tensor_numel(src) * sizeof(float);
+    float *buf = malloc(bytes);
+    if (buf == NULL)
+      return REMAT_ERR_OUT_OF_MEMORY;
+    s = remat_read(from, src, buf, bytes);
+    if (s == REMAT_OK)
+      s = remat_write(to, dst, buf, bytes);
+    free(buf);
+  }
+  return s;
+}
+
+static remat_status eval_open(eval_model *e, remat_runtime *rt,
+                              remat_graph *train, const train_options *o,
+                              int batch) {
+  memset(e, 0, sizeof *e);
+  remat_gpt_config c = o->cfg;
+  c.batch = batch;
+  e->batch = batch;
+  e->seq = c.seq;
+  e->vocab = c.vocab;
+  size_t n = (size_t)batch * (size_t)c.seq;
+  e->tokens = calloc(n, sizeof *e->tokens);
+  e->zeros = calloc(n, sizeof *e->zeros);
+  e->logits = malloc(n * (size_t)c.vocab * sizeof *e->logits);
+  if (e->tokens == NULL || e->zeros == NULL || e->logits == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  remat_status s = remat_graph_create(rt, &e->g);
+  if (s == REMAT_OK)
+    s = remat_gpt_build(e->g, &c, &e->m);
+  if (s == REMAT_OK)
+    s = remat_keep(e->g, e->m.logits);
+  if (s == REMAT_OK)
+    s = remat_compile(e->g, NULL, NULL);
+  if (s == REMAT_OK)
+    s = copy_weights(train, e->g);
+  if (s == REMAT_OK)
+    s = remat_feed(e->g, e->m.targets, e->zeros, n * sizeof *e->zeros);
+  return s;
+}
+
+/* Runs the model on e->tokens and reads the logits. */
+static remat_status eval_forward(eval_model *e) {
+  size_t n = (size_t)e->batch * (size_t)e->seq;
+  remat_status s = remat_feed(e->g, e->m.tokens, e->tokens, n * sizeof(int32_t));
+  if (s == REMAT_OK)
+    s = remat_forward(e->g, NULL);
+  if (s == REMAT_OK)
+    s = remat_read(e->g, e->m.logits, e->logits,
+                   n * (size_t)e->vocab * sizeof(float));
+  return s;
+}
+
+static const float *logits_at(const eval_model *e, int row, int t) {
+  return e->logits + ((size_t)row * e->seq + t) * (size_t)e->vocab;
+}
+
+static int32_t argmax(const float *v, int n) {
+  int best = 0;
+  for (int i = 1; i < n; i++)
+    if (v[i] > v[best])
+      best = i;
+  return best;
+}
+
+/* -log softmax(v)[target] */
+static double nll(const float *v, int n, int32_t target) {
+  double mx = v[0], sum = 0.0;
+  for (int i = 1; i < n; i++)
+    mx = v[i] > mx ? v[i] : mx;
+  for (int i = 0; i < n; i++)
+    sum += exp(v[i] - mx);
+  return log(sum) + mx - v[target];
+}
+
+/* ---- the addition task ---- */
+
+enum { PROMPT_LEN = 2 * ADD_DIGITS + 2, SAMPLES = 6 };
+
+/* "  123+456=0579  right" or "  123+456=0578  wrong (expected 0579)" */
+static void print_problem(const dataset *d, FILE *out, const int32_t *row,
+                          const int32_t *want) {
+  char buf[8], expected[16] = "";
+  fputs("  ", out);
+  for (int t = 0; t < ADD_LEN - 1; t++)
+    fputs(dataset_token_text(d, row[t], buf), out);
+  for (int t = PROMPT_LEN; t < ADD_LEN - 1; t++)
+    strcat(expected, dataset_token_text(d, want[t], buf));
+  if (memcmp(row + PROMPT_LEN, want + PROMPT_LEN,
+             (ADD_LEN - PROMPT_LEN) * sizeof *row) == 0)
+    fputs("  right\n", out);
+  else
+    fprintf(out, "  wrong (expected %s)\n", expected);
+}
+
+/* Scores one chunk of held-out problems: teacher-forced loss on the answer
+ * tokens, then greedy decoding of the answer. */
+static remat_status addition_chunk(eval_model *e, const dataset *d, int first,
+                                   int count, double *loss, int *right,
+                                   FILE *out) {
+  int32_t want[64][ADD_LEN];
+  for (int r = 0; r < e->batch; r++) {
+    int i = first + (r < count ? r : 0);
+    addition_tokens(d->heldout_a[i], d->heldout_b[i], want[r]);
+    for (int t = 0; t < e->seq; t++)
+      e->tokens[(size_t)r * e->seq + t] = t < ADD_LEN ? want[r][t] : TOK_PAD;
+  }
+  remat_status s = eval_forward(e);
+  for (int r = 0; r < count && s == REMAT_OK; r++)
+    for (int t = PROMPT_LEN - 1; t < ADD_LEN - 1; t++)
+      *loss += nll(logits_at(e, r, t), e->vocab, want[r][t + 1]);
+  for (int r = 0; r < e->batch; r++)
+    for (int t = PROMPT_LEN; t < e->seq; t++)
+      e->tokens[(size_t)r * e->seq + t] = TOK_PAD;
+  for (int t = PROMPT_LEN - 1; t < ADD_LEN - 1 && s == REMAT_OK; t++) {
+    s = eval_forward(e);
+    for (int r = 0; r < e->batch && s == REMAT_OK; r++)
+      e->tokens[(size_t)r * e->seq + t + 1] = argmax(logits_at(e, r, t), e->vocab);
+  }
+  for (int r = 0; r < count && s == REMAT_OK; r++) {
+    const int32_t *row = e->tokens + (size_t)r * e->seq;
+    *right += memcmp(row + PROMPT_LEN, want[r] + PROMPT_LEN,
+                     (ADD_LEN - PROMPT_LEN) * sizeof *row) == 0;
+    if (out != NULL && first + r < SAMPLES)
+      print_problem(d, out, row, want[r]);
+  }
+  return s;
+}
+
+static remat_status eval_addition(eval_model *e, const dataset *d, FILE *out,
+                                  eval_result *r) {
+  double loss = 0.0;
+  int right = 0;
+  remat_status s = REMAT_OK;
+  if (out != NULL)
+    fprintf(out, "held-out completions (greedy):\n");
+  for (int first = 0; first < ADD_HELDOUT && s == REMAT_OK; first += e->batch) {
+    int count = ADD_HELDOUT - first < e->batch ? ADD_HELDOUT - first : e->batch;
+    s = addition_chunk(e, d, first, count, &loss, &right, out);
+  }
+  r->problems = ADD_HELDOUT;
+  r->heldout_loss = loss / (ADD_HELDOUT * (ADD_LEN - PROMPT_LEN));
+  r->accuracy = (double)right / ADD_HELDOUT;
+  return s;
+}
+
+/* ---- a text file ---- */
+
+enum { TEXT_WINDOWS = 32, GENERATE = 160 };
+
+static remat_status text_loss(eval_model *e, const dataset *d, double *loss) {
+  int64_t span = d->len - d->heldout_start - e->seq;
+  double sum = 0.0;
+  int64_t tokens = 0;
+  remat_status s = REMAT_OK;
+  for (int w = 0; w < TEXT_WINDOWS && s == REMAT_OK; w += e->batch) {
+    for (int r = 0; r < e->batch; r++) {
+      int64_t start = d->heldout_start + span * (w + r) / TEXT_WINDOWS;
+      for (int t = 0; t < e->seq; t++)
+        e->tokens[(size_t)r * e->seq + t] = d->text[start + t];
+    }
+    s = eval_forward(e);
+    for (int r = 0; r < e->batch && s == REMAT_OK; r++) {
+      int64_t start = d->heldout_start + span * (w + r) / TEXT_WINDOWS;
+      for (int t = 0; t < e->seq; t++, tokens++)
+        sum += nll(logits_at(e, r, t), e->vocab, d->text[start + t + 1]);
+    }
+  }
+  *loss = sum / (double)(tokens ? tokens : 1);
+  return s;
+}
+
+/* Greedy continuation of the first bytes of the held-out text; the window
+ * slides once the sequence is full. */
+static remat_status text_sample(eval_model *e, const dataset *d, FILE *out) {
+  int prompt = e->seq / 2 < 40 ? e->seq / 2 : 40;
+  if (prompt < 1)
+    prompt = 1;
+  int32_t *seqbuf = malloc((size_t)(prompt + GENERATE) * sizeof *seqbuf);
+  if (seqbuf == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  for (int t = 0; t < prompt; t++)
+    seqbuf[t] = d->text[d->heldout_start + t];
+  remat_status s = REMAT_OK;
+  int len = prompt;
+  for (; len < prompt + GENERATE && s == REMAT_OK; len++) {
+    int start = len > e->seq ? len - e->seq : 0, n = len - start;
+    for (int t = 0; t < e->seq; t++)
+      e->tokens[t] = t < n ? seqbuf[start + t] : ' ';
+    s = eval_forward(e);
+    if (s == REMAT_OK)
+      seqbuf[len] = argmax(logits_at(e, 0, n - 1), e->vocab);
+  }
+  char buf[8];
+  fprintf(out, "sample (prompt, then greedy completion):\n  ");
+  for (int t = 0; t < len; t++) {
+    if (t == prompt)
+      fputs(" >>> ", out);
+    fputs(dataset_token_text(d, seqbuf[t], buf), out);
+  }
+  fputc('\n', out);
+  free(seqbuf);
+  return s;
+}
+
+remat_status evaluate(remat_runtime *rt, remat_graph *train,
+                      const train_options *o, dataset *d, FILE *out,
+                      eval_result *r) {
+  eval_model e;
+  memset(r, 0, sizeof *r);
+  r->accuracy = -1.0;
+  remat_status s = eval_open(&e, rt, train, o, d->addition ? 64 : 8);
+  if (s == REMAT_OK && d->addition)
+    s = eval_addition(&e, d, out, r);
+  else if (s == REMAT_OK) {
+    s = text_loss(&e, d, &r->heldout_loss);
+    if (s == REMAT_OK && out != NULL)
+      s = text_sample(&e, d, out);
+  }
+  eval_close(&e);
+  return s;
+}
