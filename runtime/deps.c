@@ -9,8 +9,6 @@
 #include "runtime/alloc.h"
 #include "runtime/plan.h"
 
-#define DIN_SLOTS (OP_SLOT_DIN(0) | OP_SLOT_DIN(1) | OP_SLOT_DIN(2))
-
 /* Slots a node writes: from its kernel, or fixed for seed and update. */
 static uint32_t node_writes(const plan_knode *kn) {
   switch (kn->kind) {
@@ -87,7 +85,7 @@ static remat_status assign_init(remat_step_plan *p) {
   for (int32_t i = 0; i < p->nknodes; i++) {
     plan_knode *kn = &p->knodes[i];
     for (int k = 0; k < OP_MAX_IN; k++) {
-      int32_t b = kn->slot_buf[6 + k];
+      int32_t b = kn->slot_buf[plan_slot(OP_SLOT_DIN(k))];
       kn->bufs.din_accumulate[k] = b >= 0 && p->bufs[b].zero_fill;
     }
   }

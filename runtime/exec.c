@@ -16,7 +16,9 @@ static double now_seconds(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static float *buffer_data(remat_step_plan *p, int32_t b) {
+static float *buffer_data(remat_step_plan *p, const plan_knode *kn,
+                          uint32_t slot) {
+  int32_t b = kn->slot_buf[plan_slot(slot)];
   return b < 0 ? NULL : p->bufs[b].data;
 }
 
@@ -24,15 +26,15 @@ static float *buffer_data(remat_step_plan *p, int32_t b) {
 static void bind_buffers(remat_step_plan *p, plan_knode *kn) {
   op_bufs *o = &kn->bufs;
   for (int i = 0; i < OP_MAX_IN; i++) {
-    o->in[i] = buffer_data(p, kn->slot_buf[i]);
-    o->din[i] = buffer_data(p, kn->slot_buf[6 + i]);
+    o->in[i] = buffer_data(p, kn, OP_SLOT_IN(i));
+    o->din[i] = buffer_data(p, kn, OP_SLOT_DIN(i));
   }
-  o->out = buffer_data(p, kn->slot_buf[3]);
-  o->aux[0] = buffer_data(p, kn->slot_buf[4]);
-  o->aux[1] = buffer_data(p, kn->slot_buf[5]);
-  o->dout = buffer_data(p, kn->slot_buf[9]);
-  o->ws[0] = buffer_data(p, kn->slot_buf[10]);
-  o->ws[1] = buffer_data(p, kn->slot_buf[11]);
+  o->out = buffer_data(p, kn, OP_SLOT_OUT);
+  for (int k = 0; k < OP_MAX_AUX; k++)
+    o->aux[k] = buffer_data(p, kn, OP_SLOT_AUX(k));
+  o->dout = buffer_data(p, kn, OP_SLOT_DOUT);
+  for (int k = 0; k < OP_MAX_WS; k++)
+    o->ws[k] = buffer_data(p, kn, OP_SLOT_WS(k));
 }
 
 int plan_start_task(void *arg, int worker) {

@@ -11,9 +11,6 @@
 #include "runtime/alloc.h"
 #include "runtime/plan.h"
 
-#define DIN_SLOTS (OP_SLOT_DIN(0) | OP_SLOT_DIN(1) | OP_SLOT_DIN(2))
-#define WS_SLOTS (OP_SLOT_WS(0) | OP_SLOT_WS(1))
-
 static int32_t add_buffer(remat_step_plan *p, int64_t bytes,
                           remat_mem_category cat, bool persistent,
                           int32_t tensor) {
@@ -62,8 +59,6 @@ static plan_knode *add_knode(remat_step_plan *p, knode_kind kind, int32_t op,
   }
   return kn;
 }
-
-static int slot_index(uint32_t bit) { return __builtin_ctz(bit); }
 
 /* ---- autodiff: which tensors carry a gradient ---- */
 
@@ -164,13 +159,13 @@ static remat_status emit_forward_kernels(remat_step_plan *p, op_buffers *ob,
     for (int i = 0; i < op->desc.nin; i++) {
       int32_t t = op->in[i];
       bool use_recomputed = recompute && !p->saved[t];
-      kn->slot_buf[slot_index(OP_SLOT_IN(i))] =
+      kn->slot_buf[plan_slot(OP_SLOT_IN(i))] =
           use_recomputed ? p->recomp_buf[t] : p->value_buf[t];
     }
-    kn->slot_buf[slot_index(OP_SLOT_OUT)] =
+    kn->slot_buf[plan_slot(OP_SLOT_OUT)] =
         recompute ? p->recomp_buf[op->out] : p->value_buf[op->out];
     for (int a = 0; a < op->inst.naux; a++)
-      kn->slot_buf[slot_index(OP_SLOT_AUX(a))] =
+      kn->slot_buf[plan_slot(OP_SLOT_AUX(a))] =
           recompute ? ob[o].raux[a] : ob[o].aux[a];
   }
   return REMAT_OK;
@@ -238,7 +233,7 @@ static remat_status emit_region_recompute(remat_step_plan *p, op_buffers *ob,
 
 /* Skip a kernel whose only results are gradients nobody needs. */
 static bool kernel_needed(const op_kernel *k, const int32_t *din_buf) {
-  if ((k->writes & DIN_SLOTS) == 0 || (k->writes & ~DIN_SLOTS) != 0)
+  if ((k->writes & PLAN_DIN_SLOTS) == 0 || (k->writes & ~PLAN_DIN_SLOTS) != 0)
     return true;
   for (int i = 0; i < OP_MAX_IN; i++)
     if ((k->writes & OP_SLOT_DIN(i)) && din_buf[i] >= 0)
@@ -276,23 +271,23 @@ static remat_status emit_backward_op(remat_step_plan *p, op_buffers *ob,
     for (int i = 0; i < op->desc.nin; i++) {
       int32_t t = op->in[i];
       if (kern->reads & OP_SLOT_IN(i))
-        kn->slot_buf[slot_index(OP_SLOT_IN(i))] =
+        kn->slot_buf[plan_slot(OP_SLOT_IN(i))] =
             is_recomputed(p, t) ? p->recomp_buf[t] : p->value_buf[t];
       if (kern->writes & OP_SLOT_DIN(i))
-        kn->slot_buf[slot_index(OP_SLOT_DIN(i))] = din_buf[i];
+        kn->slot_buf[plan_slot(OP_SLOT_DIN(i))] = din_buf[i];
     }
     if (kern->reads & OP_SLOT_OUT)
-      kn->slot_buf[slot_index(OP_SLOT_OUT)] =
+      kn->slot_buf[plan_slot(OP_SLOT_OUT)] =
           out_recomputed ? p->recomp_buf[op->out] : p->value_buf[op->out];
     for (int a = 0; a < op->inst.naux; a++)
       if (kern->reads & OP_SLOT_AUX(a))
-        kn->slot_buf[slot_index(OP_SLOT_AUX(a))] =
+        kn->slot_buf[plan_slot(OP_SLOT_AUX(a))] =
             out_recomputed ? ob[o].raux[a] : ob[o].aux[a];
     if (kern->reads & OP_SLOT_DOUT)
-      kn->slot_buf[slot_index(OP_SLOT_DOUT)] = p->grad_buf[op->out];
+      kn->slot_buf[plan_slot(OP_SLOT_DOUT)] = p->grad_buf[op->out];
     for (int w = 0; w < op->inst.nws; w++)
       if ((kern->reads | kern->writes) & OP_SLOT_WS(w))
-        kn->slot_buf[slot_index(OP_SLOT_WS(w))] = ws[w];
+        kn->slot_buf[plan_slot(OP_SLOT_WS(w))] = ws[w];
   }
   return REMAT_OK;
 }
@@ -305,8 +300,8 @@ static remat_status emit_backward(remat_step_plan *p, op_buffers *ob,
   plan_knode *seed = add_knode(p, KNODE_SEED, -1, NULL);
   if (seed == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
-  seed->slot_buf[slot_index(OP_SLOT_OUT)] = p->grad_buf[p->loss];
-  seed->slot_buf[slot_index(OP_SLOT_IN(0))] = p->value_buf[p->loss];
+  seed->slot_buf[plan_slot(OP_SLOT_OUT)] = p->grad_buf[p->loss];
+  seed->slot_buf[plan_slot(OP_SLOT_IN(0))] = p->value_buf[p->loss];
   int32_t current_top = -2;
   for (int32_t o = g->nops - 1; o >= 0; o--) {
     graph_op *op = &g->ops[o];
@@ -346,15 +341,15 @@ static remat_status emit_updates(remat_step_plan *p) {
         return REMAT_ERR_OUT_OF_MEMORY;
       kn->param = t;
       kn->tiles = optim_tiles(op_numel(&x->shape));
-      kn->slot_buf[slot_index(OP_SLOT_DOUT)] = p->grad_buf[t];
+      kn->slot_buf[plan_slot(OP_SLOT_DOUT)] = p->grad_buf[t];
       if (kind == KNODE_CHECK)
         continue;
-      kn->slot_buf[slot_index(OP_SLOT_IN(0))] = p->value_buf[t];
+      kn->slot_buf[plan_slot(OP_SLOT_IN(0))] = p->value_buf[t];
       for (int k = 0; k < 2 && p->opt.kind == REMAT_OPT_ADAMW; k++) {
         int32_t b = add_buffer(p, tensor_bytes(x), REMAT_MEM_OPTIMIZER, true, -1);
         if (b < 0)
           return REMAT_ERR_OUT_OF_MEMORY;
-        kn->slot_buf[slot_index(OP_SLOT_AUX(k))] = b;
+        kn->slot_buf[plan_slot(OP_SLOT_AUX(k))] = b;
       }
     }
   }

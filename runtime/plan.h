@@ -31,6 +31,10 @@ typedef enum knode_kind {
 } knode_kind;
 
 #define PLAN_SLOTS 12 /* bits of OP_SLOT_* */
+#define PLAN_DIN_SLOTS (OP_SLOT_DIN(0) | OP_SLOT_DIN(1) | OP_SLOT_DIN(2))
+
+/* Index in plan_knode.slot_buf of an OP_SLOT_* bit. */
+static inline int plan_slot(uint32_t bit) { return __builtin_ctz(bit); }
 
 /* One kernel of one op (or an update), lowered to a start task, one task per
  * tile and a done task. */

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime/alloc.h"
 #include "runtime/internal.h"
 
 #define HEADER_MAX ((uint64_t)100 << 20) /* the safetensors package's limit */
@@ -107,7 +108,7 @@ static remat_status write_body(remat_graph *g, int fd, const char *json,
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; i++)
     len_bytes[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-  char *header = malloc(padded);
+  char *header = remat__malloc(padded);
   if (header == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
   memset(header, ' ', padded);
@@ -117,7 +118,7 @@ static remat_status write_body(remat_graph *g, int fd, const char *json,
   for (int i = 0; !bad && i < remat_num_params(g); i++) {
     remat_tensor *p = remat_param_at(g, i);
     size_t bytes = (size_t)remat_tensor_numel(p) * sizeof(float);
-    float *buf = malloc(bytes);
+    float *buf = remat__malloc(bytes);
     if (buf == NULL)
       return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
     remat_status s = read(g, p, buf, bytes);
@@ -145,7 +146,7 @@ static remat_status save(remat_graph *g, const char *path, read_fn read,
   if (json == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
   size_t tmp_len = strlen(path) + 5;
-  char *tmp = malloc(tmp_len);
+  char *tmp = remat__malloc(tmp_len);
   if (tmp == NULL) {
     cJSON_free(json);
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
@@ -198,7 +199,7 @@ static remat_status read_file(const char *path, file_bytes *out) {
                        path);
   }
   out->size = (uint64_t)st.st_size;
-  out->data = malloc(out->size ? out->size : 1);
+  out->data = remat__malloc(out->size ? out->size : 1);
   if (out->data == NULL) {
     fclose(f);
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
@@ -327,7 +328,7 @@ static remat_status check_cover(remat_graph *g, const char *path,
       return LOAD_FAIL(REMAT_ERR_SHAPE, "the model's tensor '%s' is missing "
                        "from the file", path,
                        remat_tensor_name(remat_param_at(g, i)));
-  entry *sorted = malloc((size_t)(n ? n : 1) * sizeof *sorted);
+  entry *sorted = remat__malloc((size_t)(n ? n : 1) * sizeof *sorted);
   if (sorted == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "remat_load_safetensors: out of memory");
@@ -389,8 +390,8 @@ remat_status remat_load_safetensors(remat_graph *g, const char *path) {
   if (s != REMAT_OK)
     return s;
   int n = remat_num_params(g);
-  entry *entries = calloc((size_t)(n ? n : 1), sizeof *entries);
-  int *seen = calloc((size_t)(n ? n : 1), sizeof *seen);
+  entry *entries = remat__calloc((size_t)(n ? n : 1), sizeof *entries);
+  int *seen = remat__calloc((size_t)(n ? n : 1), sizeof *seen);
   uint64_t data_start = 0;
   if (entries == NULL || seen == NULL)
     s = remat__fail(REMAT_ERR_OUT_OF_MEMORY,
@@ -403,7 +404,7 @@ remat_status remat_load_safetensors(remat_graph *g, const char *path) {
   for (int i = 0; i < n && s == REMAT_OK; i++)
     if (entries[i].end - entries[i].begin > max_bytes)
       max_bytes = (size_t)(entries[i].end - entries[i].begin);
-  float *buf = s == REMAT_OK ? malloc(max_bytes) : NULL;
+  float *buf = s == REMAT_OK ? remat__malloc(max_bytes) : NULL;
   if (s == REMAT_OK && buf == NULL)
     s = remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                     "remat_load_safetensors: out of memory");
