@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -117,6 +118,26 @@ static void test_activation_memory(void **state) {
   int64_t block_input = (int64_t)c.batch * c.seq * c.d_model * 4;
   int64_t added = deeper.stats.activation_peak_bytes - none.stats.activation_peak_bytes;
   assert_int_equal(added, 8 * block_input);
+}
+
+/* REMAT_LOOKAHEAD bounds how many regions' recomputed tensors are alive:
+ * at two threads a lookahead of 1 never holds more than a lookahead of 3
+ * (less whenever the second worker gets to recompute early), and the
+ * results are the same. */
+static void test_lookahead(void **state) {
+  (void)state;
+  remat_gpt_config c = {.layers = 6, .d_model = 64, .heads = 4, .seq = 32,
+                        .batch = 4, .vocab = 16};
+  setenv("REMAT_LOOKAHEAD", "3", 1);
+  result wide = run(&c, 2, "nothing_saveable", 0);
+  setenv("REMAT_LOOKAHEAD", "1", 1);
+  result narrow = run(&c, 2, "nothing_saveable", 0);
+  unsetenv("REMAT_LOOKAHEAD");
+  assert_true(narrow.grad_hash == wide.grad_hash);
+  if (narrow.stats.activation_peak_bytes > wide.stats.activation_peak_bytes)
+    fail_msg("lookahead 1: %lld bytes, lookahead 3: %lld bytes",
+             (long long)narrow.stats.activation_peak_bytes,
+             (long long)wide.stats.activation_peak_bytes);
 }
 
 static void test_budget(void **state) {
@@ -268,6 +289,7 @@ int main(void) {
       cmocka_unit_test(test_peak_predicted),
       cmocka_unit_test(test_recompute_flops_executed),
       cmocka_unit_test(test_activation_memory),
+      cmocka_unit_test(test_lookahead),
       cmocka_unit_test(test_budget),
       cmocka_unit_test(test_chain_plan_brute_force),
       cmocka_unit_test(test_bad_regions_and_names),
