@@ -223,7 +223,9 @@ static bool memory_order_edges(remat_step_plan *p, edge_list *e) {
   return ok;
 }
 
-/* Every check before the gate, the gate before every update. */
+/* Every other node before the gate (so every allocation of the step has
+ * succeeded and every gradient is checked), the gate before every update:
+ * a step that fails or finds a NaN changes no parameter. */
 static bool gate_edges(remat_step_plan *p, edge_list *e) {
   int32_t gate = -1;
   for (int32_t i = 0; i < p->nknodes && gate < 0; i++)
@@ -231,10 +233,10 @@ static bool gate_edges(remat_step_plan *p, edge_list *e) {
       gate = i;
   bool ok = true;
   for (int32_t i = 0; gate >= 0 && ok && i < p->nknodes; i++) {
-    if (p->knodes[i].kind == KNODE_CHECK)
-      ok = push_edge(e, i, gate);
-    else if (p->knodes[i].kind == KNODE_UPDATE)
+    if (p->knodes[i].kind == KNODE_UPDATE)
       ok = push_edge(e, gate, i);
+    else if (i != gate)
+      ok = push_edge(e, i, gate);
   }
   return ok;
 }
