@@ -328,12 +328,13 @@ static remat_status check_cover(remat_graph *g, const char *path,
       return LOAD_FAIL(REMAT_ERR_SHAPE, "the model's tensor '%s' is missing "
                        "from the file", path,
                        remat_tensor_name(remat_param_at(g, i)));
-  entry *sorted = remat__malloc((size_t)(n ? n : 1) * sizeof *sorted);
+  size_t count = n > 0 ? (size_t)n : 0;
+  entry *sorted = remat__malloc((count ? count : 1) * sizeof *sorted);
   if (sorted == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "remat_load_safetensors: out of memory");
-  memcpy(sorted, entries, (size_t)n * sizeof *sorted);
-  qsort(sorted, (size_t)n, sizeof *sorted, cmp_begin);
+  memcpy(sorted, entries, count * sizeof *sorted);
+  qsort(sorted, count, sizeof *sorted, cmp_begin);
   remat_status s = REMAT_OK;
   for (int i = 1; i < n && s == REMAT_OK; i++)
     if (sorted[i].begin < sorted[i - 1].end)
