@@ -76,6 +76,27 @@ static inline void fixture_close(fixture *f) {
   memset(f, 0, sizeof *f);
 }
 
+/* A copy of every parameter, in parameter order (NULL if a read fails);
+ * *count gets the number of floats. */
+static inline float *fixture_snapshot(remat_graph *g, size_t *count) {
+  size_t total = 0;
+  *count = 0;
+  for (int i = 0; i < remat_num_params(g); i++)
+    total += (size_t)remat_tensor_numel(remat_param_at(g, i));
+  float *all = malloc((total ? total : 1) * sizeof *all), *at = all;
+  for (int i = 0; all != NULL && i < remat_num_params(g); i++) {
+    remat_tensor *p = remat_param_at(g, i);
+    size_t n = (size_t)remat_tensor_numel(p);
+    if (remat_read(g, p, at, n * sizeof *at) != REMAT_OK) {
+      free(all);
+      return NULL;
+    }
+    at += n;
+  }
+  *count = total;
+  return all;
+}
+
 /* FNV-1a over every parameter gradient's bytes, in parameter order. */
 static inline uint64_t fixture_grad_hash(fixture *f) {
   uint64_t h = 1469598103934665603ull;

@@ -104,21 +104,6 @@ static void test_compile(void **state) {
   remat_runtime_destroy(rt);
 }
 
-/* Copies every parameter (and so detects any change by an update). */
-static float *snapshot(remat_graph *g, size_t *total) {
-  size_t n = 0;
-  for (int i = 0; i < remat_num_params(g); i++)
-    n += (size_t)remat_tensor_numel(remat_param_at(g, i));
-  float *all = malloc(n * sizeof *all), *at = all;
-  for (int i = 0; i < remat_num_params(g); i++) {
-    remat_tensor *p = remat_param_at(g, i);
-    size_t k = (size_t)remat_tensor_numel(p);
-    assert_int_equal(remat_read(g, p, at, k * sizeof *at), REMAT_OK);
-    at += k;
-  }
-  *total = n;
-  return all;
-}
 
 /* One thread: the run follows the plan's order, so every block it needs is
  * reserved before any task runs; a cold step and a warm one. */
@@ -134,18 +119,18 @@ static void test_step(void **state) {
       for (int i = 0; i < warm; i++)
         assert_int_equal(remat_step(f.g, &st), REMAT_OK);
       size_t count;
-      float *before = snapshot(f.g, &count);
+      float *before = fixture_snapshot(f.g, &count);
       remat__alloc_fail_after(n);
       remat_status s = remat_step(f.g, &st);
       bool done = finished(n, s);
       if (!done) {
         size_t again;
-        float *after = snapshot(f.g, &again);
+        float *after = fixture_snapshot(f.g, &again);
         assert_memory_equal(before, after, count * sizeof *before);
         free(after);
         /* The next step succeeds and does update. */
         assert_int_equal(remat_step(f.g, &st), REMAT_OK);
-        float *updated = snapshot(f.g, &again);
+        float *updated = fixture_snapshot(f.g, &again);
         assert_true(memcmp(before, updated, count * sizeof *before) != 0);
         free(updated);
       }
@@ -167,12 +152,12 @@ static void test_step_two_threads(void **state) {
                      REMAT_OK);
     remat_step_stats st;
     size_t count, again;
-    float *before = snapshot(f.g, &count);
+    float *before = fixture_snapshot(f.g, &count);
     remat__alloc_fail_after(n);
     remat_status s = remat_step(f.g, &st);
     bool done = finished(n, s);
     if (!done) {
-      float *after = snapshot(f.g, &again);
+      float *after = fixture_snapshot(f.g, &again);
       assert_memory_equal(before, after, count * sizeof *before);
       free(after);
       assert_int_equal(remat_step(f.g, &st), REMAT_OK);

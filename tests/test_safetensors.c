@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "gpt_fixture.h"
 #include "remat.h"
 
 /* 1 layer, D 8, 2 heads, T 4, V 7: 1032 floats, lm_head last at bytes
@@ -41,22 +42,6 @@ static void close_model(model *md) {
   remat_runtime_destroy(md->rt);
 }
 
-/* All parameters back to back. */
-static float *snapshot(remat_graph *g, size_t *count) {
-  size_t total = 0;
-  for (int i = 0; i < remat_num_params(g); i++)
-    total += (size_t)remat_tensor_numel(remat_param_at(g, i));
-  float *all = malloc(total * sizeof *all), *p = all;
-  assert_non_null(all);
-  for (int i = 0; i < remat_num_params(g); i++) {
-    remat_tensor *t = remat_param_at(g, i);
-    size_t n = (size_t)remat_tensor_numel(t);
-    assert_int_equal(remat_read(g, t, p, n * sizeof *p), REMAT_OK);
-    p += n;
-  }
-  *count = total;
-  return all;
-}
 
 static char *path_in_dir(const char *name) {
   static char buf[4][128];
@@ -94,7 +79,7 @@ static void test_round_trip(void **state) {
   open_model(&a, 11);
   open_model(&b, 22);
   size_t na, nb;
-  float *wa = snapshot(a.g, &na), *wb = snapshot(b.g, &nb);
+  float *wa = fixture_snapshot(a.g, &na), *wb = fixture_snapshot(b.g, &nb);
   assert_int_equal(na, 1032);
   assert_true(memcmp(wa, wb, na * sizeof *wa) != 0);
   const char *path = path_in_dir("model.safetensors");
@@ -102,7 +87,7 @@ static void test_round_trip(void **state) {
   assert_int_equal(access(path_in_dir("model.safetensors.tmp"), F_OK), -1);
   assert_int_equal(remat_load_safetensors(b.g, path), REMAT_OK);
   free(wb);
-  wb = snapshot(b.g, &nb);
+  wb = fixture_snapshot(b.g, &nb);
   assert_memory_equal(wa, wb, na * sizeof *wa);
   /* Layout: header length, JSON padded to 8 bytes, then the data. */
   size_t len;
@@ -202,7 +187,7 @@ static void expect_load_error(model *md, const float *before, size_t n,
            c->message);
   assert_string_equal(remat_last_error(), want);
   size_t m;
-  float *after = snapshot(md->g, &m);
+  float *after = fixture_snapshot(md->g, &m);
   assert_int_equal(m, n);
   assert_memory_equal(after, before, n * sizeof *after);
   free(after);
@@ -227,7 +212,7 @@ static void test_corrupt_files(void **state) {
   corrupt(good, path_in_dir("size"), wrong_size, 0);
   corrupt(good, path_in_dir("extra"), extra_tensor, 0);
   size_t n;
-  float *before = snapshot(md.g, &n);
+  float *before = fixture_snapshot(md.g, &n);
   static const bad_case cases[] = {
       {"short", REMAT_ERR_IO,
        "truncated: 5 bytes, shorter than the 8-byte header length"},
