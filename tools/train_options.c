@@ -27,7 +27,7 @@ static void usage(FILE *f) {
 "                   (default 0.003)\n"
 "  --policy P       remat policy of every block, e.g. nothing_saveable,\n"
 "                   dots_saveable, everything_saveable, auto\n"
-"  --budget BYTES   activation memory budget, e.g. 64MiB\n"
+"  --budget BYTES   budget for the step's peak memory, e.g. 64MiB\n"
 "  --threads N      worker threads (default: REMAT_NUM_THREADS or cores)\n"
 "  --seed N         seed of the weights and of the data (default 1)\n"
 "  --save FILE      write the trained weights (safetensors)\n"
