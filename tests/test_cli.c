@@ -15,9 +15,9 @@
 
 #include <cmocka.h>
 
-extern char **environ;
+#include "tmpdir.h"
 
-static char dir[64];
+extern char **environ;
 
 typedef struct result {
   int code;
@@ -207,19 +207,6 @@ static void test_save_load(void **state) {
            "exceeds the 14 bytes after it (truncated or not a safetensors "
            "file)", junk);
   expect(&r, 1, want);
-}
-
-static int make_dir(void **state) {
-  (void)state;
-  snprintf(dir, sizeof dir, "/tmp/remat-cli-XXXXXX");
-  return mkdtemp(dir) == NULL;
-}
-
-static int remove_dir(void **state) {
-  (void)state;
-  char cmd[96];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  return system(cmd) != 0;
 }
 
 int main(void) {

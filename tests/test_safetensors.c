@@ -14,6 +14,7 @@
 
 #include "gpt_fixture.h"
 #include "remat.h"
+#include "tmpdir.h"
 
 /* 1 layer, D 8, 2 heads, T 4, V 7: 1032 floats, lm_head last at bytes
  * [3904, 4128) of the data. */
@@ -26,7 +27,6 @@ typedef struct model {
   remat_gpt m;
 } model;
 
-static char dir[64];
 
 static void open_model(model *md, uint64_t seed) {
   remat_config rc = {.set = REMAT_SET_NUM_THREADS, .num_threads = 1};
@@ -263,19 +263,6 @@ static void test_not_compiled(void **state) {
                       "call remat_compile first");
   remat_graph_destroy(g);
   remat_runtime_destroy(rt);
-}
-
-static int make_dir(void **state) {
-  (void)state;
-  snprintf(dir, sizeof dir, "/tmp/remat-st-XXXXXX");
-  return mkdtemp(dir) == NULL;
-}
-
-static int remove_dir(void **state) {
-  (void)state;
-  char cmd[96];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  return system(cmd) != 0;
 }
 
 int main(void) {
