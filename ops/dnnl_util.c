@@ -1,7 +1,7 @@
 /* Helpers shared by the ops: op state bookkeeping, oneDNN primitive creation
  * (user-mode scratchpad, size recorded), per-tile execution on a worker's
  * stream, and op_gemm, the strided block matmul behind every dot op. */
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "ops/dnnl_util.h"
 
 #include <oneapi/dnnl/dnnl_debug.h>

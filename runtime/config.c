@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "runtime/internal.h"
 
 #define MAX_LOOKAHEAD 64

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "runtime/plan.h"
 
 static double now_seconds(void) {

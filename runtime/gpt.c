@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "runtime/internal.h"
 
 static remat_tensor *param(remat_graph *g, const char *block, const char *name,

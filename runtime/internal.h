@@ -9,19 +9,13 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "base/error.h"
 #include "ops/op.h"
 #include "remat.h"
 #include "sched/sched.h"
 
-#define REMAT__ERRMSG_MAX 512
 #define REMAT__MAX_TENSORS (1 << 20)
 #define REMAT__NAME_MAX 64
-
-/* error.c */
-remat_status remat__fail(remat_status status, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-remat_status remat__fail_msg(remat_status status, const char *msg);
-void remat__clear_error(void);
 
 /* ---- config.c ---- */
 /* Reads the REMAT_* environment and overlays the set fields of `code`. The

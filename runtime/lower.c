@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "runtime/plan.h"
 
 static int32_t add_buffer(remat_step_plan *p, int64_t bytes,

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "runtime/internal.h"
 
 #define MEM_ALIGN 64

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "runtime/plan.h"
 
 static int64_t rounded(int64_t bytes) { return (bytes + 63) / 64 * 64; }

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "runtime/plan.h"
 #include "runtime/planner.h"
 #include "runtime/policy.h"

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "runtime/plan.h"
 #include "runtime/policy.h"
 

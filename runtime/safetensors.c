@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "runtime/internal.h"
 
 #define HEADER_MAX ((uint64_t)100 << 20) /* the safetensors package's limit */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "sched/sched_internal.h"
 
 /* A NUMA node that has cores, as placement sees it. */

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "sched/sched_internal.h"
 
 int64_t sched_now_ns(void) {

@@ -27,7 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 #include "sched/sched_internal.h"
 
 #define ROOT_BATCH_MAX 128

@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 
 static const remat_gpt_config tiny = {
     .layers = 2, .d_model = 16, .heads = 2, .seq = 8, .batch = 2, .vocab = 7};

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/alloc.h"
+#include "base/alloc.h"
 
 static _Atomic int64_t fail_at;   /* 0: never fail */
 static _Atomic int64_t allocations;

@@ -3,8 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "runtime/alloc.h"
-#include "runtime/internal.h"
+#include "base/error.h"
 
 static _Thread_local char last_error[REMAT__ERRMSG_MAX];
 

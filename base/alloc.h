@@ -1,8 +1,8 @@
 /* The allocation shim every folder of the library allocates through, so
  * that tests can make the N-th allocation fail (SQLite-style failure
  * injection). It depends on nothing; ops/ and sched/ may include it. */
-#ifndef REMAT_RUNTIME_ALLOC_H
-#define REMAT_RUNTIME_ALLOC_H
+#ifndef REMAT_BASE_ALLOC_H
+#define REMAT_BASE_ALLOC_H
 
 #include <stddef.h>
 #include <stdint.h>
