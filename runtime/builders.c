@@ -1,7 +1,7 @@
 /* The public op builders: each checks its arguments and adds one op node
  * (or a few, for composite ops) through graph_add_op. */
 #include "runtime/internal.h"
-#include "runtime/plan.h"
+#include "runtime/internal.h"
 
 remat_tensor *remat_linear(remat_graph *g, remat_tensor *x, remat_tensor *w,
                            remat_tensor *b) {

@@ -1,41 +1,15 @@
 /* Graph building: inputs, parameters and op nodes, with shape inference
  * through the op table and a sticky error (the first failure is kept, later
  * calls return NULL and do nothing). */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "runtime/internal.h"
-#include "runtime/plan.h"
+#include "runtime/policy.h"
+#include "runtime/step_plan.h"
 
-remat_status graph_fail(remat_graph *g, remat_status status, const char *fmt,
-                        ...) {
-  if (g->status == REMAT_OK) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g->error, sizeof g->error, fmt, ap);
-    va_end(ap);
-    g->status = status;
-  }
-  return remat__fail_msg(status, g->error);
-}
-
-bool graph_tensor_ok(remat_graph *g, const remat_tensor *t, const char *what) {
-  if (t == NULL) {
-    graph_fail(g, REMAT_ERR_INVALID_ARG, "%s: tensor argument is NULL", what);
-    return false;
-  }
-  if (t->graph != g) {
-    graph_fail(g, REMAT_ERR_INVALID_ARG,
-               "%s: tensor '%s' belongs to another graph", what, t->name);
-    return false;
-  }
-  return true;
-}
-
-int64_t tensor_bytes(const remat_tensor *t) { return op_numel(&t->shape) * 4; }
 
 remat_status remat_graph_create(remat_runtime *rt, remat_graph **out) {
   if (rt == NULL || out == NULL)
@@ -54,7 +28,7 @@ remat_status remat_graph_create(remat_runtime *rt, remat_graph **out) {
 void remat_graph_destroy(remat_graph *g) {
   if (g == NULL)
     return;
-  plan_destroy(g);
+  step_plan_destroy(g);
   for (int32_t i = 0; i < g->nops; i++)
     if (g->ops[i].planned)
       op_instance_release(&g->ops[i].inst);

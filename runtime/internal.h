@@ -103,7 +103,7 @@ typedef struct graph_op {
   bool planned;
 } graph_op;
 
-struct remat_step_plan; /* plan.h */
+struct remat_step_plan; /* step_plan.h */
 struct remat_policy;    /* policy.c */
 
 #define REMAT__MAX_REGION_DEPTH 32
@@ -137,6 +137,9 @@ remat_status graph_fail(remat_graph *g, remat_status status, const char *fmt,
                         ...) __attribute__((format(printf, 3, 4)));
 /* Checks a tensor handle passed to a graph call. */
 bool graph_tensor_ok(remat_graph *g, const remat_tensor *t, const char *what);
+/* Adds an op of `type` on `in` (builders.c's one entry point). */
+remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
+                           int nin, const op_attrs *attrs);
 int64_t tensor_bytes(const remat_tensor *t);
 
 #endif

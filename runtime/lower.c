@@ -1,59 +1,68 @@
-/* Compile, part one: plans every op, runs autodiff (which tensors get
- * gradients), applies the remat decision and lists the step's buffers and
+/* Stage "lower with autodiff" (lowering.h): decides which tensors carry a
+ * gradient, applies the remat decision and lists the step's buffers and
  * kernel nodes in program order: forward, seed, backward with just-in-time
- * recompute per region, then parameter updates. deps.c turns the list into
- * the task DAG. */
+ * recompute per region, finite checks, the gate, then parameter updates.
+ * It reads the graph and the decision and writes only its output. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
-#include "runtime/plan.h"
+#include "runtime/lowering.h"
+#include "runtime/optim.h"
 
-static int32_t add_buffer(remat_step_plan *p, int64_t bytes,
+/* The request being lowered and the lowering being built. */
+typedef struct lower_ctx {
+  const lower_request *req;
+  const remat_graph *g;
+  plan_lowering *l;
+} lower_ctx;
+
+static int32_t add_buffer(lower_ctx *p, int64_t bytes,
                           remat_mem_category cat, bool persistent,
                           int32_t tensor) {
-  if (p->nbufs == p->cap_bufs) {
-    int32_t cap = p->cap_bufs ? 2 * p->cap_bufs : 256;
-    plan_buffer *b = remat__realloc(p->bufs, (size_t)cap * sizeof *b);
+  if (p->l->nbufs == p->l->cap_bufs) {
+    int32_t cap = p->l->cap_bufs ? 2 * p->l->cap_bufs : 256;
+    plan_buffer *b = remat__realloc(p->l->bufs, (size_t)cap * sizeof *b);
     if (b == NULL)
       return -1;
-    p->bufs = b;
-    p->cap_bufs = cap;
+    p->l->bufs = b;
+    p->l->cap_bufs = cap;
   }
-  plan_buffer *b = &p->bufs[p->nbufs];
+  plan_buffer *b = &p->l->bufs[p->l->nbufs];
   memset(b, 0, sizeof *b);
   b->bytes = bytes;
   b->cat = cat;
   b->persistent = persistent;
   b->tensor = tensor;
-  return p->nbufs++;
+  return p->l->nbufs++;
 }
 
-static plan_knode *add_knode(remat_step_plan *p, knode_kind kind, int32_t op,
+static plan_knode *add_knode(lower_ctx *p, knode_kind kind, int32_t op,
                              const op_kernel *k) {
-  if (p->nknodes == p->cap_knodes) {
-    int32_t cap = p->cap_knodes ? 2 * p->cap_knodes : 256;
-    plan_knode *n = remat__realloc(p->knodes, (size_t)cap * sizeof *n);
+  if (p->l->nknodes == p->l->cap_knodes) {
+    int32_t cap = p->l->cap_knodes ? 2 * p->l->cap_knodes : 256;
+    plan_knode *n = remat__realloc(p->l->knodes, (size_t)cap * sizeof *n);
     if (n == NULL)
       return NULL;
-    p->knodes = n;
-    p->cap_knodes = cap;
+    p->l->knodes = n;
+    p->l->cap_knodes = cap;
   }
-  plan_knode *kn = &p->knodes[p->nknodes++];
+  plan_knode *kn = &p->l->knodes[p->l->nknodes++];
   memset(kn, 0, sizeof *kn);
   kn->kind = kind;
   kn->op = op;
-  kn->param = -1;
   kn->region = -1;
+  kn->seed = (knode_seed_bufs){-1, -1};
+  kn->optim = (knode_optim_bufs){-1, -1, -1, -1, -1};
   kn->kernel = k;
   kn->tiles = k != NULL ? k->tiles : 1;
   kn->flops = k != NULL ? k->flops : 0.0;
   for (int i = 0; i < PLAN_SLOTS; i++)
     kn->slot_buf[i] = -1;
   if (op >= 0) {
-    graph_op *gop = &p->g->ops[op];
+    const graph_op *gop = &p->g->ops[op];
     kn->inst = &gop->inst;
     kn->region = gop->region < 0 ? -1 : p->g->regions[gop->region].top;
   }
@@ -64,8 +73,8 @@ static plan_knode *add_knode(remat_step_plan *p, knode_kind kind, int32_t op,
 
 /* A tensor gets a gradient buffer when it depends on a parameter and the
  * loss depends on it. */
-static remat_status mark_gradients(remat_step_plan *p, bool *has_grad) {
-  remat_graph *g = p->g;
+static remat_status mark_gradients(lower_ctx *p, bool *has_grad) {
+  const remat_graph *g = p->g;
   bool *depends = remat__calloc((size_t)g->ntensors, sizeof *depends);
   if (depends == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
@@ -75,10 +84,10 @@ static remat_status mark_gradients(remat_step_plan *p, bool *has_grad) {
     for (int i = 0; i < g->ops[o].desc.nin; i++)
       depends[g->ops[o].out] |= depends[g->ops[o].in[i]];
   memset(has_grad, 0, (size_t)g->ntensors * sizeof *has_grad);
-  if (p->loss >= 0)
-    has_grad[p->loss] = depends[p->loss];
+  if (p->req->loss >= 0)
+    has_grad[p->req->loss] = depends[p->req->loss];
   for (int32_t o = g->nops - 1; o >= 0; o--) {
-    graph_op *op = &g->ops[o];
+    const graph_op *op = &g->ops[o];
     if (!has_grad[op->out])
       continue;
     for (int i = 0; i < op->desc.nin; i++)
@@ -99,24 +108,24 @@ static remat_mem_category value_category(const remat_tensor *t) {
   }
 }
 
-static remat_status make_tensor_buffers(remat_step_plan *p,
+static remat_status make_tensor_buffers(lower_ctx *p,
                                         const bool *has_grad) {
-  remat_graph *g = p->g;
+  const remat_graph *g = p->g;
   for (int32_t t = 0; t < g->ntensors; t++) {
-    remat_tensor *x = g->tensors[t];
-    bool persistent = x->kind != TENSOR_ACT || x->keep || t == p->loss;
-    p->value_buf[t] =
+    const remat_tensor *x = g->tensors[t];
+    bool persistent = x->kind != TENSOR_ACT || x->keep || t == p->req->loss;
+    p->l->value_buf[t] =
         add_buffer(p, tensor_bytes(x), value_category(x), persistent, t);
-    p->grad_buf[t] = -1;
-    p->recomp_buf[t] = -1;
-    if (p->value_buf[t] < 0)
+    p->l->grad_buf[t] = -1;
+    p->l->recomp_buf[t] = -1;
+    if (p->l->value_buf[t] < 0)
       return REMAT_ERR_OUT_OF_MEMORY;
-    if (!p->forward_only && has_grad[t]) {
+    if (!(p->req->loss < 0) && has_grad[t]) {
       bool param = x->kind == TENSOR_PARAM;
-      p->grad_buf[t] = add_buffer(
+      p->l->grad_buf[t] = add_buffer(
           p, tensor_bytes(x), param ? REMAT_MEM_GRADS : REMAT_MEM_ACT_GRADS,
           param, t);
-      if (p->grad_buf[t] < 0)
+      if (p->l->grad_buf[t] < 0)
         return REMAT_ERR_OUT_OF_MEMORY;
     }
   }
@@ -130,7 +139,7 @@ typedef struct op_buffers {
   int32_t raux[OP_MAX_AUX];
 } op_buffers;
 
-static remat_status make_aux(remat_step_plan *p, op_buffers *ob, int32_t o,
+static remat_status make_aux(lower_ctx *p, op_buffers *ob, int32_t o,
                              bool recompute) {
   const op_instance *inst = &p->g->ops[o].inst;
   int32_t *aux = recompute ? ob[o].raux : ob[o].aux;
@@ -146,10 +155,10 @@ static remat_status make_aux(remat_step_plan *p, op_buffers *ob, int32_t o,
 
 /* ---- forward ---- */
 
-static remat_status emit_forward_kernels(remat_step_plan *p, op_buffers *ob,
+static remat_status emit_forward_kernels(lower_ctx *p, op_buffers *ob,
                                          int32_t o, bool recompute) {
-  remat_graph *g = p->g;
-  graph_op *op = &g->ops[o];
+  const remat_graph *g = p->g;
+  const graph_op *op = &g->ops[o];
   for (int k = 0; k < op->inst.nfwd; k++) {
     const op_kernel *kern = &op->inst.fwd[k];
     plan_knode *kn = add_knode(p, recompute ? KNODE_RECOMPUTE : KNODE_FORWARD,
@@ -158,12 +167,12 @@ static remat_status emit_forward_kernels(remat_step_plan *p, op_buffers *ob,
       return REMAT_ERR_OUT_OF_MEMORY;
     for (int i = 0; i < op->desc.nin; i++) {
       int32_t t = op->in[i];
-      bool use_recomputed = recompute && !p->saved[t];
+      bool use_recomputed = recompute && !p->req->saved[t];
       kn->slot_buf[plan_slot(OP_SLOT_IN(i))] =
-          use_recomputed ? p->recomp_buf[t] : p->value_buf[t];
+          use_recomputed ? p->l->recomp_buf[t] : p->l->value_buf[t];
     }
     kn->slot_buf[plan_slot(OP_SLOT_OUT)] =
-        recompute ? p->recomp_buf[op->out] : p->value_buf[op->out];
+        recompute ? p->l->recomp_buf[op->out] : p->l->value_buf[op->out];
     for (int a = 0; a < op->inst.naux; a++)
       kn->slot_buf[plan_slot(OP_SLOT_AUX(a))] =
           recompute ? ob[o].raux[a] : ob[o].aux[a];
@@ -173,17 +182,17 @@ static remat_status emit_forward_kernels(remat_step_plan *p, op_buffers *ob,
 
 /* ---- recompute: which forward tensors backward needs again ---- */
 
-static bool is_recomputed(const remat_step_plan *p, int32_t t) {
-  return !p->saved[t];
+static bool is_recomputed(const lower_ctx *p, int32_t t) {
+  return !p->req->saved[t];
 }
 
 /* Marks op outputs that backward kernels read and that are not saved, then
  * closes over the forward inputs their recomputation reads. */
-static void mark_needed(remat_step_plan *p, const bool *has_grad,
+static void mark_needed(lower_ctx *p, const bool *has_grad,
                         bool *needed) {
-  remat_graph *g = p->g;
+  const remat_graph *g = p->g;
   for (int32_t o = g->nops - 1; o >= 0; o--) {
-    graph_op *op = &g->ops[o];
+    const graph_op *op = &g->ops[o];
     if (!has_grad[op->out])
       continue;
     for (int k = 0; k < op->inst.nbwd; k++) {
@@ -197,7 +206,7 @@ static void mark_needed(remat_step_plan *p, const bool *has_grad,
     }
   }
   for (int32_t o = g->nops - 1; o >= 0; o--) {
-    graph_op *op = &g->ops[o];
+    const graph_op *op = &g->ops[o];
     if (!needed[op->out])
       continue;
     for (int k = 0; k < op->inst.nfwd; k++)
@@ -208,17 +217,17 @@ static void mark_needed(remat_step_plan *p, const bool *has_grad,
   }
 }
 
-static remat_status emit_region_recompute(remat_step_plan *p, op_buffers *ob,
+static remat_status emit_region_recompute(lower_ctx *p, op_buffers *ob,
                                           const bool *needed, int32_t top) {
-  remat_graph *g = p->g;
+  const remat_graph *g = p->g;
   for (int32_t o = 0; o < g->nops; o++) {
-    graph_op *op = &g->ops[o];
+    const graph_op *op = &g->ops[o];
     if (op->region < 0 || g->regions[op->region].top != top ||
         !needed[op->out])
       continue;
-    p->recomp_buf[op->out] = add_buffer(p, tensor_bytes(g->tensors[op->out]),
+    p->l->recomp_buf[op->out] = add_buffer(p, tensor_bytes(g->tensors[op->out]),
                                         REMAT_MEM_RECOMPUTED, false, op->out);
-    if (p->recomp_buf[op->out] < 0)
+    if (p->l->recomp_buf[op->out] < 0)
       return REMAT_ERR_OUT_OF_MEMORY;
     remat_status s = make_aux(p, ob, o, true);
     if (s == REMAT_OK)
@@ -241,14 +250,14 @@ static bool kernel_needed(const op_kernel *k, const int32_t *din_buf) {
   return false;
 }
 
-static remat_status emit_backward_op(remat_step_plan *p, op_buffers *ob,
+static remat_status emit_backward_op(lower_ctx *p, op_buffers *ob,
                                      int32_t o) {
-  remat_graph *g = p->g;
-  graph_op *op = &g->ops[o];
+  const remat_graph *g = p->g;
+  const graph_op *op = &g->ops[o];
   int32_t din_buf[OP_MAX_IN] = {-1, -1, -1};
   bool any = false;
   for (int i = 0; i < op->desc.nin; i++) {
-    din_buf[i] = p->grad_buf[op->in[i]];
+    din_buf[i] = p->l->grad_buf[op->in[i]];
     any |= din_buf[i] >= 0;
   }
   if (!any)
@@ -272,19 +281,19 @@ static remat_status emit_backward_op(remat_step_plan *p, op_buffers *ob,
       int32_t t = op->in[i];
       if (kern->reads & OP_SLOT_IN(i))
         kn->slot_buf[plan_slot(OP_SLOT_IN(i))] =
-            is_recomputed(p, t) ? p->recomp_buf[t] : p->value_buf[t];
+            is_recomputed(p, t) ? p->l->recomp_buf[t] : p->l->value_buf[t];
       if (kern->writes & OP_SLOT_DIN(i))
         kn->slot_buf[plan_slot(OP_SLOT_DIN(i))] = din_buf[i];
     }
     if (kern->reads & OP_SLOT_OUT)
       kn->slot_buf[plan_slot(OP_SLOT_OUT)] =
-          out_recomputed ? p->recomp_buf[op->out] : p->value_buf[op->out];
+          out_recomputed ? p->l->recomp_buf[op->out] : p->l->value_buf[op->out];
     for (int a = 0; a < op->inst.naux; a++)
       if (kern->reads & OP_SLOT_AUX(a))
         kn->slot_buf[plan_slot(OP_SLOT_AUX(a))] =
             out_recomputed ? ob[o].raux[a] : ob[o].aux[a];
     if (kern->reads & OP_SLOT_DOUT)
-      kn->slot_buf[plan_slot(OP_SLOT_DOUT)] = p->grad_buf[op->out];
+      kn->slot_buf[plan_slot(OP_SLOT_DOUT)] = p->l->grad_buf[op->out];
     for (int w = 0; w < op->inst.nws; w++)
       if ((kern->reads | kern->writes) & OP_SLOT_WS(w))
         kn->slot_buf[plan_slot(OP_SLOT_WS(w))] = ws[w];
@@ -292,19 +301,19 @@ static remat_status emit_backward_op(remat_step_plan *p, op_buffers *ob,
   return REMAT_OK;
 }
 
-static remat_status emit_backward(remat_step_plan *p, op_buffers *ob,
+static remat_status emit_backward(lower_ctx *p, op_buffers *ob,
                                   const bool *has_grad, const bool *needed) {
-  remat_graph *g = p->g;
-  if (p->grad_buf[p->loss] < 0)
+  const remat_graph *g = p->g;
+  if (p->l->grad_buf[p->req->loss] < 0)
     return REMAT_OK; /* the loss depends on no parameter */
   plan_knode *seed = add_knode(p, KNODE_SEED, -1, NULL);
   if (seed == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
-  seed->slot_buf[plan_slot(OP_SLOT_OUT)] = p->grad_buf[p->loss];
-  seed->slot_buf[plan_slot(OP_SLOT_IN(0))] = p->value_buf[p->loss];
+  seed->seed.loss = p->l->value_buf[p->req->loss];
+  seed->seed.loss_grad = p->l->grad_buf[p->req->loss];
   int32_t current_top = -2;
   for (int32_t o = g->nops - 1; o >= 0; o--) {
-    graph_op *op = &g->ops[o];
+    const graph_op *op = &g->ops[o];
     if (!has_grad[op->out])
       continue;
     int32_t top = op->region < 0 ? -1 : g->regions[op->region].top;
@@ -324,8 +333,8 @@ static remat_status emit_backward(remat_step_plan *p, op_buffers *ob,
 /* Per parameter a finite check of its gradient (as soon as it is final),
  * one gate after all checks, then the updates: a NaN or Inf anywhere in the
  * gradients or the loss skips every update, so none is half-applied. */
-static remat_status emit_updates(remat_step_plan *p) {
-  remat_graph *g = p->g;
+static remat_status emit_updates(lower_ctx *p) {
+  const remat_graph *g = p->g;
   for (int kind = KNODE_CHECK; kind <= KNODE_UPDATE; kind++) {
     if (kind == KNODE_GATE) {
       if (add_knode(p, KNODE_GATE, -1, NULL) == NULL)
@@ -333,179 +342,128 @@ static remat_status emit_updates(remat_step_plan *p) {
       continue;
     }
     for (int32_t t = 0; t < g->ntensors; t++) {
-      remat_tensor *x = g->tensors[t];
-      if (x->kind != TENSOR_PARAM || p->grad_buf[t] < 0)
+      const remat_tensor *x = g->tensors[t];
+      if (x->kind != TENSOR_PARAM || p->l->grad_buf[t] < 0)
         continue;
       plan_knode *kn = add_knode(p, (knode_kind)kind, -1, NULL);
       if (kn == NULL)
         return REMAT_ERR_OUT_OF_MEMORY;
-      kn->param = t;
+      kn->optim.param_tensor = t;
       kn->tiles = optim_tiles(op_numel(&x->shape));
-      kn->slot_buf[plan_slot(OP_SLOT_DOUT)] = p->grad_buf[t];
+      kn->optim.grad = p->l->grad_buf[t];
       if (kind == KNODE_CHECK)
         continue;
-      kn->slot_buf[plan_slot(OP_SLOT_IN(0))] = p->value_buf[t];
-      for (int k = 0; k < 2 && p->opt.kind == REMAT_OPT_ADAMW; k++) {
-        int32_t b = add_buffer(p, tensor_bytes(x), REMAT_MEM_OPTIMIZER, true, -1);
-        if (b < 0)
-          return REMAT_ERR_OUT_OF_MEMORY;
-        kn->slot_buf[plan_slot(OP_SLOT_AUX(k))] = b;
-      }
+      kn->optim.param = p->l->value_buf[t];
+      if (p->req->opt_kind != REMAT_OPT_ADAMW)
+        continue;
+      kn->optim.adam_m =
+          add_buffer(p, tensor_bytes(x), REMAT_MEM_OPTIMIZER, true, -1);
+      kn->optim.adam_v =
+          add_buffer(p, tensor_bytes(x), REMAT_MEM_OPTIMIZER, true, -1);
+      if (kn->optim.adam_m < 0 || kn->optim.adam_v < 0)
+        return REMAT_ERR_OUT_OF_MEMORY;
     }
   }
   return REMAT_OK;
 }
 
-/* ---- the pipeline ---- */
 
-static remat_status plan_ops(remat_graph *g) {
-  char err[OP_ERRMSG_MAX];
-  for (int32_t o = 0; o < g->nops; o++) {
-    remat_status s = op_plan(&g->ops[o].desc, g->rt->engine, &g->ops[o].inst,
-                             err);
-    if (s != REMAT_OK)
-      return graph_fail(g, s, "%s", err);
-    g->ops[o].planned = true;
-  }
-  return REMAT_OK;
-}
+/* ---- the stage ---- */
 
-remat_status plan_lower(remat_step_plan *p) {
-  remat_graph *g = p->g;
-  size_t n = (size_t)g->ntensors;
-  bool *has_grad = remat__calloc(n, sizeof *has_grad);
-  bool *needed = remat__calloc(n, sizeof *needed);
-  op_buffers *ob = remat__calloc((size_t)g->nops + 1, sizeof *ob);
-  remat_status s = REMAT_ERR_OUT_OF_MEMORY;
-  if (has_grad == NULL || needed == NULL || ob == NULL)
-    goto out;
-  if ((s = mark_gradients(p, has_grad)) != REMAT_OK ||
-      (s = make_tensor_buffers(p, has_grad)) != REMAT_OK)
-    goto out;
-  for (int32_t o = 0; o < g->nops && s == REMAT_OK; o++)
-    s = make_aux(p, ob, o, false);
-  for (int32_t o = 0; o < g->nops && s == REMAT_OK; o++)
-    s = emit_forward_kernels(p, ob, o, false);
-  if (s != REMAT_OK || p->forward_only)
-    goto out;
-  mark_needed(p, has_grad, needed);
-  if ((s = emit_backward(p, ob, has_grad, needed)) == REMAT_OK && p->has_opt)
-    s = emit_updates(p);
-out:
-  free(has_grad);
-  free(needed);
-  free(ob);
-  return s == REMAT_OK ? plan_lifetimes(p) : s;
-}
-
-void plan_unlower(remat_step_plan *p) {
-  for (int32_t i = 0; i < p->nknodes; i++) {
-    free(p->knodes[i].touch);
-    free(p->knodes[i].init);
-  }
-  p->nknodes = 0;
-  p->nbufs = 0;
-  p->flops = 0.0;
-  p->recompute_flops = 0.0;
-}
-
-static remat_status check_compile_args(remat_graph *g, remat_tensor *loss,
-                                       const remat_optimizer *opt) {
-  if (g == NULL)
-    return remat__fail(REMAT_ERR_INVALID_ARG, "remat_compile: graph is NULL");
-  if (g->status != REMAT_OK)
-    return remat__fail_msg(g->status, g->error);
-  if (g->compiled)
-    return remat__fail(REMAT_ERR_STATE,
-                       "remat_compile: the graph is already compiled");
-  if (g->region_depth != 0)
-    return graph_fail(g, REMAT_ERR_STATE,
-                      "remat_compile: %d checkpoint region(s) still open: "
-                      "call remat_region_end for each remat_region_begin",
-                      g->region_depth);
-  if (loss != NULL) {
-    if (!graph_tensor_ok(g, loss, "remat_compile"))
-      return g->status;
-    if (loss->kind != TENSOR_ACT || op_numel(&loss->shape) != 1)
-      return graph_fail(g, REMAT_ERR_SHAPE,
-                        "remat_compile: the loss '%s' must be an op result "
-                        "with one element",
-                        loss->name);
-  }
-  if (opt != NULL) {
-    bool ok = (opt->kind == REMAT_OPT_SGD || opt->kind == REMAT_OPT_ADAMW) &&
-              isfinite(opt->lr) && opt->lr > 0.0f && opt->beta1 >= 0.0f &&
-              opt->beta1 < 1.0f && opt->beta2 >= 0.0f && opt->beta2 < 1.0f &&
-              opt->eps >= 0.0f && opt->weight_decay >= 0.0f &&
-              isfinite(opt->weight_decay);
-    if (!ok)
-      return graph_fail(g, REMAT_ERR_INVALID_ARG,
-                        "remat_compile: optimizer is not valid: expected kind "
-                        "REMAT_OPT_SGD or REMAT_OPT_ADAMW, lr > 0, betas in "
-                        "[0,1), eps >= 0, weight_decay >= 0");
-  }
-  return REMAT_OK;
-}
-
-static remat_status alloc_plan_arrays(remat_step_plan *p) {
-  size_t n = (size_t)p->g->ntensors;
-  p->value_buf = remat__malloc(n * sizeof *p->value_buf);
-  p->grad_buf = remat__malloc(n * sizeof *p->grad_buf);
-  p->recomp_buf = remat__malloc(n * sizeof *p->recomp_buf);
-  p->saved = remat__malloc(n * sizeof *p->saved);
-  if (!p->value_buf || !p->grad_buf || !p->recomp_buf || !p->saved)
+static remat_status alloc_tensor_maps(lower_ctx *p) {
+  size_t n = (size_t)p->g->ntensors + 1;
+  p->l->value_buf = remat__malloc(n * sizeof *p->l->value_buf);
+  p->l->grad_buf = remat__malloc(n * sizeof *p->l->grad_buf);
+  p->l->recomp_buf = remat__malloc(n * sizeof *p->l->recomp_buf);
+  if (!p->l->value_buf || !p->l->grad_buf || !p->l->recomp_buf)
     return REMAT_ERR_OUT_OF_MEMORY;
   return REMAT_OK;
 }
 
-remat_status plan_allocate_persistent(remat_step_plan *p); /* exec.c */
-
-remat_status remat_compile(remat_graph *g, remat_tensor *loss,
-                           const remat_optimizer *opt) {
-  remat_status s = check_compile_args(g, loss, opt);
-  if (s != REMAT_OK)
+static remat_status lower_into(lower_ctx *p, bool *has_grad, bool *needed,
+                               op_buffers *ob) {
+  const remat_graph *g = p->g;
+  remat_status s = alloc_tensor_maps(p);
+  if (s == REMAT_OK)
+    s = mark_gradients(p, has_grad);
+  if (s == REMAT_OK)
+    s = make_tensor_buffers(p, has_grad);
+  for (int32_t o = 0; o < g->nops && s == REMAT_OK; o++)
+    s = make_aux(p, ob, o, false);
+  for (int32_t o = 0; o < g->nops && s == REMAT_OK; o++)
+    s = emit_forward_kernels(p, ob, o, false);
+  if (s != REMAT_OK || p->req->loss < 0)
     return s;
-  remat_step_plan *p = remat__calloc(1, sizeof *p);
-  if (p == NULL)
-    return graph_fail(g, REMAT_ERR_OUT_OF_MEMORY, "remat_compile: out of memory");
-  g->plan = p;
-  p->g = g;
-  p->loss = loss != NULL ? loss->id : -1;
-  p->forward_only = loss == NULL;
-  p->has_opt = opt != NULL && loss != NULL;
-  if (p->has_opt) {
-    p->opt = *opt;
-    if (p->opt.beta1 == 0.0f && p->opt.beta2 == 0.0f) {
-      p->opt.beta1 = 0.9f;
-      p->opt.beta2 = 0.999f;
+  mark_needed(p, has_grad, needed);
+  s = emit_backward(p, ob, has_grad, needed);
+  if (s == REMAT_OK && p->req->has_opt)
+    s = emit_updates(p);
+  return s;
+}
+
+remat_status lower_graph(const lower_request *req, plan_lowering *out) {
+  memset(out, 0, sizeof *out);
+  lower_ctx ctx = {req, req->g, out};
+  size_t n = (size_t)req->g->ntensors + 1;
+  bool *has_grad = remat__calloc(n, sizeof *has_grad);
+  bool *needed = remat__calloc(n, sizeof *needed);
+  op_buffers *ob = remat__calloc((size_t)req->g->nops + 1, sizeof *ob);
+  remat_status s = REMAT_ERR_OUT_OF_MEMORY;
+  if (has_grad != NULL && needed != NULL && ob != NULL)
+    s = lower_into(&ctx, has_grad, needed, ob);
+  free(has_grad);
+  free(needed);
+  free(ob);
+  if (s != REMAT_OK)
+    lowering_free(out);
+  return s;
+}
+
+void lowering_free(plan_lowering *l) {
+  for (int32_t i = 0; i < l->nknodes; i++) {
+    free(l->knodes[i].touch);
+    free(l->knodes[i].init);
+  }
+  free(l->knodes);
+  free(l->bufs);
+  free(l->value_buf);
+  free(l->grad_buf);
+  free(l->recomp_buf);
+  memset(l, 0, sizeof *l);
+}
+
+/* ---- what a node reads and writes ---- */
+
+static int add_use(knode_use *out, int n, int32_t buf, bool writes) {
+  if (buf < 0)
+    return n;
+  for (int i = 0; i < n; i++)
+    if (out[i].buf == buf) {
+      out[i].writes |= writes;
+      return n;
     }
-    if (p->opt.eps == 0.0f)
-      p->opt.eps = 1e-8f;
+  out[n] = (knode_use){buf, writes};
+  return n + 1;
+}
+
+int knode_uses(const plan_knode *kn, knode_use *out) {
+  int n = 0;
+  switch (kn->kind) {
+  case KNODE_SEED:
+    n = add_use(out, n, kn->seed.loss, false);
+    return add_use(out, n, kn->seed.loss_grad, true);
+  case KNODE_CHECK:
+    return add_use(out, n, kn->optim.grad, false);
+  case KNODE_GATE:
+    return 0;
+  case KNODE_UPDATE:
+    n = add_use(out, n, kn->optim.param, true);
+    n = add_use(out, n, kn->optim.grad, false);
+    n = add_use(out, n, kn->optim.adam_m, true);
+    return add_use(out, n, kn->optim.adam_v, true);
+  default:
+    for (int s = 0; s < PLAN_SLOTS; s++)
+      n = add_use(out, n, kn->slot_buf[s], (kn->kernel->writes >> s) & 1u);
+    return n;
   }
-  const sched_placement *pl = sched_pool_placement(g->rt->pool);
-  s = mem_arena_init(&p->arena, g->rt->topo, pl->nnodes);
-  if (s == REMAT_OK)
-    s = plan_ops(g);
-  if (s == REMAT_OK)
-    s = alloc_plan_arrays(p);
-  if (s == REMAT_OK)
-    s = planner_run(p);
-  if (s == REMAT_OK)
-    s = plan_build_dag(p);
-  if (s == REMAT_OK)
-    s = plan_allocate_persistent(p);
-  if (s == REMAT_OK)
-    s = memplan_predict(p);
-  if (s == REMAT_OK)
-    s = plan_report(p);
-  if (s != REMAT_OK) {
-    if (g->status == REMAT_OK)
-      graph_fail(g, s, "remat_compile: %s",
-                 s == REMAT_ERR_OUT_OF_MEMORY ? "out of memory"
-                                              : remat_last_error());
-    plan_destroy(g);
-    return g->status;
-  }
-  g->compiled = true;
-  return REMAT_OK;
 }

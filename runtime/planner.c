@@ -1,18 +1,18 @@
-/* The remat planner: resolves each region's policy (its own, or the
- * runtime's default) and decides which activations are saved. With a memory
- * budget, the regions that name no policy (or name "auto") get, per
- * top-level region, the candidate policy that fits the budget with the
- * least recompute: each candidate is lowered once for every region to
- * measure its saved bytes, working bytes and recompute FLOPs, a dynamic
- * program over the chain of regions picks the assignment, and the
- * assignment's predicted peak is checked by simulating it (tightening the
- * model budget by any excess and planning again). */
+/* Stage "plan remat" (planner.h): resolves each region's policy (its own,
+ * or the runtime's default) and decides which activations are saved. With
+ * a memory budget, the regions that name no policy (or name "auto") get,
+ * per top-level region, the candidate policy that fits the budget with the
+ * least recompute: each candidate is measured once for every region (saved
+ * bytes, working bytes, recompute FLOPs), a dynamic program over the chain
+ * of regions picks the assignment, and the assignment's peak is measured
+ * (tightening the model budget by any excess and planning again). Every
+ * measurement goes through measure_decision, which leaves nothing behind. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
-#include "runtime/plan.h"
+#include "runtime/measure.h"
 #include "runtime/planner.h"
 #include "runtime/policy.h"
 
@@ -123,7 +123,9 @@ static const char *const candidate_names[PLANNER_MAX_CHOICES] = {
     "dots_with_no_batch_dims_saveable", "nothing_saveable"};
 
 typedef struct planner {
-  remat_step_plan *p;
+  const plan_target *t;
+  remat_graph *g;
+  remat_decision *out;                /* the candidate being looked at */
   remat_policy *fallback;
   remat_policy *candidates[PLANNER_MAX_CHOICES];
   const remat_policy **region_policy; /* [nregions] */
@@ -132,131 +134,119 @@ typedef struct planner {
   int ntops;
   chain_region *chain;                /* [ntops] */
   int64_t tail;
+  int64_t persistent;
 } planner;
 
 static bool is_auto(const remat_policy *pol) {
   return pol != NULL && pol->kind == POLICY_AUTO;
 }
 
-/* Gives every region under a free top-level region the candidate choice. */
-static void assign(planner *pl, const int *choice) {
-  remat_graph *g = pl->p->g;
+static bool planned_region(const planner *pl, int32_t r) {
+  const graph_region *reg = &pl->g->regions[r];
+  return pl->free_region[reg->top] &&
+         (reg->policy == NULL || is_auto(reg->policy));
+}
+
+/* Gives every region its policy, the candidate `choice` under a planned
+ * top-level region, and decides every tensor into pl->out. */
+static remat_status decide(planner *pl, const int *choice) {
+  remat_graph *g = pl->g;
   for (int32_t r = 0; r < g->nregions; r++) {
-    graph_region *reg = &g->regions[r];
-    const remat_policy *own = reg->policy ? reg->policy : pl->fallback;
-    pl->region_policy[r] = own;
+    const graph_region *reg = &g->regions[r];
+    pl->region_policy[r] = reg->policy ? reg->policy : pl->fallback;
+    pl->out->source[r] = reg->policy ? REGION_OWN : REGION_DEFAULT;
     for (int t = 0; t < pl->ntops; t++)
-      if (pl->tops[t] == reg->top && pl->free_region[reg->top] &&
-          (reg->policy == NULL || is_auto(reg->policy)))
+      if (pl->tops[t] == reg->top && planned_region(pl, r)) {
         pl->region_policy[r] = pl->candidates[choice[t]];
+        pl->out->source[r] = REGION_BUDGET;
+      }
   }
+  return policy_decide_with(g, pl->out->saved, pl->out->deciding_region,
+                            pl->region_policy);
 }
 
-static remat_status lower_with(planner *pl, const int *choice) {
-  assign(pl, choice);
-  remat_status s = policy_decide_with(pl->p->g, pl->p->saved, pl->region_policy);
-  return s == REMAT_OK ? plan_lower(pl->p) : s;
+static remat_status measure(planner *pl, const int *choice, plan_measures *m) {
+  remat_status s = decide(pl, choice);
+  if (s != REMAT_OK)
+    return s;
+  lower_request req = {pl->g, pl->out->saved, pl->t->loss, pl->t->has_opt,
+                       pl->t->opt_kind};
+  return measure_decision(&req, pl->t->nworkers, m);
 }
 
-/* Bytes of each top-level region's buffers alive when backward starts. */
-static remat_status saved_at_seed(const remat_step_plan *p, int32_t seed,
-                                  int64_t *saved_by_region) {
-  int32_t *last = remat__malloc(((size_t)p->nbufs + 1) * sizeof *last);
-  if (last == NULL)
+/* Measures every planned region on candidate c (the others on their own
+ * policy) and records its chain figures; see chain_region for the terms. */
+static remat_status measure_candidate(planner *pl, int c) {
+  int *choice = remat__malloc(((size_t)pl->ntops + 1) * sizeof *choice);
+  if (choice == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
-  for (int32_t b = 0; b < p->nbufs; b++)
-    last[b] = -1;
-  for (int32_t i = 0; i < p->nknodes; i++)
-    for (int k = 0; k < p->knodes[i].ntouch; k++)
-      last[p->knodes[i].touch[k]] = i;
-  for (int32_t b = 0; b < p->nbufs; b++) {
-    const plan_buffer *buf = &p->bufs[b];
-    if (buf->persistent || buf->first_writer < 0 || buf->first_writer >= seed ||
-        last[b] < seed)
-      continue;
-    int32_t r = p->knodes[buf->first_writer].region;
-    if (r >= 0)
-      saved_by_region[r] += (buf->bytes + 63) / 64 * 64;
+  for (int t = 0; t < pl->ntops; t++)
+    choice[t] = c;
+  plan_measures m;
+  remat_status s = measure(pl, choice, &m);
+  free(choice);
+  if (s != REMAT_OK)
+    return s;
+  int64_t before = 0, total = 0;
+  for (int t = 0; t < pl->ntops; t++)
+    total += m.region_saved[pl->tops[t]];
+  for (int t = 0; t < pl->ntops; t++) {
+    chain_region *cr = &pl->chain[t];
+    int32_t r = pl->tops[t];
+    int k = pl->free_region[r] ? c : 0;
+    cr->saved[k] = m.region_saved[r];
+    cr->working[k] = m.region_live_peak[r] - before;
+    cr->recompute[k] = m.region_recompute[r];
+    before += m.region_saved[r];
   }
-  free(last);
+  if (m.outside_live_peak - total > pl->tail)
+    pl->tail = m.outside_live_peak - total;
+  pl->persistent = m.persistent;
+  measures_free(&m);
   return REMAT_OK;
 }
 
-/* Lowers with every free region on candidate c and records its figures. */
-static remat_status measure_candidate(planner *pl, int c) {
-  remat_step_plan *p = pl->p;
-  int *choice = remat__malloc(((size_t)pl->ntops + 1) * sizeof *choice);
-  int64_t *live = NULL, *saved = remat__calloc((size_t)p->g->nregions + 1, sizeof *saved);
-  remat_status s = choice && saved ? REMAT_OK : REMAT_ERR_OUT_OF_MEMORY;
-  for (int t = 0; s == REMAT_OK && t < pl->ntops; t++)
-    choice[t] = c;
-  if (s == REMAT_OK)
-    s = lower_with(pl, choice);
-  if (s == REMAT_OK && (live = remat__malloc((size_t)p->nknodes * sizeof *live)) == NULL)
-    s = REMAT_ERR_OUT_OF_MEMORY;
-  int32_t seed = p->nknodes;
-  for (int32_t i = 0; s == REMAT_OK && i < p->nknodes && seed == p->nknodes; i++)
-    if (p->knodes[i].kind == KNODE_SEED || p->knodes[i].kind == KNODE_BACKWARD)
-      seed = i;
-  if (s == REMAT_OK && memplan_simulate(p, live) < 0)
-    s = REMAT_ERR_OUT_OF_MEMORY;
-  if (s == REMAT_OK)
-    s = saved_at_seed(p, seed, saved);
-  if (s == REMAT_OK) {
-    int64_t before = 0, total = 0;
-    for (int t = 0; t < pl->ntops; t++)
-      total += saved[pl->tops[t]];
-    for (int t = 0; t < pl->ntops; t++) {
-      chain_region *cr = &pl->chain[t];
-      int32_t r = pl->tops[t];
-      int k = pl->free_region[r] ? c : 0;
-      int64_t peak = 0;
-      double flops = 0.0;
-      for (int32_t i = 0; i < p->nknodes; i++) {
-        if (p->knodes[i].region != r)
-          continue;
-        if (live[i] > peak)
-          peak = live[i];
-        if (p->knodes[i].kind == KNODE_RECOMPUTE)
-          flops += p->knodes[i].flops;
-      }
-      cr->saved[k] = saved[r];
-      cr->working[k] = peak - before;
-      cr->recompute[k] = flops;
-      before += saved[r];
-    }
-    for (int32_t i = 0; i < p->nknodes; i++)
-      if (p->knodes[i].region < 0 && live[i] - total > pl->tail)
-        pl->tail = live[i] - total;
-  }
-  plan_unlower(p);
-  free(choice);
-  free(live);
-  free(saved);
-  return s;
+/* The measured peak of an assignment, or -1 on failure (status in *s). */
+static int64_t peak_of(planner *pl, const int *choice, remat_status *s) {
+  plan_measures m;
+  *s = measure(pl, choice, &m);
+  int64_t peak = *s == REMAT_OK ? m.peak : -1;
+  measures_free(&m);
+  return peak;
 }
 
-static remat_status infeasible(planner *pl, int64_t budget) {
-  remat_step_plan *p = pl->p;
-  int64_t smallest = INT64_MAX;
+/* Every planned region on one candidate, least recompute first: the first
+ * that fits is taken. *smallest gets the least peak among them, so every
+ * budget at or above the reported smallest feasible budget fits (the
+ * budget's feasibility is monotonic). Returns REMAT_ERR_BUDGET when none
+ * fits. */
+static remat_status uniform_fallback(planner *pl, int64_t budget,
+                                     int64_t *smallest) {
   int *choice = remat__calloc((size_t)pl->ntops + 1, sizeof *choice);
   if (choice == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
-  for (int c = 0; c < PLANNER_MAX_CHOICES; c++) {
+  remat_status s = REMAT_OK;
+  int fits = -1;
+  *smallest = INT64_MAX;
+  for (int c = 0; c < PLANNER_MAX_CHOICES && s == REMAT_OK; c++) {
     for (int t = 0; t < pl->ntops; t++)
       choice[t] = c;
-    remat_status s = lower_with(pl, choice);
-    int64_t peak = s == REMAT_OK ? memplan_simulate(p, NULL) : -1;
-    plan_unlower(p);
-    if (peak < 0) {
-      free(choice);
-      return REMAT_ERR_OUT_OF_MEMORY;
-    }
-    if (peak < smallest)
-      smallest = peak;
+    int64_t peak = peak_of(pl, choice, &s);
+    if (s == REMAT_OK && peak < *smallest)
+      *smallest = peak;
+    if (s == REMAT_OK && peak <= budget && fits < 0)
+      fits = c;
   }
+  for (int t = 0; fits >= 0 && t < pl->ntops; t++)
+    choice[t] = fits;
+  if (s == REMAT_OK)
+    s = fits >= 0 ? decide(pl, choice) : REMAT_ERR_BUDGET;
   free(choice);
-  return graph_fail(p->g, REMAT_ERR_BUDGET,
+  return s;
+}
+
+static remat_status infeasible(planner *pl, int64_t budget, int64_t smallest) {
+  return graph_fail(pl->g, REMAT_ERR_BUDGET,
                     "memory budget of %lld bytes (%.2f MiB) is infeasible: "
                     "the smallest feasible budget for this graph is %lld "
                     "bytes (%.2f MiB)",
@@ -264,58 +254,70 @@ static remat_status infeasible(planner *pl, int64_t budget) {
                     (long long)smallest, (double)smallest / 1048576.0);
 }
 
-/* Plans under the budget; leaves the plan lowered on success. */
+/* The chain's dynamic program, checked by measurement: a plan whose
+ * measured peak exceeds the budget tightens the model budget by the excess
+ * and plans again (at most 16 times). Returns REMAT_ERR_BUDGET when no
+ * attempt fits. */
+static remat_status plan_chain(planner *pl, int64_t budget) {
+  int *choice = remat__calloc((size_t)pl->ntops + 1, sizeof *choice);
+  if (choice == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  remat_status s = REMAT_ERR_BUDGET;
+  int64_t model_budget = budget - pl->persistent;
+  for (int attempt = 0; attempt < 16; attempt++) {
+    int rc = chain_plan(pl->chain, pl->ntops, pl->tail, model_budget, choice);
+    if (rc == -2)
+      s = REMAT_ERR_OUT_OF_MEMORY;
+    if (rc < 0)
+      break;
+    remat_status ms;
+    int64_t peak = peak_of(pl, choice, &ms);
+    if (ms != REMAT_OK || peak <= budget) {
+      s = ms;
+      break;
+    }
+    model_budget -= peak - budget;
+  }
+  free(choice);
+  return s;
+}
+
 static remat_status plan_budget(planner *pl, int64_t budget) {
-  remat_step_plan *p = pl->p;
   for (int t = 0; t < pl->ntops; t++)
-    pl->chain[t].nchoices = pl->free_region[pl->tops[t]] ? PLANNER_MAX_CHOICES : 1;
+    pl->chain[t].nchoices =
+        pl->free_region[pl->tops[t]] ? PLANNER_MAX_CHOICES : 1;
   for (int c = 0; c < PLANNER_MAX_CHOICES; c++) {
     remat_status s = measure_candidate(pl, c);
     if (s != REMAT_OK)
       return s;
   }
-  int64_t base = memplan_persistent_bytes(p);
-  int *choice = remat__calloc((size_t)pl->ntops + 1, sizeof *choice);
-  if (choice == NULL)
-    return REMAT_ERR_OUT_OF_MEMORY;
-  int64_t model_budget = budget - base;
-  for (int attempt = 0; attempt < 16; attempt++) {
-    int rc = chain_plan(pl->chain, pl->ntops, pl->tail, model_budget, choice);
-    if (rc == -2) {
-      free(choice);
-      return REMAT_ERR_OUT_OF_MEMORY;
-    }
-    if (rc < 0)
-      break;
-    remat_status s = lower_with(pl, choice);
-    if (s != REMAT_OK) {
-      free(choice);
-      return s;
-    }
-    int64_t peak = memplan_simulate(p, NULL);
-    if (peak < 0) {
-      free(choice);
-      return REMAT_ERR_OUT_OF_MEMORY;
-    }
-    if (peak <= budget) {
-      free(choice);
-      return REMAT_OK;
-    }
-    plan_unlower(p);
-    model_budget -= peak - budget;
-  }
-  free(choice);
-  return infeasible(pl, budget);
+  remat_status s = plan_chain(pl, budget);
+  int64_t smallest = 0;
+  if (s == REMAT_ERR_BUDGET)
+    s = uniform_fallback(pl, budget, &smallest);
+  return s == REMAT_ERR_BUDGET ? infeasible(pl, budget, smallest) : s;
 }
 
-static remat_status setup(planner *pl, remat_step_plan *p) {
-  remat_graph *g = p->g;
-  memset(pl, 0, sizeof *pl);
-  pl->p = p;
+/* No planned region: every region's policy is fixed; a budget only
+ * checks. */
+static remat_status plan_fixed(planner *pl, int64_t budget) {
+  int zero[1] = {0};
+  for (int t = 0; t < pl->ntops; t++)
+    pl->free_region[pl->tops[t]] = false;
+  if (budget <= 0)
+    return decide(pl, zero);
+  remat_status s;
+  int64_t peak = peak_of(pl, zero, &s);
+  if (s == REMAT_OK && peak > budget)
+    return infeasible(pl, budget, peak);
+  return s;
+}
+
+static remat_status setup(planner *pl) {
+  remat_graph *g = pl->g;
   remat_status s = policy_resolve_default(g, &pl->fallback);
   for (int c = 0; s == REMAT_OK && c < PLANNER_MAX_CHOICES; c++)
-    if ((s = remat_policy_parse(candidate_names[c], &pl->candidates[c])))
-      return s;
+    s = remat_policy_parse(candidate_names[c], &pl->candidates[c]);
   if (s != REMAT_OK)
     return s;
   size_t n = (size_t)g->nregions + 1;
@@ -325,9 +327,10 @@ static remat_status setup(planner *pl, remat_step_plan *p) {
   pl->chain = remat__calloc(n, sizeof *pl->chain);
   if (!pl->region_policy || !pl->free_region || !pl->tops || !pl->chain)
     return REMAT_ERR_OUT_OF_MEMORY;
-  bool budget = g->rt->config.memory_budget > 0;
+  bool budget = pl->t->budget > 0;
   for (int32_t r = 0; r < g->nregions; r++) {
-    const remat_policy *own = g->regions[r].policy ? g->regions[r].policy : pl->fallback;
+    const remat_policy *own =
+        g->regions[r].policy ? g->regions[r].policy : pl->fallback;
     if ((s = policy_check_names(g, own)) != REMAT_OK)
       return s;
     if (g->regions[r].parent == -1)
@@ -348,36 +351,76 @@ static void teardown(planner *pl) {
   free(pl->chain);
 }
 
-remat_status planner_run(remat_step_plan *p) {
-  remat_graph *g = p->g;
-  int64_t budget = g->rt->config.memory_budget;
-  planner pl;
-  remat_status s = setup(&pl, p);
-  bool any_free = false;
-  for (int t = 0; t < pl.ntops; t++)
-    any_free |= pl.free_region[pl.tops[t]];
-  if (s == REMAT_OK && any_free && budget <= 0)
-    s = graph_fail(g, REMAT_ERR_POLICY,
-                   "policy 'auto' needs a memory budget: set "
-                   "REMAT_MEMORY_BUDGET or remat_config.memory_budget");
-  if (s == REMAT_OK && any_free && !p->forward_only) {
-    s = plan_budget(&pl, budget);
-  } else if (s == REMAT_OK) {
-    int zero[1] = {0};
-    for (int t = 0; t < pl.ntops; t++)
-      pl.free_region[pl.tops[t]] = false;
-    s = lower_with(&pl, zero);
-    int64_t peak = s == REMAT_OK && budget > 0 ? memplan_simulate(p, NULL) : 0;
-    if (peak < 0)
-      s = REMAT_ERR_OUT_OF_MEMORY;
-    if (s == REMAT_OK && peak > budget && budget > 0) {
-      plan_unlower(p);
-      s = infeasible(&pl, budget);
-    }
+static remat_status alloc_decision(const remat_graph *g, remat_decision *d) {
+  memset(d, 0, sizeof *d);
+  d->nregions = g->nregions;
+  size_t nt = (size_t)g->ntensors + 1, nr = (size_t)g->nregions + 1;
+  d->saved = remat__calloc(nt, sizeof *d->saved);
+  d->deciding_region = remat__calloc(nt, sizeof *d->deciding_region);
+  d->region_policy = remat__calloc(nr, sizeof *d->region_policy);
+  d->source = remat__calloc(nr, sizeof *d->source);
+  if (!d->saved || !d->deciding_region || !d->region_policy || !d->source)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  return REMAT_OK;
+}
+
+/* The policy text of every region, as decided. */
+static remat_status name_policies(planner *pl) {
+  for (int32_t r = 0; r < pl->g->nregions; r++) {
+    char text[1024];
+    remat_status s = remat_policy_format(pl->region_policy[r], text, sizeof text);
+    if (s != REMAT_OK)
+      snprintf(text, sizeof text, "(policy of %d bytes or more)",
+               (int)sizeof text);
+    if ((pl->out->region_policy[r] = remat__strdup(text)) == NULL)
+      return REMAT_ERR_OUT_OF_MEMORY;
   }
+  return REMAT_OK;
+}
+
+static remat_status run_planner(planner *pl) {
+  int64_t budget = pl->t->budget;
+  remat_status s = setup(pl);
+  bool any_free = false;
+  for (int t = 0; t < pl->ntops; t++)
+    any_free |= pl->free_region[pl->tops[t]];
+  if (s == REMAT_OK && any_free && budget <= 0)
+    return graph_fail(pl->g, REMAT_ERR_POLICY,
+                      "policy 'auto' needs a memory budget: set "
+                      "REMAT_MEMORY_BUDGET or remat_config.memory_budget");
+  if (s == REMAT_OK && any_free && pl->t->loss >= 0)
+    s = plan_budget(pl, budget);
+  else if (s == REMAT_OK)
+    s = plan_fixed(pl, budget);
+  return s == REMAT_OK ? name_policies(pl) : s;
+}
+
+remat_status plan_remat(const plan_target *t, remat_decision *out) {
+  planner pl;
+  memset(&pl, 0, sizeof pl);
+  pl.t = t;
+  pl.g = t->g;
+  pl.out = out;
+  remat_status s = alloc_decision(t->g, out);
+  if (s == REMAT_OK)
+    s = run_planner(&pl);
   teardown(&pl);
-  if (s != REMAT_OK && g->status == REMAT_OK)
-    graph_fail(g, s, "remat_compile: %s",
-               s == REMAT_ERR_OUT_OF_MEMORY ? "out of memory" : remat_last_error());
+  if (s != REMAT_OK) {
+    decision_free(out);
+    if (t->g->status == REMAT_OK)
+      graph_fail(t->g, s, "remat_compile: %s",
+                 s == REMAT_ERR_OUT_OF_MEMORY ? "out of memory"
+                                              : remat_last_error());
+  }
   return s;
+}
+
+void decision_free(remat_decision *d) {
+  for (int32_t r = 0; d->region_policy != NULL && r < d->nregions; r++)
+    free(d->region_policy[r]);
+  free(d->region_policy);
+  free(d->saved);
+  free(d->deciding_region);
+  free(d->source);
+  memset(d, 0, sizeof *d);
 }

@@ -1,15 +1,26 @@
-/* The memory-budget planner's optimizer over a chain of checkpoint regions,
- * apart from the graph so that tests can check it against brute force. */
+/* Stage "plan remat": decides, for every activation, saved or recomputed,
+ * from each region's policy (its own, the runtime's default, or under a
+ * memory budget the candidate with the least recompute that fits). The
+ * budget's optimizer over the chain of regions is declared apart from the
+ * graph so that tests can check it against brute force. */
 #ifndef REMAT_RUNTIME_PLANNER_H
 #define REMAT_RUNTIME_PLANNER_H
 
 #include <stdint.h>
 
+#include "runtime/internal.h"
+
 #define PLANNER_MAX_CHOICES 4
 
-/* One region of the chain: for each candidate policy, the bytes it keeps
- * alive from forward to backward, the extra bytes it needs while its own
- * forward or backward runs, and the FLOPs it recomputes. */
+/* One region of the chain: for each candidate policy,
+ * - saved: the bytes the region keeps alive from its forward to its
+ *   backward (its share of what is alive when backward starts);
+ * - working: the bytes it needs beyond the saved bytes of the regions
+ *   before it, while its own forward, recompute or backward runs. Measured
+ *   as working = live - before, where live is the most transient bytes
+ *   alive while one of its nodes runs and before is the sum of the saved
+ *   bytes of the regions before it in the chain;
+ * - recompute: the FLOPs it recomputes. */
 typedef struct chain_region {
   int nchoices;
   int64_t saved[PLANNER_MAX_CHOICES];
@@ -18,7 +29,9 @@ typedef struct chain_region {
 } chain_region;
 
 /* Peak of an assignment: max over regions r of (saved bytes of regions
- * before r + working bytes of r), and (all saved bytes + tail). */
+ * before r + working bytes of r), and (all saved bytes + tail), where the
+ * tail is the most bytes that nodes outside every region (the loss, the
+ * seed, embeddings) need beyond all regions' saved bytes. */
 int64_t chain_peak(const chain_region *r, int n, int64_t tail,
                    const int *choice);
 
@@ -28,5 +41,35 @@ int64_t chain_peak(const chain_region *r, int n, int64_t tail,
  * over Pareto frontiers of (saved bytes so far, recompute so far). */
 int chain_plan(const chain_region *r, int n, int64_t tail, int64_t budget,
                int *choice);
+
+/* Why a region got its policy. */
+typedef enum region_source {
+  REGION_OWN,     /* the policy given to remat_region_begin */
+  REGION_DEFAULT, /* the runtime's default (REMAT_POLICY) */
+  REGION_BUDGET   /* chosen under the memory budget */
+} region_source;
+
+/* The output of the stage. */
+typedef struct remat_decision {
+  int32_t nregions;
+  bool *saved;              /* [ntensors]: kept from forward to backward */
+  int32_t *deciding_region; /* [ntensors]: region whose policy decided, -1
+                               when none did (outside regions: saved) */
+  char **region_policy;     /* [nregions]: the policy each region got */
+  region_source *source;    /* [nregions] */
+} remat_decision;
+
+/* What the planner plans for. Errors are recorded on g (sticky). */
+typedef struct plan_target {
+  remat_graph *g;
+  int32_t loss;     /* -1: forward only */
+  bool has_opt;
+  remat_optimizer_kind opt_kind;
+  int64_t budget;   /* 0: none */
+  int nworkers;
+} plan_target;
+
+remat_status plan_remat(const plan_target *t, remat_decision *out);
+void decision_free(remat_decision *d);
 
 #endif

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "runtime/plan.h"
 #include "runtime/policy.h"
 
 static const char *const kind_names[] = {
@@ -433,16 +432,19 @@ remat_status policy_resolve_default(remat_graph *g, remat_policy **out) {
   return REMAT_OK;
 }
 
-remat_status policy_decide_with(remat_graph *g, bool *saved,
+remat_status policy_decide_with(const remat_graph *g, bool *saved,
+                                int32_t *deciding,
                                 const remat_policy *const *region_policy) {
   for (int32_t t = 0; t < g->ntensors; t++) {
-    remat_tensor *x = g->tensors[t];
+    const remat_tensor *x = g->tensors[t];
     saved[t] = true;
+    deciding[t] = -1;
     if (x->kind != TENSOR_ACT || x->keep || x->producer < 0)
       continue;
     int32_t r = deciding_region(g, x);
     if (r < 0)
       continue;
+    deciding[t] = r;
     bool consumed = false;
     for (int32_t o = x->producer + 1; o < g->nops && !consumed; o++)
       for (int i = 0; i < g->ops[o].desc.nin; i++)

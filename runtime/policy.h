@@ -24,14 +24,18 @@ struct remat_policy {
 };
 
 remat_policy *policy_clone(const remat_policy *src);
+/* Frees the policies of every region of g. */
+void policy_free_all(remat_graph *g);
 /* Does policy p save tensor t, the output of an op described by producer? */
 bool policy_saves(const remat_policy *p, const op_desc *producer,
                   const remat_tensor *t);
 remat_status policy_check_names(remat_graph *g, const remat_policy *p);
 /* The runtime's default policy, parsed from its configuration. */
 remat_status policy_resolve_default(remat_graph *g, remat_policy **out);
-/* The decision for every tensor given one policy per region. */
-remat_status policy_decide_with(remat_graph *g, bool *saved,
+/* The decision for every tensor given one policy per region: saved[t],
+ * and deciding[t], the region whose policy decided (-1: none, saved). */
+remat_status policy_decide_with(const remat_graph *g, bool *saved,
+                                int32_t *deciding,
                                 const remat_policy *const *region_policy);
 
 #endif

@@ -1,98 +1,15 @@
-/* Compile, part two: from the kernel nodes in program order, derives which
- * node allocates and which frees each buffer, the dependency edges
- * (read-after-write, write-after-read, write-after-write), the memory-order
- * edges that hold recompute back until backward nears its region, and the
+/* Stage "DAG" (taskgraph.h): from the kernel nodes in program order, the
+ * dependency edges (read-after-write, write-after-read, write-after-write
+ * on buffers), the memory-order edges that hold recompute back until
+ * backward nears its region, the gate edges before the updates, and the
  * task DAG: a start task, one task per tile and a done task per node. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
-#include "runtime/plan.h"
-
-/* Slots a node writes: from its kernel, or fixed for seed and update. */
-static uint32_t node_writes(const plan_knode *kn) {
-  switch (kn->kind) {
-  case KNODE_SEED: return OP_SLOT_OUT;
-  case KNODE_UPDATE: return OP_SLOT_IN(0) | OP_SLOT_AUX(0) | OP_SLOT_AUX(1);
-  case KNODE_CHECK:
-  case KNODE_GATE: return 0;
-  default: return kn->kernel->writes;
-  }
-}
-
-static bool node_writes_buf(const plan_knode *kn, int32_t b) {
-  uint32_t w = node_writes(kn);
-  for (int s = 0; s < PLAN_SLOTS; s++)
-    if ((w & (1u << s)) && kn->slot_buf[s] == b)
-      return true;
-  return false;
-}
-
-/* Distinct buffers of a node, and user counts. */
-static remat_status collect_touch(remat_step_plan *p) {
-  for (int32_t i = 0; i < p->nknodes; i++) {
-    plan_knode *kn = &p->knodes[i];
-    kn->touch = remat__malloc(PLAN_SLOTS * sizeof *kn->touch);
-    kn->init = remat__malloc(PLAN_SLOTS * sizeof *kn->init);
-    if (kn->touch == NULL || kn->init == NULL)
-      return REMAT_ERR_OUT_OF_MEMORY;
-    for (int s = 0; s < PLAN_SLOTS; s++) {
-      int32_t b = kn->slot_buf[s];
-      bool seen = b < 0;
-      for (int j = 0; j < kn->ntouch && !seen; j++)
-        seen = kn->touch[j] == b;
-      if (!seen) {
-        kn->touch[kn->ntouch++] = b;
-        p->bufs[b].users++;
-      }
-    }
-  }
-  return REMAT_OK;
-}
-
-/* Gradient buffers written by several nodes are zero-filled by the first
- * and accumulated into by all; the first writer of a transient buffer
- * allocates it. */
-static remat_status assign_init(remat_step_plan *p) {
-  int32_t *writers = remat__calloc((size_t)p->nbufs, sizeof *writers);
-  int32_t *first = remat__malloc((size_t)p->nbufs * sizeof *first);
-  if (writers == NULL || first == NULL) {
-    free(writers);
-    free(first);
-    return REMAT_ERR_OUT_OF_MEMORY;
-  }
-  for (int32_t b = 0; b < p->nbufs; b++)
-    first[b] = -1;
-  for (int32_t i = 0; i < p->nknodes; i++)
-    for (int j = 0; j < p->knodes[i].ntouch; j++) {
-      int32_t b = p->knodes[i].touch[j];
-      if (node_writes_buf(&p->knodes[i], b)) {
-        writers[b]++;
-        if (first[b] < 0)
-          first[b] = i;
-      }
-    }
-  for (int32_t b = 0; b < p->nbufs; b++) {
-    plan_buffer *buf = &p->bufs[b];
-    buf->first_writer = first[b];
-    buf->zero_fill = writers[b] > 1 && (buf->cat == REMAT_MEM_GRADS ||
-                                        buf->cat == REMAT_MEM_ACT_GRADS);
-    if (first[b] >= 0 && (!buf->persistent || buf->zero_fill)) {
-      plan_knode *kn = &p->knodes[first[b]];
-      kn->init[kn->ninit++] = b;
-    }
-  }
-  for (int32_t i = 0; i < p->nknodes; i++) {
-    plan_knode *kn = &p->knodes[i];
-    for (int k = 0; k < OP_MAX_IN; k++) {
-      int32_t b = kn->slot_buf[plan_slot(OP_SLOT_DIN(k))];
-      kn->bufs.din_accumulate[k] = b >= 0 && p->bufs[b].zero_fill;
-    }
-  }
-  free(writers);
-  free(first);
-  return REMAT_OK;
-}
+#include "runtime/step_plan.h"
+#include "runtime/taskgraph.h"
+#include "runtime/tasks.h"
 
 /* ---- edges between nodes ---- */
 
@@ -127,18 +44,19 @@ typedef struct buf_state {
 
 /* Data edges from program order. `mark` dedupes sources per target. */
 static bool data_edges(remat_step_plan *p, edge_list *e) {
-  buf_state *st = remat__calloc((size_t)p->nbufs, sizeof *st);
-  int32_t *mark = remat__malloc((size_t)p->nknodes * sizeof *mark);
+  buf_state *st = remat__calloc((size_t)p->low.nbufs, sizeof *st);
+  int32_t *mark = remat__malloc((size_t)p->low.nknodes * sizeof *mark);
   bool ok = st != NULL && mark != NULL;
-  for (int32_t b = 0; ok && b < p->nbufs; b++)
+  for (int32_t b = 0; ok && b < p->low.nbufs; b++)
     st[b].last_writer = -1;
-  for (int32_t i = 0; ok && i < p->nknodes; i++)
+  for (int32_t i = 0; ok && i < p->low.nknodes; i++)
     mark[i] = -1;
-  for (int32_t i = 0; ok && i < p->nknodes; i++) {
-    plan_knode *kn = &p->knodes[i];
-    for (int j = 0; ok && j < kn->ntouch; j++) {
-      buf_state *s = &st[kn->touch[j]];
-      bool writes = node_writes_buf(kn, kn->touch[j]);
+  for (int32_t i = 0; ok && i < p->low.nknodes; i++) {
+    knode_use uses[PLAN_MAX_USES];
+    int nuses = knode_uses(&p->low.knodes[i], uses);
+    for (int j = 0; ok && j < nuses; j++) {
+      buf_state *s = &st[uses[j].buf];
+      bool writes = uses[j].writes;
       int32_t w = s->last_writer;
       if (w >= 0 && mark[w] != i) {
         mark[w] = i;
@@ -150,9 +68,9 @@ static bool data_edges(remat_step_plan *p, edge_list *e) {
           ok = push_edge(e, s->readers[r], i);
         }
     }
-    for (int j = 0; ok && j < kn->ntouch; j++) {
-      buf_state *s = &st[kn->touch[j]];
-      if (node_writes_buf(kn, kn->touch[j])) {
+    for (int j = 0; ok && j < nuses; j++) {
+      buf_state *s = &st[uses[j].buf];
+      if (uses[j].writes) {
         s->last_writer = i;
         s->nreaders = 0;
       } else {
@@ -170,7 +88,7 @@ static bool data_edges(remat_step_plan *p, edge_list *e) {
       }
     }
   }
-  for (int32_t b = 0; st != NULL && b < p->nbufs; b++)
+  for (int32_t b = 0; st != NULL && b < p->low.nbufs; b++)
     free(st[b].readers);
   free(st);
   free(mark);
@@ -185,8 +103,8 @@ static bool data_edges(remat_step_plan *p, edge_list *e) {
  * while region k + 1's tensors were all still alive: measured on the
  * default GPT at 2 threads, the same step time and 1.5x the activation
  * peak.) */
-static bool memory_order_edges(remat_step_plan *p, edge_list *e) {
-  int lookahead = p->g->rt->config.lookahead;
+static bool memory_order_edges(remat_step_plan *p, int lookahead,
+                               edge_list *e) {
   int32_t nreg = p->g->nregions;
   int32_t *last_bwd = remat__malloc(((size_t)nreg + 1) * sizeof *last_bwd);
   if (last_bwd == NULL)
@@ -194,16 +112,16 @@ static bool memory_order_edges(remat_step_plan *p, edge_list *e) {
   int32_t seed = -1;
   for (int32_t r = 0; r < nreg; r++)
     last_bwd[r] = -1;
-  for (int32_t i = 0; i < p->nknodes; i++) {
-    plan_knode *kn = &p->knodes[i];
+  for (int32_t i = 0; i < p->low.nknodes; i++) {
+    plan_knode *kn = &p->low.knodes[i];
     if (kn->kind == KNODE_SEED)
       seed = i;
     if (kn->kind == KNODE_BACKWARD && kn->region >= 0)
       last_bwd[kn->region] = i;
   }
   bool ok = true;
-  for (int32_t i = 0; ok && i < p->nknodes; i++) {
-    plan_knode *kn = &p->knodes[i];
+  for (int32_t i = 0; ok && i < p->low.nknodes; i++) {
+    plan_knode *kn = &p->low.knodes[i];
     if (kn->kind != KNODE_RECOMPUTE)
       continue;
     int32_t gate = seed;
@@ -228,12 +146,12 @@ static bool memory_order_edges(remat_step_plan *p, edge_list *e) {
  * a step that fails or finds a NaN changes no parameter. */
 static bool gate_edges(remat_step_plan *p, edge_list *e) {
   int32_t gate = -1;
-  for (int32_t i = 0; i < p->nknodes && gate < 0; i++)
-    if (p->knodes[i].kind == KNODE_GATE)
+  for (int32_t i = 0; i < p->low.nknodes && gate < 0; i++)
+    if (p->low.knodes[i].kind == KNODE_GATE)
       gate = i;
   bool ok = true;
-  for (int32_t i = 0; gate >= 0 && ok && i < p->nknodes; i++) {
-    if (p->knodes[i].kind == KNODE_UPDATE)
+  for (int32_t i = 0; gate >= 0 && ok && i < p->low.nknodes; i++) {
+    if (p->low.knodes[i].kind == KNODE_UPDATE)
       ok = push_edge(e, gate, i);
     else if (i != gate)
       ok = push_edge(e, i, gate);
@@ -269,26 +187,26 @@ static const char *node_name(const plan_knode *kn) {
  * workers never let a later node starve an earlier one. */
 static remat_status add_tasks(remat_step_plan *p) {
   int64_t ntiles = 0;
-  for (int32_t i = 0; i < p->nknodes; i++)
-    ntiles += p->knodes[i].tiles;
+  for (int32_t i = 0; i < p->low.nknodes; i++)
+    ntiles += p->low.knodes[i].tiles;
   p->tiles = remat__malloc((size_t)ntiles * sizeof *p->tiles);
   if (p->tiles == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   p->ntiles = ntiles;
   int64_t next = 0;
-  for (int32_t i = 0; i < p->nknodes; i++) {
-    plan_knode *kn = &p->knodes[i];
+  for (int32_t i = 0; i < p->low.nknodes; i++) {
+    plan_knode *kn = &p->low.knodes[i];
     kn->plan = p;
     const char *name = node_name(kn), *cat = node_category(kn);
-    kn->start_task = sched_dag_add(p->dag, plan_start_task, kn, -i, -1, name, cat);
-    kn->done_task = sched_dag_add(p->dag, plan_done_task, kn, -i, -1, name, cat);
+    kn->start_task = sched_dag_add(p->dag, tasks_start, kn, -i, -1, name, cat);
+    kn->done_task = sched_dag_add(p->dag, tasks_done, kn, -i, -1, name, cat);
     if (kn->start_task < 0 || kn->done_task < 0)
       return (remat_status)(kn->start_task < 0 ? -kn->start_task : -kn->done_task);
     for (int64_t t = 0; t < kn->tiles; t++) {
       plan_tile *tile = &p->tiles[next++];
       tile->kn = kn;
       tile->tile = t;
-      int32_t id = sched_dag_add(p->dag, plan_tile_task, tile, -i, -1, name, cat);
+      int32_t id = sched_dag_add(p->dag, tasks_tile, tile, -i, -1, name, cat);
       if (id < 0)
         return (remat_status)-id;
       remat_status s = sched_dag_edge(p->dag, kn->start_task, id);
@@ -301,21 +219,7 @@ static remat_status add_tasks(remat_step_plan *p) {
   return REMAT_OK;
 }
 
-remat_status plan_lifetimes(remat_step_plan *p) {
-  remat_status s = collect_touch(p);
-  if (s == REMAT_OK)
-    s = assign_init(p);
-  for (int32_t i = 0; s == REMAT_OK && i < p->nknodes; i++) {
-    plan_knode *kn = &p->knodes[i];
-    if (kn->kind == KNODE_RECOMPUTE)
-      p->recompute_flops += kn->flops;
-    else if (kn->kind == KNODE_FORWARD || kn->kind == KNODE_BACKWARD)
-      p->flops += kn->flops;
-  }
-  return s;
-}
-
-remat_status plan_build_dag(remat_step_plan *p) {
+remat_status taskgraph_build(remat_step_plan *p, int lookahead) {
   char err[SCHED_ERRMSG_MAX];
   remat_status s = sched_dag_create(&p->dag, err);
   if (s != REMAT_OK)
@@ -323,10 +227,10 @@ remat_status plan_build_dag(remat_step_plan *p) {
   if ((s = add_tasks(p)) != REMAT_OK)
     return remat__fail(s, "remat_compile: cannot build the task graph");
   edge_list e = {0};
-  bool ok = data_edges(p, &e) && memory_order_edges(p, &e) && gate_edges(p, &e);
+  bool ok = data_edges(p, &e) && memory_order_edges(p, lookahead, &e) && gate_edges(p, &e);
   for (int64_t i = 0; ok && i < e.n; i++)
-    ok = sched_dag_edge(p->dag, p->knodes[e.from[i]].done_task,
-                        p->knodes[e.to[i]].start_task) == REMAT_OK;
+    ok = sched_dag_edge(p->dag, p->low.knodes[e.from[i]].done_task,
+                        p->low.knodes[e.to[i]].start_task) == REMAT_OK;
   free(e.from);
   free(e.to);
   if (!ok)

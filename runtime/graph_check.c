@@ -1,0 +1,34 @@
+/* The graph's sticky error and the checks every graph call makes on the
+ * handles it gets. Every stage of the runtime may call these; they call
+ * nothing of the runtime. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "runtime/internal.h"
+
+remat_status graph_fail(remat_graph *g, remat_status status, const char *fmt,
+                        ...) {
+  if (g->status == REMAT_OK) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g->error, sizeof g->error, fmt, ap);
+    va_end(ap);
+    g->status = status;
+  }
+  return remat__fail_msg(status, g->error);
+}
+
+bool graph_tensor_ok(remat_graph *g, const remat_tensor *t, const char *what) {
+  if (t == NULL) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG, "%s: tensor argument is NULL", what);
+    return false;
+  }
+  if (t->graph != g) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "%s: tensor '%s' belongs to another graph", what, t->name);
+    return false;
+  }
+  return true;
+}
+
+int64_t tensor_bytes(const remat_tensor *t) { return op_numel(&t->shape) * 4; }

@@ -1,0 +1,36 @@
+/* The optimizer's arithmetic on one tile of a parameter: the seed of
+ * backward, the finite check of a gradient and the SGD and AdamW updates.
+ * It knows nothing of plans or tasks: callers pass the element range. */
+#ifndef REMAT_RUNTIME_OPTIM_H
+#define REMAT_RUNTIME_OPTIM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "remat.h"
+
+/* Elements per optimizer tile, and the tiles of a parameter. */
+#define OPTIM_TILE 65536
+int64_t optim_tiles(int64_t numel);
+/* [lo, hi) of tile `tile` of a parameter with numel elements. */
+void optim_tile_range(int64_t numel, int64_t tile, int64_t *lo, int64_t *hi);
+
+/* Writes d(loss)/d(loss) = 1; returns whether the loss is finite. */
+bool optim_seed(const float *loss, float *loss_grad);
+/* Whether all n values are finite. */
+bool optim_all_finite(const float *x, int64_t n);
+
+/* One tile of an update, elements [0, n) of the pointers. `step` counts
+ * from 1 (AdamW's bias correction); `decay` is the weight decay that
+ * applies to this parameter (0 for vectors). m and v are NULL for SGD. */
+typedef struct optim_tile_args {
+  float *param;
+  const float *grad;
+  float *adam_m, *adam_v;
+  int64_t n;
+  int64_t step;
+  float decay;
+} optim_tile_args;
+void optim_update(const remat_optimizer *opt, const optim_tile_args *a);
+
+#endif

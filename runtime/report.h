@@ -1,0 +1,10 @@
+/* The plan's summary per region, and the REMAT_VERBOSE report. */
+#ifndef REMAT_RUNTIME_REPORT_H
+#define REMAT_RUNTIME_REPORT_H
+
+#include "runtime/step_plan.h"
+
+/* Fills p->region_stats and prints the plan when REMAT_VERBOSE >= 1. */
+remat_status report_plan(remat_step_plan *p);
+
+#endif

@@ -1,0 +1,49 @@
+/* The compiled step that remat_compile leaves on a graph: the remat
+ * decision, the lowering with its lifetimes, the task DAG, the memory arena
+ * and the per-worker state that the task bodies use. */
+#ifndef REMAT_RUNTIME_STEP_PLAN_H
+#define REMAT_RUNTIME_STEP_PLAN_H
+
+#include "runtime/lowering.h"
+#include "runtime/memplan.h"
+#include "runtime/planner.h"
+
+/* The argument of one tile task. */
+typedef struct plan_tile {
+  plan_knode *kn;
+  int64_t tile;
+} plan_tile;
+
+typedef struct plan_region_stats {
+  int64_t saved_bytes, recomputed_bytes;
+  double recompute_flops;
+} plan_region_stats;
+
+typedef struct remat_step_plan {
+  remat_graph *g;
+  remat_decision decision;   /* stage "plan remat" */
+  plan_lowering low;         /* stages "lower" and "lifetimes" */
+  sched_dag *dag;            /* stage "DAG" */
+  plan_tile *tiles;
+  int64_t ntiles;
+  mem_arena arena;
+  void *scratch;             /* stage "persistent allocation": per-worker
+                                scratchpads, one block */
+  size_t scratch_bytes;
+  op_worker *workers;        /* per worker: runtime stream + scratch */
+  double *worker_recompute_flops; /* [nworkers * 8]: one cache line each */
+  memplan_prediction predicted;   /* stage "memory prediction" */
+  plan_region_stats *region_stats; /* [nregions] */
+  int32_t loss;              /* tensor id or -1 */
+  bool forward_only;
+  remat_optimizer opt;
+  bool has_opt;
+  int64_t opt_step;
+  _Atomic int nonfinite;
+  remat_step_stats last;
+} remat_step_plan;
+
+/* Frees g's compiled step, if any, and everything it holds. */
+void step_plan_destroy(remat_graph *g);
+
+#endif

@@ -1,0 +1,123 @@
+/* Task bodies (tasks.h): allocation at a buffer's first writer, one tile of
+ * an op kernel or of the optimizer, and freeing after a buffer's last
+ * user. */
+#include <string.h>
+
+#include "runtime/optim.h"
+#include "runtime/step_plan.h"
+#include "runtime/tasks.h"
+
+static float *slot_data(remat_step_plan *p, const plan_knode *kn,
+                        uint32_t slot) {
+  int32_t b = kn->slot_buf[plan_slot(slot)];
+  return b < 0 ? NULL : p->low.bufs[b].data;
+}
+
+static float *buf_data(remat_step_plan *p, int32_t b) {
+  return b < 0 ? NULL : p->low.bufs[b].data;
+}
+
+/* Fills an op kernel's op_bufs from its slots (pointers change per step). */
+static void bind_buffers(remat_step_plan *p, plan_knode *kn) {
+  op_bufs *o = &kn->bufs;
+  for (int i = 0; i < OP_MAX_IN; i++) {
+    o->in[i] = slot_data(p, kn, OP_SLOT_IN(i));
+    o->din[i] = slot_data(p, kn, OP_SLOT_DIN(i));
+  }
+  o->out = slot_data(p, kn, OP_SLOT_OUT);
+  for (int k = 0; k < OP_MAX_AUX; k++)
+    o->aux[k] = slot_data(p, kn, OP_SLOT_AUX(k));
+  o->dout = slot_data(p, kn, OP_SLOT_DOUT);
+  for (int k = 0; k < OP_MAX_WS; k++)
+    o->ws[k] = slot_data(p, kn, OP_SLOT_WS(k));
+}
+
+int tasks_start(void *arg, int worker) {
+  plan_knode *kn = arg;
+  remat_step_plan *p = kn->plan;
+  const sched_placement *pl = sched_pool_placement(p->g->rt->pool);
+  for (int i = 0; i < kn->ninit; i++) {
+    plan_buffer *b = &p->low.bufs[kn->init[i]];
+    if (!b->persistent) {
+      b->node = pl->worker_node[worker];
+      b->data = mem_alloc(&p->arena, (size_t)b->bytes, b->cat, b->node, true);
+      if (b->data == NULL)
+        return REMAT_ERR_OUT_OF_MEMORY;
+    }
+    if (b->zero_fill)
+      memset(b->data, 0, (size_t)b->bytes);
+  }
+  if (kn->kernel != NULL)
+    bind_buffers(p, kn);
+  return REMAT_OK;
+}
+
+static int64_t param_numel(const remat_step_plan *p, const plan_knode *kn) {
+  return op_numel(&p->g->tensors[kn->optim.param_tensor]->shape);
+}
+
+static int check_tile(remat_step_plan *p, const plan_knode *kn, int64_t tile) {
+  int64_t lo, hi;
+  optim_tile_range(param_numel(p, kn), tile, &lo, &hi);
+  if (!optim_all_finite(buf_data(p, kn->optim.grad) + lo, hi - lo))
+    atomic_store(&p->nonfinite, 1);
+  return REMAT_OK;
+}
+
+/* Runs after the gate: nothing is written when any check failed. */
+static int update_tile(remat_step_plan *p, const plan_knode *kn,
+                       int64_t tile) {
+  if (atomic_load(&p->nonfinite))
+    return REMAT_OK;
+  const remat_tensor *t = p->g->tensors[kn->optim.param_tensor];
+  int64_t lo, hi;
+  optim_tile_range(param_numel(p, kn), tile, &lo, &hi);
+  float *m = buf_data(p, kn->optim.adam_m), *v = buf_data(p, kn->optim.adam_v);
+  optim_tile_args a = {
+      .param = buf_data(p, kn->optim.param) + lo,
+      .grad = buf_data(p, kn->optim.grad) + lo,
+      .adam_m = m != NULL ? m + lo : NULL,
+      .adam_v = v != NULL ? v + lo : NULL,
+      .n = hi - lo,
+      .step = p->opt_step,
+      .decay = t->shape.ndim >= 2 ? p->opt.weight_decay : 0.0f};
+  optim_update(&p->opt, &a);
+  return REMAT_OK;
+}
+
+static int seed_tile(remat_step_plan *p, const plan_knode *kn) {
+  if (!optim_seed(buf_data(p, kn->seed.loss), buf_data(p, kn->seed.loss_grad)))
+    atomic_store(&p->nonfinite, 1);
+  return REMAT_OK;
+}
+
+int tasks_tile(void *arg, int worker) {
+  plan_tile *t = arg;
+  plan_knode *kn = t->kn;
+  remat_step_plan *p = kn->plan;
+  switch (kn->kind) {
+  case KNODE_SEED: return seed_tile(p, kn);
+  case KNODE_UPDATE: return update_tile(p, kn, t->tile);
+  case KNODE_CHECK: return check_tile(p, kn, t->tile);
+  case KNODE_GATE: return REMAT_OK;
+  case KNODE_RECOMPUTE:
+    p->worker_recompute_flops[worker * 8] += kn->flops / (double)kn->tiles;
+    return kn->kernel->fn(kn->inst, &kn->bufs, t->tile, &p->workers[worker]);
+  default:
+    return kn->kernel->fn(kn->inst, &kn->bufs, t->tile, &p->workers[worker]);
+  }
+}
+
+int tasks_done(void *arg, int worker) {
+  (void)worker;
+  plan_knode *kn = arg;
+  remat_step_plan *p = kn->plan;
+  for (int i = 0; i < kn->ntouch; i++) {
+    plan_buffer *b = &p->low.bufs[kn->touch[i]];
+    if (!b->persistent && atomic_fetch_sub(&b->users_left, 1) == 1) {
+      mem_free(&p->arena, b->data, (size_t)b->bytes, b->cat, b->node, true);
+      b->data = NULL;
+    }
+  }
+  return REMAT_OK;
+}

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Checks that no source file of the library calls back into a file that
+calls it: builds the file-level call graph from the object files' defined
+and undefined symbols (nm), and fails naming every cycle it finds.
+
+usage: check_calls.py OBJECT_DIR (the library's .p folder in a build)"""
+import os
+import subprocess
+import sys
+
+
+def symbols(obj):
+    out = subprocess.run(["nm", obj], capture_output=True, text=True,
+                         check=True).stdout
+    defined, undefined = set(), set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "U":
+            undefined.add(parts[1])
+        elif len(parts) == 3 and parts[1] in "TDBRC":
+            defined.add(parts[2])
+    return defined, undefined
+
+
+def find_cycles(edges):
+    """Strongly connected components with more than one file (Tarjan)."""
+    index, low, stack, on, comps = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return comps
+
+
+def main():
+    folder = sys.argv[1]
+    objs = sorted(f for f in os.listdir(folder) if f.endswith(".o"))
+    if not objs:
+        print(f"no object files in {folder}")
+        return 1
+    owner, needs = {}, {}
+    for o in objs:
+        name = o[:-len(".c.o")].replace("_", "/", 1)
+        defined, undefined = symbols(os.path.join(folder, o))
+        for s in defined:
+            owner[s] = name
+        needs[name] = undefined
+    edges = {f: {owner[s] for s in u if s in owner and owner[s] != f}
+             for f, u in needs.items()}
+    cycles = find_cycles(edges)
+    for c in cycles:
+        print("files that call each other: " + " <-> ".join(c))
+    print(f"{len(objs)} files, {sum(len(e) for e in edges.values())} "
+          f"call edges, {len(cycles)} cycles")
+    return 1 if cycles else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
