@@ -301,6 +301,37 @@ REMAT_API remat_status remat_write(remat_graph *g, remat_tensor *param,
 REMAT_API int remat_num_params(const remat_graph *g);
 REMAT_API remat_tensor *remat_param_at(const remat_graph *g, int i);
 
+/* Every tensor of the graph (inputs, parameters, op results) in creation
+ * order. */
+REMAT_API int remat_num_tensors(const remat_graph *g);
+REMAT_API remat_tensor *remat_tensor_at(const remat_graph *g, int i);
+
+/* Why a region got the policy it has. */
+typedef enum remat_policy_source {
+  REMAT_POLICY_NONE = 0,    /* the tensor is outside every region */
+  REMAT_POLICY_OWN = 1,     /* the policy given to remat_region_begin */
+  REMAT_POLICY_DEFAULT = 2, /* the runtime's default (REMAT_POLICY) */
+  REMAT_POLICY_BUDGET = 3   /* chosen by the planner under the memory budget */
+} remat_policy_source;
+
+/* What the compiled plan decided for one tensor. */
+typedef struct remat_tensor_plan {
+  int saved;      /* 1: kept from forward to backward (inputs, parameters,
+                     tensors outside regions, region inputs and outputs,
+                     and what the deciding region's policy saves) */
+  int recomputed; /* 1: freed after forward and recomputed for backward */
+  int region;     /* the region whose policy decided (regions are numbered
+                     by remat_region_begin in call order from 0), -1 none */
+  const char *policy; /* that region's policy in its string form ("" when
+                         none); valid while the graph lives */
+  remat_policy_source source;
+} remat_tensor_plan;
+
+/* The plan's decision for tensor t of a compiled graph. */
+REMAT_API remat_status remat_tensor_plan_of(const remat_graph *g,
+                                            const remat_tensor *t,
+                                            remat_tensor_plan *out);
+
 /* ---- the GPT-style model ---- */
 
 typedef struct remat_gpt_config {
