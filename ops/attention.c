@@ -106,14 +106,14 @@ remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   int64_t T = s->T, hd = s->hd, ld = 3 * s->D;
   op_gemm_init(&s->fwd, T, T, hd, T, T);
-  op_gemm_strides(&s->fwd, ld, 1, 1, ld, T, 1);
+  op_gemm_layout(&s->fwd, op_plain(ld), op_transposed(ld), T); /* S = Q K^T */
   s->fwd.alpha = s->scale;
   s->fwd.accumulate_too = false;
   op_gemm_init(&s->dx, T, hd, T, T, hd);
-  op_gemm_strides(&s->dx, T, 1, ld, 1, ld, 1);
+  op_gemm_layout(&s->dx, op_plain(T), op_plain(ld), ld); /* dQ = dS K */
   s->dx.alpha = s->scale;
   op_gemm_init(&s->dy, T, hd, T, T, hd);
-  op_gemm_strides(&s->dy, 1, T, ld, 1, ld, 1);
+  op_gemm_layout(&s->dy, op_transposed(T), op_plain(ld), ld); /* dK = dS^T Q */
   s->dy.alpha = s->scale;
   remat_status rs = op_gemm_plan(&s->fwd, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dx, &s->base, err);
@@ -195,12 +195,12 @@ remat_status op_attn_values_plan(op_instance *inst, dnnl_engine_t engine,
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   int64_t T = s->T, hd = s->hd, ld = 3 * s->D, D = s->D;
   op_gemm_init(&s->fwd, T, hd, T, T, hd);
-  op_gemm_strides(&s->fwd, T, 1, ld, 1, D, 1);
+  op_gemm_layout(&s->fwd, op_plain(T), op_plain(ld), D); /* O = P V */
   s->fwd.accumulate_too = false;
   op_gemm_init(&s->dx, T, T, hd, T, T);
-  op_gemm_strides(&s->dx, D, 1, 1, ld, T, 1);
+  op_gemm_layout(&s->dx, op_plain(D), op_transposed(ld), T); /* dP = dO V^T */
   op_gemm_init(&s->dy, T, hd, T, T, hd);
-  op_gemm_strides(&s->dy, 1, T, D, 1, ld, 1);
+  op_gemm_layout(&s->dy, op_transposed(T), op_plain(D), ld); /* dV = P^T dO */
   remat_status rs = op_gemm_plan(&s->fwd, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dx, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dy, &s->base, err);

@@ -182,17 +182,20 @@ void op_gemm_init(op_gemm *g, int64_t m, int64_t n, int64_t k, int64_t bm,
   g->bn = op_min64(bn, n);
   g->alpha = 1.0f;
   g->accumulate_too = true;
-  op_gemm_strides(g, k, 1, n, 1, n, 1);
+  op_gemm_layout(g, op_plain(k), op_plain(n), n);
 }
 
-void op_gemm_strides(op_gemm *g, int64_t a_rs, int64_t a_cs, int64_t b_rs,
-                     int64_t b_cs, int64_t c_rs, int64_t c_cs) {
-  g->a_rs = a_rs;
-  g->a_cs = a_cs;
-  g->b_rs = b_rs;
-  g->b_cs = b_cs;
-  g->c_rs = c_rs;
-  g->c_cs = c_cs;
+/* Row and column strides of an operand from its layout. */
+static void layout_strides(op_layout l, int64_t *rs, int64_t *cs) {
+  *rs = l.transposed ? 1 : l.ld;
+  *cs = l.transposed ? l.ld : 1;
+}
+
+void op_gemm_layout(op_gemm *g, op_layout a, op_layout b, int64_t c_ld) {
+  layout_strides(a, &g->a_rs, &g->a_cs);
+  layout_strides(b, &g->b_rs, &g->b_cs);
+  g->c_rs = c_ld;
+  g->c_cs = 1;
 }
 
 static remat_status gemm_prim(op_gemm *g, op_base *base, int64_t m, int64_t n,

@@ -92,10 +92,28 @@ typedef struct op_gemm {
   dnnl_primitive_t prim[2][2][2]; /* [m remainder][n remainder][accum] */
 } op_gemm;
 
+/* How an operand matrix lies in memory, in the names the math uses:
+ * op_plain(ld) is the matrix itself, row-major with leading dimension ld
+ * (element (i, j) at i * ld + j); op_transposed(ld) is the transpose of a
+ * row-major matrix with leading dimension ld (element (i, j) at
+ * j * ld + i), as in A^T. */
+typedef struct op_layout {
+  bool transposed;
+  int64_t ld;
+} op_layout;
+static inline op_layout op_plain(int64_t ld) {
+  return (op_layout){false, ld};
+}
+static inline op_layout op_transposed(int64_t ld) {
+  return (op_layout){true, ld};
+}
+
+/* Sizes and blocks; the layouts default to plain A[m,k], B[k,n], C[m,n]. */
 void op_gemm_init(op_gemm *g, int64_t m, int64_t n, int64_t k, int64_t bm,
                   int64_t bn);
-void op_gemm_strides(op_gemm *g, int64_t a_rs, int64_t a_cs, int64_t b_rs,
-                     int64_t b_cs, int64_t c_rs, int64_t c_cs);
+/* C = A . B with A and B laid out as named; C is plain with leading
+ * dimension c_ld. */
+void op_gemm_layout(op_gemm *g, op_layout a, op_layout b, int64_t c_ld);
 remat_status op_gemm_plan(op_gemm *g, op_base *base,
                           char err[OP_ERRMSG_MAX]);
 int64_t op_gemm_tiles(const op_gemm *g);

@@ -99,13 +99,13 @@ remat_status op_linear_plan(op_instance *inst, dnnl_engine_t engine,
   s->K = K;
   s->M = M;
   op_gemm_init(&s->fwd, N, M, K, op_gemm_rows(M, K), M);
-  op_gemm_strides(&s->fwd, K, 1, 1, K, M, 1);
+  op_gemm_layout(&s->fwd, op_plain(K), op_transposed(K), M); /* Y = X W^T */
   s->fwd.bias = d->nin == 3;
   s->fwd.accumulate_too = false;
   op_gemm_init(&s->dx, N, K, M, op_gemm_rows(K, M), K);
-  op_gemm_strides(&s->dx, M, 1, K, 1, K, 1);
+  op_gemm_layout(&s->dx, op_plain(M), op_plain(K), K); /* dX = dY W */
   op_gemm_init(&s->dw, M, K, N, OP_DW_ROWS, dw_cols(K));
-  op_gemm_strides(&s->dw, 1, M, K, 1, K, 1);
+  op_gemm_layout(&s->dw, op_transposed(M), op_plain(K), K); /* dW = dY^T X */
   remat_status rs = op_gemm_plan(&s->fwd, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dx, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dw, &s->base, err);
@@ -217,9 +217,9 @@ remat_status op_matmul_plan(op_instance *inst, dnnl_engine_t engine,
   op_gemm_init(&s->fwd, N, M, K, op_gemm_rows(M, K), M);
   s->fwd.accumulate_too = false;
   op_gemm_init(&s->da, N, K, M, op_gemm_rows(K, M), K);
-  op_gemm_strides(&s->da, M, 1, 1, M, K, 1);
+  op_gemm_layout(&s->da, op_plain(M), op_transposed(M), K); /* dA = dC B^T */
   op_gemm_init(&s->db, K, M, N, OP_DW_ROWS, dw_cols(M));
-  op_gemm_strides(&s->db, 1, K, M, 1, M, 1);
+  op_gemm_layout(&s->db, op_transposed(K), op_plain(M), M); /* dB = A^T dC */
   remat_status rs = op_gemm_plan(&s->fwd, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->da, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->db, &s->base, err);
