@@ -140,5 +140,8 @@ void op_instance_release(op_instance *inst);
 
 /* Elements of a shape (1 for ndim 0). */
 int64_t op_numel(const op_shape *s);
+/* "[2,3,64]": room for OP_MAX_DIMS dims of 20 digits. */
+#define OP_SHAPE_STR_MAX 192
+const char *op_shape_str(const op_shape *s, char buf[OP_SHAPE_STR_MAX]);
 
 #endif

@@ -1,20 +1,16 @@
 /* Internal interface between the op table (op.c) and the op families: each
- * family exports its shape inference and planning, and op.c's helpers for
+ * family exports its shape inference and planning, and shape.c's helpers for
  * input checks and messages that name the op and its shapes. */
 #ifndef REMAT_OPS_OP_IMPL_H
 #define REMAT_OPS_OP_IMPL_H
 
 #include "ops/dnnl_util.h"
 
-#define OP_SHAPE_STR_MAX 64
-
 typedef remat_status (*op_infer_fn)(op_desc *d, char err[OP_ERRMSG_MAX]);
 /* Plans an op whose desc already passed inference; inst->desc is set. */
 typedef remat_status (*op_plan_fn)(op_instance *inst, dnnl_engine_t engine,
                                    char err[OP_ERRMSG_MAX]);
 
-/* "[2,3,64]" */
-const char *op_shape_str(const op_shape *s, char buf[OP_SHAPE_STR_MAX]);
 /* Formats "<op>: <message>" into err and returns REMAT_ERR_SHAPE. */
 remat_status op_shape_err(char err[OP_ERRMSG_MAX], const op_desc *d,
                           const char *fmt, ...)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/checked.h"
 #include "runtime/internal.h"
 #include "runtime/policy.h"
 #include "runtime/step_plan.h"
@@ -107,6 +108,20 @@ static remat_tensor *new_tensor(remat_graph *g, tensor_kind kind,
   return t;
 }
 
+/* Checks a tensor's element count, computed without overflow, against
+ * the limit of one tensor; the message names the tensor and its shape. */
+static bool shape_fits(remat_graph *g, const char *what, const char *name,
+                       const op_shape *shape) {
+  int64_t n;
+  if (remat__numel(shape->dim, shape->ndim, &n) && n <= REMAT__MAX_NUMEL)
+    return true;
+  char buf[OP_SHAPE_STR_MAX];
+  graph_fail(g, REMAT_ERR_LIMIT,
+             "%s '%s' %s: more than 2^34 elements, the limit for one tensor",
+             what, name, op_shape_str(shape, buf));
+  return false;
+}
+
 static bool shape_from_dims(remat_graph *g, const char *what, const char *name,
                             int ndim, const int64_t *dims, op_shape *shape) {
   if (ndim < 1 || ndim > REMAT_MAX_DIMS || dims == NULL) {
@@ -125,12 +140,7 @@ static bool shape_from_dims(remat_graph *g, const char *what, const char *name,
     }
     shape->dim[i] = dims[i];
   }
-  if (op_numel(shape) > (INT64_C(1) << 34)) {
-    graph_fail(g, REMAT_ERR_LIMIT, "%s '%s': more than 2^34 elements", what,
-               name);
-    return false;
-  }
-  return true;
+  return shape_fits(g, what, name, shape);
 }
 
 static bool name_ok(remat_graph *g, const char *what, const char *name) {
@@ -172,6 +182,16 @@ remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
                name, (int)init);
     return NULL;
   }
+  for (int32_t i = 0; i < g->ntensors; i++)
+    if (g->tensors[i]->kind == TENSOR_PARAM &&
+        strcmp(g->tensors[i]->name, name) == 0) {
+      graph_fail(g, REMAT_ERR_INVALID_ARG,
+                 "param '%s': a parameter of this graph already has this "
+                 "name: parameter names must be unique (checkpoints store "
+                 "parameters by name)",
+                 name);
+      return NULL;
+    }
   remat_tensor *t = new_tensor(g, TENSOR_PARAM, &shape, OP_F32, name);
   if (t != NULL) {
     t->init = init;
@@ -213,6 +233,8 @@ remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
   }
   char name[REMAT__NAME_MAX];
   snprintf(name, sizeof name, "%s_%d", what, g->nops);
+  if (!shape_fits(g, "output", name, &desc.out))
+    return NULL;
   remat_tensor *out = new_tensor(g, TENSOR_ACT, &desc.out, OP_F32, name);
   if (out == NULL)
     return NULL;

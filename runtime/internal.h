@@ -16,6 +16,7 @@
 
 #define REMAT__MAX_TENSORS (1 << 20)
 #define REMAT__NAME_MAX 64
+#define REMAT__MAX_NUMEL (INT64_C(1) << 34) /* elements of one tensor */
 
 /* ---- config.c ---- */
 /* Reads the REMAT_* environment and overlays the set fields of `code`. The
