@@ -608,6 +608,21 @@ static void build_affine_dag(test_dag *t) {
   assert_int_equal(sched_dag_finalize(t->dag, err), REMAT_OK);
 }
 
+/* The number and the string `key` of a JSON object, which must have it. */
+static int json_int(const cJSON *object, const char *key) {
+  const cJSON *item = cJSON_GetObjectItem(object, key);
+  if (!cJSON_IsNumber(item))
+    fail_msg("trace event without a number '%s'", key);
+  return item->valueint;
+}
+
+static const char *json_string(const cJSON *object, const char *key) {
+  const char *text = cJSON_GetStringValue(cJSON_GetObjectItem(object, key));
+  if (text == NULL)
+    fail_msg("trace event without a string '%s'", key);
+  return text;
+}
+
 /* One thread_name event per worker naming its node, then one slice per
  * task, on a worker of its node, with its affinity as args.node. */
 static void check_trace_nodes(const char *path, const sched_placement *p,
@@ -619,21 +634,20 @@ static void check_trace_nodes(const char *path, const sched_placement *p,
   int threads = 0, *slices = calloc((size_t)t->ntasks, sizeof(int));
   const cJSON *e;
   cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
-    const char *ph = cJSON_GetStringValue(cJSON_GetObjectItem(e, "ph"));
+    const char *ph = json_string(e, "ph");
     const cJSON *args = cJSON_GetObjectItem(e, "args");
-    int tid = cJSON_GetObjectItem(e, "tid")->valueint;
+    int tid = json_int(e, "tid");
     assert_true(tid >= 0 && tid < p->nworkers);
     if (strcmp(ph, "M") == 0) {
       char name[64];
       snprintf(name, sizeof name, "worker %d (node %d)", tid,
                p->worker_node[tid]);
-      assert_string_equal(
-          cJSON_GetStringValue(cJSON_GetObjectItem(args, "name")), name);
+      assert_string_equal(json_string(args, "name"), name);
       assert_int_equal(tid, threads++);
       continue;
     }
-    int id = cJSON_GetObjectItem(args, "id")->valueint;
-    int node = cJSON_GetObjectItem(args, "node")->valueint;
+    int id = json_int(args, "id");
+    int node = json_int(args, "node");
     assert_true(id >= 0 && id < t->ntasks);
     slices[id]++;
     assert_int_equal(node, t->node[id]);

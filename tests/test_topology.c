@@ -218,6 +218,21 @@ static char *read_text(const char *path) {
   return text;
 }
 
+/* The number and the string `key` of a JSON object, which must have it. */
+static int json_int(const cJSON *object, const char *key) {
+  const cJSON *item = cJSON_GetObjectItem(object, key);
+  if (!cJSON_IsNumber(item))
+    fail_msg("trace event without a number '%s'", key);
+  return item->valueint;
+}
+
+static const char *json_string(const cJSON *object, const char *key) {
+  const char *text = cJSON_GetStringValue(cJSON_GetObjectItem(object, key));
+  if (text == NULL)
+    fail_msg("trace event without a string '%s'", key);
+  return text;
+}
+
 /* Worker tracks name their node; slices carry the task's affinity, which
  * the runtime's tasks do not have (-1). */
 static void check_step_trace(const char *path, remat_runtime *rt,
@@ -230,18 +245,17 @@ static void check_step_trace(const char *path, remat_runtime *rt,
   int64_t nslices = 0;
   const cJSON *e;
   cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
-    const char *ph = cJSON_GetStringValue(cJSON_GetObjectItem(e, "ph"));
+    const char *ph = json_string(e, "ph");
     const cJSON *args = cJSON_GetObjectItem(e, "args");
-    int tid = cJSON_GetObjectItem(e, "tid")->valueint;
+    int tid = json_int(e, "tid");
     if (strcmp(ph, "M") == 0) {
       char name[64];
       snprintf(name, sizeof name, "worker %d (node %d)", tid,
                remat_runtime_worker_node(rt, tid));
-      assert_string_equal(
-          cJSON_GetStringValue(cJSON_GetObjectItem(args, "name")), name);
+      assert_string_equal(json_string(args, "name"), name);
       nthreads++;
     } else {
-      assert_int_equal(cJSON_GetObjectItem(args, "node")->valueint, -1);
+      assert_int_equal(json_int(args, "node"), -1);
       nslices++;
     }
   }
