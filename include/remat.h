@@ -64,6 +64,7 @@ typedef enum remat_bind {
 #define REMAT_SET_LOOKAHEAD (1u << 4)
 #define REMAT_SET_TRACE (1u << 5)
 #define REMAT_SET_VERBOSE (1u << 6)
+#define REMAT_SET_TOPOLOGY (1u << 7)
 
 typedef struct remat_config {
   unsigned set;          /* REMAT_SET_* bits */
@@ -73,8 +74,16 @@ typedef struct remat_config {
                             "nothing_saveable" */
   int64_t memory_budget; /* REMAT_MEMORY_BUDGET in bytes; 0 means none */
   int lookahead;         /* REMAT_LOOKAHEAD: 1..64; default 1 */
-  const char *trace_path; /* REMAT_TRACE: Chrome trace of each step; NULL off */
+  const char *trace_path; /* REMAT_TRACE: Chrome trace of each step; NULL off.
+                             Checked at creation: it must name a regular
+                             file that can be written (created if missing) */
   int verbose;           /* REMAT_VERBOSE: 0, 1 (plan to stderr), 2 (tasks) */
+  const char *topology;  /* REMAT_TOPOLOGY: an hwloc synthetic description
+                            such as "package:2 numa:1 core:4 pu:1", or the
+                            path of an hwloc XML file (lstopo FILE.xml):
+                            workers are placed on NUMA nodes as on that
+                            machine (default threads: its cores) and bound
+                            to nothing; NULL: this machine */
 } remat_config;
 
 /* Parses a byte size such as "1.5GiB", "800MB", "4096" (B, KB, MB, GB, TB
@@ -83,8 +92,9 @@ REMAT_API remat_status remat_parse_bytes(const char *text, int64_t *bytes);
 
 /* Creates a runtime: reads the REMAT_* environment once, overlays the fields
  * `config` sets (config may be NULL), starts and pins the workers. A bad
- * value fails with REMAT_ERR_CONFIG and a message naming the variable, the
- * value and what is accepted. */
+ * value (a topology hwloc cannot load, a trace path that cannot be written
+ * included) fails with REMAT_ERR_CONFIG and a message naming the variable,
+ * the value and what is accepted. */
 REMAT_API remat_status remat_runtime_create(const remat_config *config,
                                             remat_runtime **out);
 /* Stops the workers and frees the runtime once its last graph is destroyed
@@ -94,6 +104,10 @@ REMAT_API void remat_runtime_destroy(remat_runtime *rt);
 REMAT_API remat_status remat_runtime_config(const remat_runtime *rt,
                                             remat_config *out);
 REMAT_API int remat_runtime_num_threads(const remat_runtime *rt);
+/* The NUMA node of worker `worker` (0 to num_threads-1): nodes are numbered
+ * from 0 among those that hold workers, and workers of a node have
+ * consecutive indices. -1 when rt is NULL or worker is out of range. */
+REMAT_API int remat_runtime_worker_node(const remat_runtime *rt, int worker);
 
 /* ---- graph building (sticky error) ---- */
 

@@ -137,10 +137,21 @@ static remat_status copy_string(const char *what, const char *v, char *buf,
   return REMAT_OK;
 }
 
+/* Copies a string value into `buf` and points `*field` at it; an empty
+ * value means none (NULL). */
+static remat_status set_string(const char *what, const char *v, char *buf,
+                               size_t len, const char **field) {
+  *field = NULL;
+  if (v == NULL || *v == '\0')
+    return REMAT_OK;
+  remat_status s = copy_string(what, v, buf, len);
+  if (s == REMAT_OK)
+    *field = buf;
+  return s;
+}
+
 /* Reads every set variable; the first bad one fails. */
-static remat_status load_env(remat_config *c, char *policy_buf,
-                             size_t policy_len, char *trace_buf,
-                             size_t trace_len) {
+static remat_status load_env(remat_config *c, config_strings *str) {
   remat_status s = REMAT_OK;
   const char *v;
   if ((v = getenv("REMAT_NUM_THREADS")) && (s = env_threads(v, &c->num_threads)))
@@ -152,29 +163,30 @@ static remat_status load_env(remat_config *c, char *policy_buf,
       return remat__fail(REMAT_ERR_CONFIG,
                          "REMAT_POLICY is empty: expected a policy such as "
                          "nothing_saveable or dots_saveable");
-    if ((s = copy_string("REMAT_POLICY", v, policy_buf, policy_len)))
+    if ((s = copy_string("REMAT_POLICY", v, str->policy, sizeof str->policy)))
       return s;
-    c->policy = policy_buf;
+    c->policy = str->policy;
   }
   if ((v = getenv("REMAT_MEMORY_BUDGET")) && (s = env_budget(v, &c->memory_budget)))
     return s;
   if ((v = getenv("REMAT_LOOKAHEAD")) && (s = env_lookahead(v, &c->lookahead)))
     return s;
-  if ((v = getenv("REMAT_TRACE")) && *v != '\0') {
-    if ((s = copy_string("REMAT_TRACE", v, trace_buf, trace_len)))
-      return s;
-    c->trace_path = trace_buf;
-  }
+  if ((v = getenv("REMAT_TRACE")) &&
+      (s = set_string("REMAT_TRACE", v, str->trace, sizeof str->trace,
+                      &c->trace_path)))
+    return s;
   if ((v = getenv("REMAT_VERBOSE")) && (s = env_verbose(v, &c->verbose)))
+    return s;
+  if ((v = getenv("REMAT_TOPOLOGY")) &&
+      (s = set_string("REMAT_TOPOLOGY", v, str->topology,
+                      sizeof str->topology, &c->topology)))
     return s;
   return REMAT_OK;
 }
 
-/* Overlays the fields the program sets, checking each. */
-static remat_status overlay_code(const remat_config *code, remat_config *c,
-                                 char *policy_buf, size_t policy_len,
-                                 char *trace_buf, size_t trace_len) {
-  remat_status s;
+/* Overlays the numeric fields the program sets, checking each. */
+static remat_status overlay_numbers(const remat_config *code,
+                                    remat_config *c) {
   unsigned set = code->set;
   if (set & REMAT_SET_NUM_THREADS) {
     if (code->num_threads < 1 || code->num_threads > SCHED_MAX_THREADS)
@@ -192,16 +204,6 @@ static remat_status overlay_code(const remat_config *code, remat_config *c,
                          (int)code->bind);
     c->bind = code->bind;
   }
-  if (set & REMAT_SET_POLICY) {
-    if (code->policy == NULL || *code->policy == '\0')
-      return remat__fail(REMAT_ERR_CONFIG,
-                         "remat_config.policy is empty: expected a policy "
-                         "such as nothing_saveable or dots_saveable");
-    if ((s = copy_string("remat_config.policy", code->policy, policy_buf,
-                         policy_len)))
-      return s;
-    c->policy = policy_buf;
-  }
   if (set & REMAT_SET_MEMORY_BUDGET) {
     if (code->memory_budget < 0)
       return remat__fail(REMAT_ERR_CONFIG,
@@ -218,15 +220,6 @@ static remat_status overlay_code(const remat_config *code, remat_config *c,
                          code->lookahead, MAX_LOOKAHEAD);
     c->lookahead = code->lookahead;
   }
-  if (set & REMAT_SET_TRACE) {
-    c->trace_path = NULL;
-    if (code->trace_path != NULL && *code->trace_path != '\0') {
-      if ((s = copy_string("remat_config.trace_path", code->trace_path,
-                           trace_buf, trace_len)))
-        return s;
-      c->trace_path = trace_buf;
-    }
-  }
   if (set & REMAT_SET_VERBOSE) {
     if (code->verbose < 0 || code->verbose > 2)
       return remat__fail(REMAT_ERR_CONFIG,
@@ -238,10 +231,34 @@ static remat_status overlay_code(const remat_config *code, remat_config *c,
   return REMAT_OK;
 }
 
+/* Overlays the string fields the program sets, copying each. */
+static remat_status overlay_strings(const remat_config *code, remat_config *c,
+                                    config_strings *str) {
+  unsigned set = code->set;
+  remat_status s = REMAT_OK;
+  if (set & REMAT_SET_POLICY) {
+    if (code->policy == NULL || *code->policy == '\0')
+      return remat__fail(REMAT_ERR_CONFIG,
+                         "remat_config.policy is empty: expected a policy "
+                         "such as nothing_saveable or dots_saveable");
+    if ((s = copy_string("remat_config.policy", code->policy, str->policy,
+                         sizeof str->policy)))
+      return s;
+    c->policy = str->policy;
+  }
+  if ((set & REMAT_SET_TRACE) &&
+      (s = set_string("remat_config.trace_path", code->trace_path, str->trace,
+                      sizeof str->trace, &c->trace_path)))
+    return s;
+  if ((set & REMAT_SET_TOPOLOGY) &&
+      (s = set_string("remat_config.topology", code->topology, str->topology,
+                      sizeof str->topology, &c->topology)))
+    return s;
+  return REMAT_OK;
+}
+
 remat_status remat__config_load(const remat_config *code, int default_threads,
-                                remat_config *out, char *policy_buf,
-                                size_t policy_len, char *trace_buf,
-                                size_t trace_len) {
+                                remat_config *out, config_strings *strings) {
   remat_config c = {
       .set = 0,
       .num_threads = default_threads,
@@ -251,10 +268,13 @@ remat_status remat__config_load(const remat_config *code, int default_threads,
       .lookahead = 1,
       .trace_path = NULL,
       .verbose = 0,
+      .topology = NULL,
   };
-  remat_status s = load_env(&c, policy_buf, policy_len, trace_buf, trace_len);
+  remat_status s = load_env(&c, strings);
   if (s == REMAT_OK && code != NULL)
-    s = overlay_code(code, &c, policy_buf, policy_len, trace_buf, trace_len);
+    s = overlay_numbers(code, &c);
+  if (s == REMAT_OK && code != NULL)
+    s = overlay_strings(code, &c, strings);
   if (s == REMAT_OK)
     *out = c;
   return s;

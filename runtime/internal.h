@@ -19,14 +19,19 @@
 #define REMAT__MAX_NUMEL (INT64_C(1) << 34) /* elements of one tensor */
 
 /* ---- config.c ---- */
-/* Reads the REMAT_* environment and overlays the set fields of `code`. The
- * policy string is copied into `policy_buf`, the trace path into
- * `trace_buf`. default_threads 0 leaves num_threads 0 when neither sets it
- * (the caller then uses the physical cores). */
+/* Copies of the strings a configuration points to. */
+typedef struct config_strings {
+  char policy[512];
+  char trace[4096];
+  char topology[4096];
+} config_strings;
+
+/* Reads the REMAT_* environment and overlays the set fields of `code`; the
+ * strings of `out` point into `strings`. default_threads 0 leaves
+ * num_threads 0 when neither sets it (the caller then uses the physical
+ * cores). */
 remat_status remat__config_load(const remat_config *code, int default_threads,
-                                remat_config *out, char *policy_buf,
-                                size_t policy_len, char *trace_buf,
-                                size_t trace_len);
+                                remat_config *out, config_strings *strings);
 
 /* ---- memory.c: per-NUMA-node arenas with byte accounting ---- */
 typedef struct mem_block mem_block;
@@ -64,8 +69,7 @@ void mem_reset_peaks(mem_arena *a);
 struct remat_runtime {
   _Atomic int refs; /* the program's, plus one per graph */
   remat_config config;
-  char policy_buf[512];
-  char trace_buf[4096];
+  config_strings strings; /* what config's strings point to */
   hwloc_topology_t topo;
   sched_pool *pool;
   dnnl_engine_t engine;

@@ -1,8 +1,12 @@
 /* The runtime: hardware topology, configuration, the worker pool and the
  * oneDNN engine with one stream per worker. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "runtime/internal.h"
@@ -32,15 +36,101 @@ static remat_status create_backend(remat_runtime *rt) {
   return REMAT_OK;
 }
 
-static remat_status create_topology(remat_runtime *rt) {
-  if (hwloc_topology_init(&rt->topo) != 0)
+#define TOPOLOGY_ACCEPTED                                                     \
+  "expected an hwloc synthetic description such as 'package:2 numa:1 "        \
+  "core:4 pu:1' or the path of an hwloc XML file (lstopo FILE.xml writes one)"
+
+/* Points `topo` at the machine that `desc` describes: the XML file it names
+ * when it names a regular file, else a synthetic description. */
+static remat_status describe_topology(hwloc_topology_t topo, const char *desc,
+                                      const char *what) {
+  struct stat st;
+  if (stat(desc, &st) == 0 && S_ISREG(st.st_mode)) {
+    if (hwloc_topology_set_xml(topo, desc) == 0)
+      return REMAT_OK;
+    return remat__fail(REMAT_ERR_CONFIG,
+                       "%s='%s' is not valid: the file is not an hwloc XML "
+                       "topology; " TOPOLOGY_ACCEPTED,
+                       what, desc);
+  }
+  if (strchr(desc, '/') != NULL)
+    return remat__fail(REMAT_ERR_CONFIG,
+                       "%s='%s' is not valid: no regular file has that "
+                       "path; " TOPOLOGY_ACCEPTED,
+                       what, desc);
+  if (hwloc_topology_set_synthetic(topo, desc) == 0)
+    return REMAT_OK;
+  return remat__fail(REMAT_ERR_CONFIG,
+                     "%s='%s' is not valid: " TOPOLOGY_ACCEPTED, what, desc);
+}
+
+/* This machine's topology, or the one config.topology describes. */
+static remat_status create_topology(remat_runtime *rt,
+                                    const remat_config *code) {
+  if (hwloc_topology_init(&rt->topo) != 0) {
+    rt->topo = NULL;
     return remat__fail(REMAT_ERR_BACKEND, "hwloc: cannot initialize a topology");
-  if (hwloc_topology_load(rt->topo) != 0) {
+  }
+  const char *desc = rt->config.topology;
+  bool from_code = code != NULL && (code->set & REMAT_SET_TOPOLOGY);
+  remat_status s = REMAT_OK;
+  if (desc != NULL)
+    s = describe_topology(
+        rt->topo, desc, from_code ? "remat_config.topology" : "REMAT_TOPOLOGY");
+  if (s == REMAT_OK && hwloc_topology_load(rt->topo) != 0)
+    s = remat__fail(REMAT_ERR_BACKEND, "hwloc: cannot load the topology");
+  if (s != REMAT_OK) {
     hwloc_topology_destroy(rt->topo);
     rt->topo = NULL;
-    return remat__fail(REMAT_ERR_BACKEND, "hwloc: cannot load the topology");
   }
-  return REMAT_OK;
+  return s;
+}
+
+static const char *file_kind(mode_t mode) {
+  if (S_ISDIR(mode))
+    return "a directory";
+  if (S_ISCHR(mode))
+    return "a character device";
+  if (S_ISBLK(mode))
+    return "a block device";
+  if (S_ISFIFO(mode))
+    return "a FIFO";
+  if (S_ISSOCK(mode))
+    return "a socket";
+  return "not a regular file";
+}
+
+#define TRACE_ACCEPTED                                                        \
+  "expected the path of a regular file that can be written (created if "     \
+  "missing)"
+
+/* The trace path must name a regular file that can be written, checked now
+ * so that a bad path fails creation instead of every step. Symbolic links
+ * are followed, as the trace writer follows them. An existing file is opened
+ * for appending, so neither truncated nor changed; a file created for the
+ * check is removed. O_NONBLOCK keeps a FIFO from blocking the open. */
+static remat_status check_trace(const char *path, const char *what) {
+  struct stat st;
+  bool exists = stat(path, &st) == 0;
+  if (!exists || S_ISREG(st.st_mode)) {
+    int flags = O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC;
+    int fd = open(path, exists ? flags : flags | O_CREAT | O_EXCL, 0666);
+    if (fd < 0)
+      return remat__fail(REMAT_ERR_CONFIG,
+                         "%s='%s' is not valid: it cannot be opened for "
+                         "writing (%s); " TRACE_ACCEPTED,
+                         what, path, strerror(errno));
+    if (fstat(fd, &st) != 0)
+      st.st_mode = 0;
+    close(fd);
+    if (!exists)
+      unlink(path);
+  }
+  if (S_ISREG(st.st_mode))
+    return REMAT_OK;
+  return remat__fail(REMAT_ERR_CONFIG,
+                     "%s='%s' is not valid: it is %s; " TRACE_ACCEPTED, what,
+                     path, file_kind(st.st_mode));
 }
 
 /* The default policy must parse; "auto" needs no budget to parse. */
@@ -70,13 +160,16 @@ remat_status remat_runtime_create(const remat_config *config,
                        "out of memory creating a runtime");
   atomic_init(&rt->refs, 1);
   /* The environment first: a bad value fails before any thread starts. */
-  remat_status s = remat__config_load(config, 0, &rt->config, rt->policy_buf,
-                                      sizeof rt->policy_buf, rt->trace_buf,
-                                      sizeof rt->trace_buf);
+  remat_status s = remat__config_load(config, 0, &rt->config, &rt->strings);
   if (s == REMAT_OK)
     s = check_policy(&rt->config, config);
+  if (s == REMAT_OK && rt->config.trace_path != NULL)
+    s = check_trace(rt->config.trace_path,
+                    config != NULL && (config->set & REMAT_SET_TRACE)
+                        ? "remat_config.trace_path"
+                        : "REMAT_TRACE");
   if (s == REMAT_OK)
-    s = create_topology(rt);
+    s = create_topology(rt, config);
   if (s == REMAT_OK && rt->config.num_threads == 0)
     rt->config.num_threads = sched_physical_cores(rt->topo);
   if (s == REMAT_OK) {
@@ -132,4 +225,10 @@ remat_status remat_runtime_config(const remat_runtime *rt, remat_config *out) {
 
 int remat_runtime_num_threads(const remat_runtime *rt) {
   return rt == NULL ? 0 : rt->nworkers;
+}
+
+int remat_runtime_worker_node(const remat_runtime *rt, int worker) {
+  if (rt == NULL || worker < 0 || worker >= rt->nworkers)
+    return -1;
+  return sched_pool_placement(rt->pool)->worker_node[worker];
 }

@@ -340,6 +340,7 @@ static void execute(sched_pool *pool) {
 
 static remat_status run_locked(sched_pool *pool, const sched_dag *dag,
                                const char *trace_path,
+                               sched_trace_result *traced,
                                char err[SCHED_ERRMSG_MAX]) {
   remat_status status = ensure_capacity(pool, dag->ntasks, err);
   if (status != REMAT_OK)
@@ -365,12 +366,7 @@ static remat_status run_locked(sched_pool *pool, const sched_dag *dag,
     status = (remat_status)failed;
   }
   if (trace_path) {
-    char trace_err[SCHED_ERRMSG_MAX];
-    remat_status traced = sched_trace_write(pool, dag, trace_path, trace_err);
-    if (traced != REMAT_OK && status == REMAT_OK) {
-      snprintf(err, SCHED_ERRMSG_MAX, "%s", trace_err);
-      status = traced;
-    }
+    traced->status = sched_trace_write(pool, dag, trace_path, traced->err);
     free(pool->trace);
     pool->trace = NULL;
   }
@@ -379,12 +375,21 @@ static remat_status run_locked(sched_pool *pool, const sched_dag *dag,
 
 remat_status sched_run(sched_pool *pool, sched_dag *dag,
                        const sched_run_opts *opts, char err[SCHED_ERRMSG_MAX]) {
+  sched_trace_result local;
+  sched_trace_result *traced = opts && opts->trace_result ? opts->trace_result
+                                                          : &local;
+  traced->status = REMAT_OK;
+  traced->err[0] = '\0';
   remat_status status = check_run(pool, dag, err);
   if (status != REMAT_OK)
     return status;
   pthread_mutex_lock(&pool->run_mutex);
   atomic_store(&pool->error_status, 0);
-  status = run_locked(pool, dag, opts ? opts->trace_path : NULL, err);
+  status = run_locked(pool, dag, opts ? opts->trace_path : NULL, traced, err);
   pthread_mutex_unlock(&pool->run_mutex);
+  if (traced == &local && local.status != REMAT_OK && status == REMAT_OK) {
+    snprintf(err, SCHED_ERRMSG_MAX, "%s", local.err);
+    status = local.status;
+  }
   return status;
 }

@@ -78,7 +78,8 @@ typedef struct sched_pool sched_pool;
 
 /* Starts the workers. Each worker calls omp_set_num_threads(1) once and is
  * bound according to `bind` (binding failures are ignored: placement still
- * groups workers by node). */
+ * groups workers by node). On a topology that is not this machine's
+ * (synthetic or XML) hwloc binds nothing, whatever `bind` says. */
 remat_status sched_pool_create(hwloc_topology_t topo, int nthreads,
                                sched_bind bind, sched_pool **out,
                                char err[SCHED_ERRMSG_MAX]);
@@ -86,14 +87,28 @@ void sched_pool_destroy(sched_pool *pool);
 int sched_pool_num_workers(const sched_pool *pool);
 const sched_placement *sched_pool_placement(const sched_pool *pool);
 
+/* How writing a run's trace went: REMAT_OK (with an empty message) when it
+ * was written or none was asked for. */
+typedef struct sched_trace_result {
+  remat_status status;
+  char err[SCHED_ERRMSG_MAX];
+} sched_trace_result;
+
 /* Per-run options. */
 typedef struct sched_run_opts {
   const char *trace_path; /* NULL: no trace; else Chrome trace-event JSON */
+  /* Where the outcome of writing the trace goes, apart from the run's
+   * status: the trace is written after the tasks, whose effects are done by
+   * then, so a trace that cannot be written must not turn a run that
+   * succeeded into a failure. NULL: a trace write failure becomes the run's
+   * status when the tasks succeeded. */
+  sched_trace_result *trace_result;
 } sched_run_opts;
 
 /* Runs every task of a finalized DAG once, respecting edges; returns when
  * all have finished. Runs on one pool are serialized (a second caller waits
- * for the first). Allocates nothing unless tracing. */
+ * for the first). Allocates nothing unless tracing. The trace, when asked
+ * for, is written whatever the tasks returned. */
 remat_status sched_run(sched_pool *pool, sched_dag *dag,
                        const sched_run_opts *opts, char err[SCHED_ERRMSG_MAX]);
 

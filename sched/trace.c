@@ -1,6 +1,8 @@
 /* Writes the trace of a run as Chrome trace-event JSON (opens in Perfetto
- * and chrome://tracing): a thread_name metadata event per worker and one
- * complete ("X") event per task, times in microseconds from the run's start. */
+ * and chrome://tracing): a thread_name metadata event per worker, naming
+ * its NUMA node ("worker 3 (node 1)"), and one complete ("X") event per task
+ * whose args hold its id and its affinity ("node", -1 for none), times in
+ * microseconds from the run's start. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -37,9 +39,10 @@ static void write_task(FILE *f, const sched_pool *pool, const sched_dag *dag,
   write_escaped(f, task->category ? task->category : "task");
   fprintf(f,
           "\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%d,"
-          "\"args\":{\"id\":%d}}",
+          "\"args\":{\"id\":%d,\"node\":%d}}",
           (double)(r->start_ns - pool->trace_origin_ns) / 1e3,
-          (double)(r->end_ns - r->start_ns) / 1e3, (int)r->worker, (int)t);
+          (double)(r->end_ns - r->start_ns) / 1e3, (int)r->worker, (int)t,
+          (int)dag->tasks[t].numa_node);
 }
 
 remat_status sched_trace_write(const sched_pool *pool, const sched_dag *dag,

@@ -1,21 +1,25 @@
 /* Tests of configuration: every bad REMAT_* value gets its exact error,
- * good values and code overrides take effect, byte sizes parse, and policy
- * strings parse or fail with a message that lists the valid choices. */
+ * good values and code overrides take effect, byte sizes parse, policy
+ * strings parse or fail with a message that lists the valid choices, and a
+ * trace path that cannot be written fails runtime creation. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "remat.h"
+#include "tmpdir.h"
 
 static const char *const vars[] = {"REMAT_NUM_THREADS", "REMAT_BIND",
                                    "REMAT_POLICY", "REMAT_MEMORY_BUDGET",
                                    "REMAT_LOOKAHEAD", "REMAT_TRACE",
-                                   "REMAT_VERBOSE"};
+                                   "REMAT_VERBOSE", "REMAT_TOPOLOGY"};
 
 static int clear_env(void **state) {
   (void)state;
@@ -188,6 +192,64 @@ static void test_policy_strings(void **state) {
                       "save_only_these_names:attn_probs");
 }
 
+#define TRACE_ACCEPTED                                                         \
+  "expected the path of a regular file that can be written (created if "      \
+  "missing)"
+
+/* REMAT_TRACE=path fails creation with `why` after "is not valid: ". */
+static void expect_trace_error(const char *path, const char *why) {
+  char message[512];
+  snprintf(message, sizeof message,
+           "REMAT_TRACE='%s' is not valid: %s; " TRACE_ACCEPTED, path, why);
+  expect_env_error("REMAT_TRACE", path, message);
+}
+
+static remat_status create_with_trace(const char *path) {
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TRACE,
+                     .num_threads = 1,
+                     .trace_path = path};
+  remat_runtime *rt = NULL;
+  remat_status s = remat_runtime_create(&rc, &rt);
+  remat_runtime_destroy(rt);
+  return s;
+}
+
+static void test_trace_path_checked(void **state) {
+  (void)state;
+  char path[128], fifo[128], message[512];
+  expect_trace_error(dir, "it is a directory");
+  snprintf(path, sizeof path, "%s/missing/trace.json", dir);
+  expect_trace_error(path, "it cannot be opened for writing (No such file or "
+                           "directory)");
+  expect_trace_error("/dev/full", "it is a character device");
+  snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  expect_trace_error(fifo, "it is a FIFO");
+  assert_int_equal(create_with_trace(dir), REMAT_ERR_CONFIG);
+  snprintf(message, sizeof message,
+           "remat_config.trace_path='%s' is not valid: it is a directory; "
+           TRACE_ACCEPTED, dir);
+  assert_string_equal(remat_last_error(), message);
+  /* A missing file is created for the check, then removed. */
+  snprintf(path, sizeof path, "%s/trace.json", dir);
+  assert_int_equal(create_with_trace(path), REMAT_OK);
+  assert_int_equal(access(path, F_OK), -1);
+  /* An existing file is left as it was. */
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("earlier trace", f);
+  fclose(f);
+  assert_int_equal(create_with_trace(path), REMAT_OK);
+  char text[32] = "";
+  f = fopen(path, "r");
+  assert_non_null(f);
+  assert_non_null(fgets(text, sizeof text, f));
+  fclose(f);
+  assert_string_equal(text, "earlier trace");
+  unlink(path);
+  unlink(fifo);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_bad_threads, clear_env),
@@ -197,6 +259,7 @@ int main(void) {
       cmocka_unit_test_setup(test_good_env_and_override, clear_env),
       cmocka_unit_test(test_parse_bytes),
       cmocka_unit_test(test_policy_strings),
+      cmocka_unit_test_setup(test_trace_path_checked, clear_env),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include <cjson/cJSON.h>
+
 #include "sched/sched.h"
 #include "sched/sched_internal.h"
 
@@ -588,6 +590,144 @@ static void test_repeated_runs(void **state) {
   hwloc_topology_destroy(topo);
 }
 
+/* A chain of 12 tasks whose affinities cycle through none, node 0, node 1,
+ * with a side task off every third one, so that ready tasks meet on
+ * several workers. */
+static void build_affine_dag(test_dag *t) {
+  test_dag_init(t, 16, 16);
+  for (int i = 0; i < 12; i++) {
+    add_task(t, 0, i % 3 - 1, "affine");
+    if (i > 0)
+      add_edge(t, i - 1, i);
+  }
+  for (int k = 0; k < 4; k++) {
+    add_task(t, 1, k % 2, "side");
+    add_edge(t, 3 * k, 12 + k);
+  }
+  char err[SCHED_ERRMSG_MAX];
+  assert_int_equal(sched_dag_finalize(t->dag, err), REMAT_OK);
+}
+
+/* The number and the string `key` of a JSON object, which must have it. */
+static int json_int(const cJSON *object, const char *key) {
+  const cJSON *item = cJSON_GetObjectItem(object, key);
+  if (!cJSON_IsNumber(item))
+    fail_msg("trace event without a number '%s'", key);
+  return item->valueint;
+}
+
+static const char *json_string(const cJSON *object, const char *key) {
+  const char *text = cJSON_GetStringValue(cJSON_GetObjectItem(object, key));
+  if (text == NULL)
+    fail_msg("trace event without a string '%s'", key);
+  return text;
+}
+
+/* One thread_name event per worker naming its node, then one slice per
+ * task, on a worker of its node, with its affinity as args.node. */
+static void check_trace_nodes(const char *path, const sched_placement *p,
+                              const test_dag *t) {
+  char *text = read_file(path);
+  cJSON *root = cJSON_Parse(text);
+  free(text);
+  assert_non_null(root);
+  int threads = 0, *slices = calloc((size_t)t->ntasks, sizeof(int));
+  const cJSON *e;
+  cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
+    const char *ph = json_string(e, "ph");
+    const cJSON *args = cJSON_GetObjectItem(e, "args");
+    int tid = json_int(e, "tid");
+    assert_true(tid >= 0 && tid < p->nworkers);
+    if (strcmp(ph, "M") == 0) {
+      char name[64];
+      snprintf(name, sizeof name, "worker %d (node %d)", tid,
+               p->worker_node[tid]);
+      assert_string_equal(json_string(args, "name"), name);
+      assert_int_equal(tid, threads++);
+      continue;
+    }
+    int id = json_int(args, "id");
+    int node = json_int(args, "node");
+    assert_true(id >= 0 && id < t->ntasks);
+    slices[id]++;
+    assert_int_equal(node, t->node[id]);
+    if (node >= 0)
+      assert_int_equal(p->worker_node[tid], node);
+  }
+  assert_int_equal(threads, p->nworkers);
+  for (int i = 0; i < t->ntasks; i++)
+    assert_int_equal(slices[i], 1);
+  free(slices);
+  cJSON_Delete(root);
+}
+
+static void test_trace_nodes(void **state) {
+  (void)state;
+  hwloc_topology_t topo = load_topology("pack:2 numa:1 core:2 pu:1");
+  sched_pool *pool = make_pool(topo, 4, SCHED_BIND_CORE);
+  const sched_placement *p = sched_pool_placement(pool);
+  assert_int_equal(p->nnodes, 2);
+  test_dag t;
+  build_affine_dag(&t);
+  char path[] = "/tmp/test_sched_nodes_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  sched_trace_result traced = {.status = REMAT_ERR_IO, .err = "stale"};
+  sched_run_opts opts = {.trace_path = path, .trace_result = &traced};
+  t.rec.nworkers = 4;
+  char err[SCHED_ERRMSG_MAX];
+  for (int r = 0; r < 5; r++) {
+    assert_int_equal(sched_run(pool, t.dag, &opts, err), REMAT_OK);
+    check_run(&t);
+    assert_int_equal(traced.status, REMAT_OK);
+    assert_string_equal(traced.err, "");
+    check_trace_nodes(path, p, &t);
+  }
+  unlink(path);
+  test_dag_free(&t);
+  sched_pool_destroy(pool);
+  hwloc_topology_destroy(topo);
+}
+
+/* A trace that cannot be written is reported apart: the run's status is the
+ * tasks' own, every task ran, and the next run starts with a clean result. */
+static void test_trace_failure_apart(void **state) {
+  (void)state;
+  hwloc_topology_t topo = load_topology(NULL);
+  sched_pool *pool = make_pool(topo, 2, SCHED_BIND_NONE);
+  test_dag t;
+  build_random(&t, 50, 6, 0);
+  t.rec.nworkers = 2;
+  sched_trace_result traced;
+  sched_run_opts opts = {.trace_path = "/nonexistent-dir/trace.json",
+                         .trace_result = &traced};
+  char err[SCHED_ERRMSG_MAX] = "";
+  assert_int_equal(sched_run(pool, t.dag, &opts, err), REMAT_OK);
+  check_run(&t);
+  assert_string_equal(err, "");
+  assert_int_equal(traced.status, REMAT_ERR_IO);
+  assert_string_equal(traced.err,
+                      "cannot write trace '/nonexistent-dir/trace.json': No "
+                      "such file or directory");
+  t.rec.fail_task = 7;
+  t.rec.fail_status = REMAT_ERR_NUMERIC;
+  assert_int_equal(sched_run(pool, t.dag, &opts, err), REMAT_ERR_NUMERIC);
+  assert_string_equal(err, "task 7 'random' failed with status 10");
+  assert_int_equal(traced.status, REMAT_ERR_IO);
+  for (int i = 0; i < t.ntasks; i++)
+    atomic_store(&t.rec.count[i], 0);
+  t.rec.fail_task = -1;
+  opts.trace_path = NULL;
+  assert_int_equal(sched_run(pool, t.dag, &opts, err), REMAT_OK);
+  check_run(&t);
+  assert_int_equal(traced.status, REMAT_OK);
+  assert_string_equal(traced.err, "");
+  test_dag_free(&t);
+  sched_pool_destroy(pool);
+  hwloc_topology_destroy(topo);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_random_dags),
@@ -602,6 +742,8 @@ int main(void) {
       cmocka_unit_test(test_trace),
       cmocka_unit_test(test_empty_dag),
       cmocka_unit_test(test_repeated_runs),
+      cmocka_unit_test(test_trace_nodes),
+      cmocka_unit_test(test_trace_failure_apart),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
