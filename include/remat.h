@@ -293,6 +293,10 @@ typedef struct remat_step_stats {
   int64_t peak[REMAT_MEM_NUM_CATEGORIES]; /* per category */
   int64_t current[REMAT_MEM_NUM_CATEGORIES]; /* after the step */
   int64_t tasks;               /* tasks executed */
+  remat_status trace_status;   /* REMAT_OK, or why REMAT_TRACE could not be
+                                  written after a step that succeeded (the
+                                  step's updates are applied; the message
+                                  is in remat_last_error()) */
 } remat_step_stats;
 
 /* Forward, backward and update. On REMAT_ERR_NUMERIC (NaN/Inf in the loss or

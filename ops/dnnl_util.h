@@ -132,8 +132,12 @@ void op_store(float *restrict dst, const float *restrict src, int64_t n,
 
 /* A vectorizable expf (Cephes-style range reduction, ~2 ulp) for loops
  * that gcc -O3 should turn into SIMD code; rounds with the 1.5*2^23 trick
- * so that no floorf call blocks vectorization. */
-static inline float op_expf(float x) {
+ * so that no floorf call blocks vectorization. NaN gives NaN, +Inf
+ * exp(88.3), -Inf exp(-87.3). */
+static inline float op_expf(float in) {
+  /* NaN would make the int conversion below undefined: compute on 0 and
+   * return the NaN itself, so it flows on to the numeric check. */
+  float x = in == in ? in : 0.0f;
   x = x < -87.3f ? -87.3f : x;
   x = x > 88.3f ? 88.3f : x;
   float fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
@@ -150,7 +154,7 @@ static inline float op_expf(float x) {
     int32_t i;
     float f;
   } u = {.i = ((int32_t)fx + 127) * (1 << 23)};
-  return p * u.f;
+  return in == in ? p * u.f : in;
 }
 
 #endif

@@ -29,6 +29,7 @@ remat_status remat_graph_create(remat_runtime *rt, remat_graph **out) {
 void remat_graph_destroy(remat_graph *g) {
   if (g == NULL)
     return;
+  graph_enter_wait(g); /* a step running on another thread finishes first */
   step_plan_destroy(g);
   for (int32_t i = 0; i < g->nops; i++)
     if (g->ops[i].planned)

@@ -2,6 +2,7 @@
  * handles it gets. Every stage of the runtime may call these; they call
  * nothing of the runtime. */
 #include <stdarg.h>
+#include <sched.h>
 #include <stdio.h>
 
 #include "runtime/internal.h"
@@ -32,3 +33,20 @@ bool graph_tensor_ok(remat_graph *g, const remat_tensor *t, const char *what) {
 }
 
 int64_t tensor_bytes(const remat_tensor *t) { return op_numel(&t->shape) * 4; }
+
+remat_status graph_enter(remat_graph *g, const char *what) {
+  if (atomic_exchange(&g->busy, 1) != 0)
+    return remat__fail(REMAT_ERR_STATE,
+                       "%s: another thread is using this graph: a graph takes "
+                       "one call at a time (use one graph per thread, or "
+                       "serialize the calls)",
+                       what);
+  return REMAT_OK;
+}
+
+void graph_leave(remat_graph *g) { atomic_store(&g->busy, 0); }
+
+void graph_enter_wait(remat_graph *g) {
+  while (atomic_exchange(&g->busy, 1) != 0)
+    sched_yield();
+}

@@ -6,6 +6,7 @@
 #include <hwloc.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
+#include <sys/types.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
@@ -75,11 +76,16 @@ struct remat_runtime {
   dnnl_engine_t engine;
   op_worker *workers; /* [nworkers]: stream per worker */
   int nworkers;
+  pid_t pid;          /* the process that created it: threads do not
+                         survive fork() */
 };
 
 /* runtime.c: graphs keep their runtime alive. */
 void runtime_retain(remat_runtime *rt);
 void runtime_release(remat_runtime *rt);
+/* REMAT_ERR_STATE (message names `what`) in a child forked after the
+ * runtime was created, whose worker threads do not exist. */
+remat_status runtime_check_fork(const remat_runtime *rt, const char *what);
 
 /* ---- graph IR ---- */
 typedef enum tensor_kind { TENSOR_INPUT, TENSOR_PARAM, TENSOR_ACT } tensor_kind;
@@ -133,6 +139,7 @@ struct remat_graph {
   int32_t region_stack[REMAT__MAX_REGION_DEPTH];
   int region_depth;
   bool compiled;
+  _Atomic int busy; /* a call that uses the compiled step is running */
   struct remat_step_plan *plan;
 };
 
@@ -142,6 +149,13 @@ remat_status graph_fail(remat_graph *g, remat_status status, const char *fmt,
                         ...) __attribute__((format(printf, 3, 4)));
 /* Checks a tensor handle passed to a graph call. */
 bool graph_tensor_ok(remat_graph *g, const remat_tensor *t, const char *what);
+/* graph_check.c: a call that uses g's compiled step (a step, a feed, a
+ * read, a save...) enters first and leaves after; a second caller on
+ * another thread gets REMAT_ERR_STATE instead of a data race. */
+remat_status graph_enter(remat_graph *g, const char *what);
+void graph_leave(remat_graph *g);
+/* Waits until no call is inside g, then keeps others out (destroy). */
+void graph_enter_wait(remat_graph *g);
 /* Adds an op of `type` on `in` (builders.c's one entry point). */
 remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
                            int nin, const op_attrs *attrs);

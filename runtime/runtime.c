@@ -159,6 +159,7 @@ remat_status remat_runtime_create(const remat_config *config,
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "out of memory creating a runtime");
   atomic_init(&rt->refs, 1);
+  rt->pid = getpid();
   /* The environment first: a bad value fails before any thread starts. */
   remat_status s = remat__config_load(config, 0, &rt->config, &rt->strings);
   if (s == REMAT_OK)
@@ -190,8 +191,20 @@ remat_status remat_runtime_create(const remat_config *config,
   return REMAT_OK;
 }
 
+remat_status runtime_check_fork(const remat_runtime *rt, const char *what) {
+  if (getpid() == rt->pid)
+    return REMAT_OK;
+  return remat__fail(REMAT_ERR_STATE,
+                     "%s: this process was forked after the runtime was "
+                     "created, and a runtime's worker threads do not survive "
+                     "fork(): create runtimes in the child, after the fork",
+                     what);
+}
+
+/* In a forked child the pool's threads do not exist: joining them would
+ * hang, so the child leaves the pool's memory to the process's end. */
 static void free_runtime(remat_runtime *rt) {
-  if (rt->pool != NULL)
+  if (rt->pool != NULL && getpid() == rt->pid)
     sched_pool_destroy(rt->pool);
   destroy_streams(rt);
   if (rt->engine != NULL)

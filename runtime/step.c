@@ -17,15 +17,20 @@ static double now_seconds(void) {
 
 /* ---- feeds and reads ---- */
 
-static remat_status check_ready(remat_graph *g, const char *what) {
+/* Every call below runs inside the graph (graph_enter): a second thread's
+ * call on the same graph gets REMAT_ERR_STATE, and destroy waits. */
+static remat_status enter(remat_graph *g, const char *what) {
   if (g == NULL)
     return remat__fail(REMAT_ERR_INVALID_ARG, "%s: graph is NULL", what);
+  remat_status s = runtime_check_fork(g->rt, what);
+  if (s != REMAT_OK)
+    return s;
   if (!g->compiled)
     return remat__fail(REMAT_ERR_STATE,
                        "%s: the graph is not compiled: call remat_compile "
                        "first",
                        what);
-  return REMAT_OK;
+  return graph_enter(g, what);
 }
 
 static remat_status check_tensor(remat_graph *g, const remat_tensor *t,
@@ -43,11 +48,9 @@ static remat_status check_tensor(remat_graph *g, const remat_tensor *t,
   return REMAT_OK;
 }
 
-remat_status remat_feed(remat_graph *g, remat_tensor *input, const void *data,
+static remat_status do_feed(remat_graph *g, remat_tensor *input, const void *data,
                         size_t bytes) {
-  remat_status s = check_ready(g, "remat_feed");
-  if (s == REMAT_OK)
-    s = check_tensor(g, input, bytes, "remat_feed");
+  remat_status s = check_tensor(g, input, bytes, "remat_feed");
   if (s != REMAT_OK)
     return s;
   if (input->kind != TENSOR_INPUT)
@@ -59,11 +62,9 @@ remat_status remat_feed(remat_graph *g, remat_tensor *input, const void *data,
   return REMAT_OK;
 }
 
-remat_status remat_read(remat_graph *g, remat_tensor *t, void *dst,
+static remat_status do_read(remat_graph *g, remat_tensor *t, void *dst,
                         size_t bytes) {
-  remat_status s = check_ready(g, "remat_read");
-  if (s == REMAT_OK)
-    s = check_tensor(g, t, bytes, "remat_read");
+  remat_status s = check_tensor(g, t, bytes, "remat_read");
   if (s != REMAT_OK)
     return s;
   plan_buffer *b = &g->plan->low.bufs[g->plan->low.value_buf[t->id]];
@@ -78,11 +79,9 @@ remat_status remat_read(remat_graph *g, remat_tensor *t, void *dst,
   return REMAT_OK;
 }
 
-remat_status remat_read_grad(remat_graph *g, remat_tensor *param, float *dst,
+static remat_status do_read_grad(remat_graph *g, remat_tensor *param, float *dst,
                              size_t bytes) {
-  remat_status s = check_ready(g, "remat_read_grad");
-  if (s == REMAT_OK)
-    s = check_tensor(g, param, bytes, "remat_read_grad");
+  remat_status s = check_tensor(g, param, bytes, "remat_read_grad");
   if (s != REMAT_OK)
     return s;
   int32_t b = param->kind == TENSOR_PARAM ? g->plan->low.grad_buf[param->id] : -1;
@@ -97,11 +96,9 @@ remat_status remat_read_grad(remat_graph *g, remat_tensor *param, float *dst,
   return REMAT_OK;
 }
 
-remat_status remat_write(remat_graph *g, remat_tensor *param, const float *src,
+static remat_status do_write(remat_graph *g, remat_tensor *param, const float *src,
                          size_t bytes) {
-  remat_status s = check_ready(g, "remat_write");
-  if (s == REMAT_OK)
-    s = check_tensor(g, param, bytes, "remat_write");
+  remat_status s = check_tensor(g, param, bytes, "remat_write");
   if (s != REMAT_OK)
     return s;
   if (param->kind != TENSOR_PARAM)
@@ -113,10 +110,7 @@ remat_status remat_write(remat_graph *g, remat_tensor *param, const float *src,
   return REMAT_OK;
 }
 
-remat_status remat_set_lr(remat_graph *g, float lr) {
-  remat_status s = check_ready(g, "remat_set_lr");
-  if (s != REMAT_OK)
-    return s;
+static remat_status do_set_lr(remat_graph *g, float lr) {
   if (!g->plan->has_opt || !isfinite(lr) || lr <= 0.0f)
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_set_lr: needs a graph compiled with an "
@@ -159,11 +153,19 @@ static void fill_stats(remat_step_plan *p, remat_step_stats *st, double secs) {
   st->tasks = sched_dag_num_tasks(p->dag);
 }
 
+/* A trace that could not be written after a step that succeeded: the
+ * step's updates are applied, so the step still succeeds; stats say so and
+ * remat_last_error() has the words. */
+static void note_trace(const sched_trace_result *traced, remat_step_stats *st,
+                       const char *what) {
+  st->trace_status = traced->status;
+  if (traced->status != REMAT_OK)
+    remat__fail(traced->status, "%s: the step succeeded but its trace was "
+                "not written: %s", what, traced->err);
+}
+
 static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
                              const char *what) {
-  remat_status s = check_ready(g, what);
-  if (s != REMAT_OK)
-    return s;
   remat_step_plan *p = g->plan;
   for (int32_t b = 0; b < p->low.nbufs; b++)
     atomic_store(&p->low.bufs[b].users_left, p->low.bufs[b].users);
@@ -172,7 +174,9 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
          (size_t)g->rt->nworkers * 8 * sizeof *p->worker_recompute_flops);
   mem_reset_peaks(&p->arena);
   p->opt_step++;
-  sched_run_opts opts = {.trace_path = g->rt->config.trace_path};
+  sched_trace_result traced;
+  sched_run_opts opts = {.trace_path = g->rt->config.trace_path,
+                         .trace_result = &traced};
   char err[SCHED_ERRMSG_MAX];
   double t0 = now_seconds();
   if (mem_reserve(&p->arena) != REMAT_OK) {
@@ -180,7 +184,7 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "%s: out of memory reserving the step's tensors", what);
   }
-  s = sched_run(g->rt->pool, p->dag, &opts, err);
+  remat_status s = sched_run(g->rt->pool, p->dag, &opts, err);
   double secs = now_seconds() - t0;
   if (s != REMAT_OK) {
     release_transients(p);
@@ -189,30 +193,95 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
                        s == REMAT_ERR_OUT_OF_MEMORY ? "out of memory" : err);
   }
   fill_stats(p, &p->last, secs);
-  if (stats != NULL)
-    *stats = p->last;
   if (p->last.nonfinite) {
     p->opt_step--; /* no update was applied */
-    return remat__fail(REMAT_ERR_NUMERIC,
-                       "%s: the loss or a gradient is NaN or Inf; the updates "
-                       "were skipped",
-                       what);
+    s = remat__fail(REMAT_ERR_NUMERIC,
+                    "%s: the loss or a gradient is NaN or Inf; the updates "
+                    "were skipped",
+                    what);
   }
-  return REMAT_OK;
+  if (s == REMAT_OK)
+    note_trace(&traced, &p->last, what);
+  if (stats != NULL)
+    *stats = p->last;
+  return s;
 }
 
+/* ---- the public calls: enter, run, leave ---- */
+
 remat_status remat_step(remat_graph *g, remat_step_stats *stats) {
-  if (g != NULL && g->compiled && g->plan->forward_only)
-    return remat__fail(REMAT_ERR_STATE,
-                       "remat_step: the graph was compiled without a loss: "
-                       "use remat_forward");
-  return run_plan(g, stats, "remat_step");
+  remat_status s = enter(g, "remat_step");
+  if (s != REMAT_OK)
+    return s;
+  if (g->plan->forward_only)
+    s = remat__fail(REMAT_ERR_STATE,
+                    "remat_step: the graph was compiled without a loss: use "
+                    "remat_forward");
+  else
+    s = run_plan(g, stats, "remat_step");
+  graph_leave(g);
+  return s;
 }
 
 remat_status remat_forward(remat_graph *g, remat_step_stats *stats) {
-  if (g != NULL && g->compiled && !g->plan->forward_only)
-    return remat__fail(REMAT_ERR_STATE,
-                       "remat_forward: the graph was compiled for training: "
-                       "compile a graph with loss NULL for inference");
-  return run_plan(g, stats, "remat_forward");
+  remat_status s = enter(g, "remat_forward");
+  if (s != REMAT_OK)
+    return s;
+  if (!g->plan->forward_only)
+    s = remat__fail(REMAT_ERR_STATE,
+                    "remat_forward: the graph was compiled for training: "
+                    "compile a graph with loss NULL for inference");
+  else
+    s = run_plan(g, stats, "remat_forward");
+  graph_leave(g);
+  return s;
+}
+
+remat_status remat_feed(remat_graph *g, remat_tensor *input, const void *data,
+                        size_t bytes) {
+  remat_status s = enter(g, "remat_feed");
+  if (s != REMAT_OK)
+    return s;
+  s = do_feed(g, input, data, bytes);
+  graph_leave(g);
+  return s;
+}
+
+remat_status remat_read(remat_graph *g, remat_tensor *t, void *dst,
+                        size_t bytes) {
+  remat_status s = enter(g, "remat_read");
+  if (s != REMAT_OK)
+    return s;
+  s = do_read(g, t, dst, bytes);
+  graph_leave(g);
+  return s;
+}
+
+remat_status remat_read_grad(remat_graph *g, remat_tensor *param, float *dst,
+                             size_t bytes) {
+  remat_status s = enter(g, "remat_read_grad");
+  if (s != REMAT_OK)
+    return s;
+  s = do_read_grad(g, param, dst, bytes);
+  graph_leave(g);
+  return s;
+}
+
+remat_status remat_write(remat_graph *g, remat_tensor *param, const float *src,
+                         size_t bytes) {
+  remat_status s = enter(g, "remat_write");
+  if (s != REMAT_OK)
+    return s;
+  s = do_write(g, param, src, bytes);
+  graph_leave(g);
+  return s;
+}
+
+remat_status remat_set_lr(remat_graph *g, float lr) {
+  remat_status s = enter(g, "remat_set_lr");
+  if (s != REMAT_OK)
+    return s;
+  s = do_set_lr(g, lr);
+  graph_leave(g);
+  return s;
 }
