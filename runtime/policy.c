@@ -24,7 +24,12 @@ static const char *const kind_names[] = {
 /* Every word a policy string may start with. Aliases parse to their
  * canonical kind; JAX's offload policies are known only to say that remat
  * does not offload, and their kind is the nearest remat policy. */
-typedef enum word_form { WORD_SIMPLE, WORD_NAMES, WORD_BOTH, WORD_OFFLOAD } word_form;
+typedef enum word_form {
+  WORD_SIMPLE,
+  WORD_NAMES,
+  WORD_BOTH,
+  WORD_OFFLOAD
+} word_form;
 typedef struct policy_word {
   const char *word;
   policy_kind kind;
@@ -406,13 +411,14 @@ static remat_status parse_simple(policy_reader *r, const policy_word *w,
   return *out ? REMAT_OK : REMAT_ERR_OUT_OF_MEMORY;
 }
 
+/* The name at `at` is empty: the list's first name starts at `first`. */
 static remat_status empty_name(const char *what, const char *text,
                                size_t first, size_t at) {
-  const char *why = at > first          ? (text[at] == ','
-                                               ? "two ',' in a row"
-                                               : "',' at the end of the list")
-                    : text[at] == ',' ? "',' right after ':'"
-                                      : "nothing after ':'";
+  const char *why = "nothing after ':'";
+  if (at == first && text[at] == ',')
+    why = "',' right after ':'";
+  else if (at > first)
+    why = text[at] == ',' ? "two ',' in a row" : "',' at the end of the list";
   return remat__fail(REMAT_ERR_POLICY,
                      "%s: empty name at offset %zu (%s): expected "
                      "%s:NAME[,NAME...], e.g. %s:attn_out,ffn_in",
