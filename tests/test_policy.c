@@ -2,7 +2,8 @@
  * length limits (the limit passes, one more fails, a 1 MB string fails
  * fast), the exact message of every parse error, names with control bytes,
  * JAX's aliases and offload policies, remat_policy_format at every buffer
- * size, and the round trip of every policy kind. */
+ * size, the round trip of every policy kind, and parsing and combining
+ * when the N-th allocation fails, for every N. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -14,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "base/alloc.h"
 #include "remat.h"
 
 #define ACCEPTED                                                               \
@@ -491,6 +493,54 @@ static void test_round_trip_every_kind(void **state) {
     remat_policy_destroy(made[i]);
 }
 
+/* ---- out of memory ---- */
+
+/* Parses texts[call], or for the last call combines two policies. */
+static remat_status injected_call(int call, const char *const *texts,
+                                  const remat_policy *whole,
+                                  remat_policy **out) {
+  if (texts[call] != NULL)
+    return remat_policy_parse(texts[call], out);
+  *out = remat_policy_save_from_both_policies(whole, whole);
+  return *out ? REMAT_OK : REMAT_ERR_OUT_OF_MEMORY;
+}
+
+/* The N-th allocation fails, for every N until the call needs fewer:
+ * REMAT_ERR_OUT_OF_MEMORY and its message, nothing built, nothing leaked
+ * (ASan). */
+static void test_out_of_memory(void **state) {
+  (void)state;
+  const char *const texts[] = {
+      BOTH "save_only_these_names:a,b,c+" BOTH
+           "dots_saveable+save_any_names_but_these:q",
+      "save_only_these_names:a,b,c", NULL};
+  /* One allocation per node, name list and name. */
+  const int64_t allocations[] = {11, 5, 23};
+  remat_policy *whole = NULL;
+  assert_int_equal(remat_policy_parse(texts[0], &whole), REMAT_OK);
+  for (int call = 0; call < 3; call++) {
+    int64_t n = 1;
+    for (;; n++) {
+      remat_policy *p = (remat_policy *)&p;
+      remat__alloc_fail_after(n);
+      remat_status s = injected_call(call, texts, whole, &p);
+      int64_t count = remat__alloc_count();
+      remat__alloc_fail_after(0);
+      if (count < n) {
+        assert_int_equal(s, REMAT_OK);
+        remat_policy_destroy(p);
+        break;
+      }
+      assert_int_equal(s, REMAT_ERR_OUT_OF_MEMORY);
+      assert_null(p);
+      assert_string_equal(remat_last_error(),
+                          "out of memory creating a policy");
+    }
+    assert_int_equal(n - 1, allocations[call]);
+  }
+  remat_policy_destroy(whole);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_depth_limit),
@@ -505,6 +555,7 @@ int main(void) {
       cmocka_unit_test(test_offload_policies),
       cmocka_unit_test(test_format_every_size),
       cmocka_unit_test(test_round_trip_every_kind),
+      cmocka_unit_test(test_out_of_memory),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
