@@ -201,7 +201,22 @@ typedef struct remat_policy remat_policy;
 /* Policies decide, for each activation inside a checkpoint region, whether
  * it is saved for backward or recomputed there. Region outputs are always
  * saved; outside any region everything is saved. Constructors return NULL
- * only when out of memory. The caller destroys what it creates. */
+ * with a message (remat_last_error) on a bad argument, a result beyond the
+ * limits below, or no memory. The caller destroys what it creates.
+ *
+ * Names (of checkpointed tensors, and in the name-based policies) are 1 to
+ * 63 bytes, none of them a space, ',', '+', ':' or a control byte
+ * (0x01-0x1F, 0x7F); other bytes, UTF-8 included, are allowed. Messages
+ * show bytes outside 0x20-0x7E as \xNN and give offsets in bytes from 0. */
+
+/* save_from_both_policies nests at most this deep in a policy: a string
+ * (or a constructor) that nests deeper fails with REMAT_ERR_POLICY. */
+#define REMAT_MAX_POLICY_DEPTH 32
+/* A policy string is at most this many bytes, without its NUL; longer ones
+ * fail with REMAT_ERR_POLICY, and constructors refuse a policy whose string
+ * form would be longer, so every policy formats to a string that parses. */
+#define REMAT_MAX_POLICY_LENGTH 65536
+
 REMAT_API remat_policy *remat_policy_everything_saveable(void);
 REMAT_API remat_policy *remat_policy_nothing_saveable(void);
 /* Saves the results of dots (matmul, linear, attention products). */
@@ -209,26 +224,38 @@ REMAT_API remat_policy *remat_policy_dots_saveable(void);
 REMAT_API remat_policy *remat_policy_checkpoint_dots(void); /* alias */
 /* Saves the results of dots that have no batch dimensions. */
 REMAT_API remat_policy *remat_policy_dots_with_no_batch_dims_saveable(void);
+REMAT_API remat_policy *
+remat_policy_checkpoint_dots_with_no_batch_dims(void); /* alias */
 /* Saves the tensors named (remat_checkpoint_name) with one of `names`. */
 REMAT_API remat_policy *remat_policy_save_only_these_names(
     const char *const *names, int count);
 /* Saves named tensors except those with one of `names`. */
 REMAT_API remat_policy *remat_policy_save_any_names_but_these(
     const char *const *names, int count);
-/* Saves what either policy saves. */
+REMAT_API remat_policy *remat_policy_save_anything_except_these_names(
+    const char *const *names, int count); /* alias */
+/* Saves what either policy saves; neither may be "auto". */
 REMAT_API remat_policy *remat_policy_save_from_both_policies(
     const remat_policy *a, const remat_policy *b);
 /* Parses the string forms that REMAT_POLICY and the tools take:
- * "everything_saveable", "nothing_saveable", "dots_saveable",
- * "checkpoint_dots", "dots_with_no_batch_dims_saveable",
- * "save_only_these_names:a,b", "save_any_names_but_these:a,b",
- * "save_from_both_policies:P+Q" (P and Q policy strings without '+'), and
- * "auto" (per region, the policy that fits the memory budget with the
- * least recompute). */
+ * "everything_saveable", "nothing_saveable", "dots_saveable" (alias
+ * "checkpoint_dots"), "dots_with_no_batch_dims_saveable" (alias
+ * "checkpoint_dots_with_no_batch_dims"), "save_only_these_names:a,b",
+ * "save_any_names_but_these:a,b" (alias
+ * "save_anything_except_these_names:a,b"), "save_from_both_policies:P+Q"
+ * (P and Q policy strings; P ends at the first '+' that does not belong
+ * to a save_from_both_policies inside it), and "auto" (per region, the
+ * policy that fits the memory budget with the least recompute). JAX's
+ * offload policies ("save_and_offload_only_these_names",
+ * "offload_dot_with_no_batch_dims") fail with REMAT_ERR_POLICY: remat does
+ * not offload to host memory. Parsing takes time linear in the length. */
 REMAT_API remat_status remat_policy_parse(const char *text,
                                           remat_policy **out);
 REMAT_API void remat_policy_destroy(remat_policy *policy);
-/* Writes the policy's string form. */
+/* Writes the policy's string form, which remat_policy_parse turns back
+ * into the same policy; an alias is written as its canonical name (e.g.
+ * checkpoint_dots as dots_saveable). A buffer shorter than the string and
+ * its NUL gives REMAT_ERR_LIMIT and, when len > 0, an empty string. */
 REMAT_API remat_status remat_policy_format(const remat_policy *policy,
                                            char *buf, size_t len);
 

@@ -84,9 +84,11 @@ static void test_bad_policy_env(void **state) {
       "REMAT_POLICY", "dots_savable",
       "REMAT_POLICY: unknown remat policy 'dots_savable': expected one of "
       "everything_saveable, nothing_saveable, dots_saveable, checkpoint_dots, "
-      "dots_with_no_batch_dims_saveable, save_only_these_names:NAME[,NAME...], "
-      "save_any_names_but_these:NAME[,NAME...], save_from_both_policies:P+Q, "
-      "auto");
+      "dots_with_no_batch_dims_saveable, checkpoint_dots_with_no_batch_dims, "
+      "save_only_these_names:NAME[,NAME...], "
+      "save_any_names_but_these:NAME[,NAME...], "
+      "save_anything_except_these_names:NAME[,NAME...], "
+      "save_from_both_policies:P+Q, auto");
 }
 
 static void test_good_env_and_override(void **state) {
@@ -174,20 +176,24 @@ static void test_policy_strings(void **state) {
       "dots_savable",
       "unknown remat policy 'dots_savable': expected one of "
       "everything_saveable, nothing_saveable, dots_saveable, checkpoint_dots, "
-      "dots_with_no_batch_dims_saveable, save_only_these_names:NAME[,NAME...], "
-      "save_any_names_but_these:NAME[,NAME...], save_from_both_policies:P+Q, "
-      "auto");
+      "dots_with_no_batch_dims_saveable, checkpoint_dots_with_no_batch_dims, "
+      "save_only_these_names:NAME[,NAME...], "
+      "save_any_names_but_these:NAME[,NAME...], "
+      "save_anything_except_these_names:NAME[,NAME...], "
+      "save_from_both_policies:P+Q, auto");
   expect_policy_error("save_only_these_names:",
-                      "'save_only_these_names:' has an empty name: expected "
-                      "save_only_these_names:NAME[,NAME...], e.g. "
+                      "save_only_these_names: empty name at offset 22 (nothing "
+                      "after ':'): expected save_only_these_names:NAME[,NAME...], "
+                      "e.g. "
                       "save_only_these_names:attn_out,ffn_in");
   expect_policy_error("save_any_names_but_these:a,,b",
-                      "'save_any_names_but_these:a,,b' has an empty name: "
-                      "expected save_any_names_but_these:NAME[,NAME...], e.g. "
+                      "save_any_names_but_these: empty name at offset 27 (two "
+                      "',' in a row): expected "
+                      "save_any_names_but_these:NAME[,NAME...], e.g. "
                       "save_any_names_but_these:attn_out,ffn_in");
   expect_policy_error("save_from_both_policies:dots_saveable",
-                      "'save_from_both_policies:dots_saveable' is not valid: "
-                      "expected save_from_both_policies:P+Q, e.g. "
+                      "save_from_both_policies: expected '+' and a second "
+                      "policy at offset 37, found the end of the string; e.g. "
                       "save_from_both_policies:dots_saveable+"
                       "save_only_these_names:attn_probs");
 }
