@@ -4,9 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# libudev-dev: hwloc's pkg-config file lists -ludev for static links
+# (pkg-config --static --libs remat).
 packages=(build-essential meson ninja-build pkg-config libdnnl-dev
-          libhwloc-dev libcmocka-dev libcjson-dev clang libclang-rt-14-dev
-          python3-torch python3-numpy python3-matplotlib libopenblas0-pthread)
+          libhwloc-dev libudev-dev libcmocka-dev libcjson-dev clang
+          libclang-rt-14-dev python3-torch python3-numpy python3-matplotlib
+          libopenblas0-pthread)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" \
