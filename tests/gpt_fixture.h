@@ -32,20 +32,15 @@ static inline void fixture_batch(const remat_gpt_config *c, int32_t *tokens,
     }
 }
 
-/* Builds and compiles; returns the first failing status. `budget` 0 means
- * none. opt NULL computes gradients without updating. */
-static inline remat_status fixture_open(fixture *f, const remat_gpt_config *c,
-                                        int threads, const char *policy,
-                                        int64_t budget,
-                                        const remat_optimizer *opt) {
+/* Builds and compiles on a runtime made from `rc`; returns the first
+ * failing status. opt NULL computes gradients without updating. */
+static inline remat_status fixture_open_config(fixture *f,
+                                               const remat_gpt_config *c,
+                                               const remat_config *rc,
+                                               const remat_optimizer *opt) {
   memset(f, 0, sizeof *f);
   f->cfg = *c;
-  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
-                            REMAT_SET_MEMORY_BUDGET | REMAT_SET_TRACE,
-                     .num_threads = threads,
-                     .policy = policy,
-                     .memory_budget = budget};
-  remat_status s = remat_runtime_create(&rc, &f->rt);
+  remat_status s = remat_runtime_create(rc, &f->rt);
   if (s == REMAT_OK)
     s = remat_graph_create(f->rt, &f->g);
   if (s == REMAT_OK)
@@ -66,6 +61,20 @@ static inline remat_status fixture_open(fixture *f, const remat_gpt_config *c,
   if (s == REMAT_OK)
     s = remat_feed(f->g, f->m.targets, f->targets, n * sizeof *f->targets);
   return s;
+}
+
+/* fixture_open_config with a thread count, a default policy and a budget
+ * (0 means none), and no trace. */
+static inline remat_status fixture_open(fixture *f, const remat_gpt_config *c,
+                                        int threads, const char *policy,
+                                        int64_t budget,
+                                        const remat_optimizer *opt) {
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
+                            REMAT_SET_MEMORY_BUDGET | REMAT_SET_TRACE,
+                     .num_threads = threads,
+                     .policy = policy,
+                     .memory_budget = budget};
+  return fixture_open_config(f, c, &rc, opt);
 }
 
 static inline void fixture_close(fixture *f) {

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -98,6 +99,9 @@ static void test_good_env_and_override(void **state) {
   setenv("REMAT_BIND", "none", 1);
   setenv("REMAT_MEMORY_BUDGET", "1.5GiB", 1);
   setenv("REMAT_POLICY", "dots_saveable", 1);
+  setenv("REMAT_LOOKAHEAD", "5", 1);
+  setenv("REMAT_TRACE", "/tmp/remat-test-config-trace.json", 1);
+  setenv("REMAT_VERBOSE", "1", 1);
   remat_runtime *rt = NULL;
   assert_int_equal(remat_runtime_create(NULL, &rt), REMAT_OK);
   remat_config c;
@@ -107,15 +111,26 @@ static void test_good_env_and_override(void **state) {
   assert_int_equal(c.bind, REMAT_BIND_NONE);
   assert_int_equal(c.memory_budget, (int64_t)(1.5 * 1073741824.0));
   assert_string_equal(c.policy, "dots_saveable");
-  assert_int_equal(c.lookahead, 1);
+  assert_int_equal(c.lookahead, 5);
+  assert_string_equal(c.trace_path, "/tmp/remat-test-config-trace.json");
+  assert_int_equal(c.verbose, 1);
   remat_runtime_destroy(rt);
 
   /* Code wins only for the fields it sets. */
-  remat_config code = {.set = REMAT_SET_NUM_THREADS, .num_threads = 2};
+  remat_config code = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
+                              REMAT_SET_LOOKAHEAD | REMAT_SET_TRACE,
+                       .num_threads = 2,
+                       .policy = "nothing_saveable",
+                       .lookahead = 2};
   assert_int_equal(remat_runtime_create(&code, &rt), REMAT_OK);
   assert_int_equal(remat_runtime_config(rt, &c), REMAT_OK);
   assert_int_equal(c.num_threads, 2);
+  assert_string_equal(c.policy, "nothing_saveable");
+  assert_int_equal(c.lookahead, 2);
+  assert_null(c.trace_path);
   assert_int_equal(c.bind, REMAT_BIND_NONE);
+  assert_int_equal(c.memory_budget, (int64_t)(1.5 * 1073741824.0));
+  assert_int_equal(c.verbose, 1);
   remat_runtime_destroy(rt);
 
   code.num_threads = 0;
@@ -137,10 +152,22 @@ static void test_parse_bytes(void **state) {
   assert_int_equal(b, 4096);
   assert_int_equal(remat_parse_bytes("0.5KB", &b), REMAT_OK);
   assert_int_equal(b, 500);
+  assert_int_equal(remat_parse_bytes("1.5GiB", &b), REMAT_OK);
+  assert_int_equal(b, 1610612736);
+  assert_int_equal(remat_parse_bytes("1TB", &b), REMAT_OK);
+  assert_int_equal(b, 1000000000000);
   const char *bad[] = {"", "0", "1.5 GB", "-3MB", "lots", "1GBB", "1..5MB",
                        "MB"};
-  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    char message[256];
+    snprintf(message, sizeof message,
+             "'%s' is not a byte size: expected a positive number with an "
+             "optional unit and no space, such as 1.5GiB, 800MB or 4096 "
+             "(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)",
+             bad[i]);
     assert_int_equal(remat_parse_bytes(bad[i], &b), REMAT_ERR_CONFIG);
+    assert_string_equal(remat_last_error(), message);
+  }
 }
 
 static void expect_policy_error(const char *text, const char *message) {

@@ -603,7 +603,9 @@ static void test_infer_shapes_and_tags(void **state) {
                .attrs = {.heads = 4}};
   assert_int_equal(op_infer(&d, err), REMAT_OK);
   assert_int_equal(d.out.ndim, 4);
+  assert_int_equal(d.out.dim[0], 2);
   assert_int_equal(d.out.dim[1], 4);
+  assert_int_equal(d.out.dim[2], 8);
   assert_int_equal(d.out.dim[3], 8);
   assert_int_equal(op_tags(&d), OP_TAG_DOT | OP_TAG_BATCHED);
   d = (op_desc){.type = OP_MATMUL, .nin = 2, .in = {S2(3, 4), S2(4, 5)}};
@@ -620,7 +622,14 @@ static void test_infer_shapes_and_tags(void **state) {
   assert_string_equal(op_name(OP_LAYERNORM), "layernorm");
 }
 
-/* A bad token id or target makes the forward tile fail, not crash. */
+/* Sets element `at` of int input `in` to `id` and runs forward tile 0. */
+static remat_status fwd_with_id(op_run *r, int in, int at, int32_t id) {
+  ((int32_t *)r->bufs.in[in])[at] = id;
+  return r->inst.fwd[0].fn(&r->inst, &r->bufs, 0, &r->worker);
+}
+
+/* A bad token id or target makes the forward tile fail, not crash; the
+ * ids at both ends of the range are accepted. */
 static void test_bad_ids(void **state) {
   (void)state;
   op_case c = make_case(OP_EMBED, ref_embed, 3, S2(2, 4), S2(10, 8),
@@ -630,25 +639,33 @@ static void test_bad_ids(void **state) {
   c.hi[0] = 10;
   op_run r;
   run_setup(&r, &c);
-  ((int32_t *)r.bufs.in[0])[5] = 10;
-  assert_int_equal(r.inst.fwd[0].fn(&r.inst, &r.bufs, 0, &r.worker),
-                   REMAT_ERR_INVALID_ARG);
-  ((int32_t *)r.bufs.in[0])[5] = -1;
-  assert_int_equal(r.inst.fwd[0].fn(&r.inst, &r.bufs, 0, &r.worker),
-                   REMAT_ERR_INVALID_ARG);
+  assert_int_equal(fwd_with_id(&r, 0, 5, 10), REMAT_ERR_INVALID_ARG);
+  assert_int_equal(fwd_with_id(&r, 0, 5, -1), REMAT_ERR_INVALID_ARG);
+  assert_int_equal(fwd_with_id(&r, 0, 5, 9), REMAT_OK);
+  assert_int_equal(fwd_with_id(&r, 0, 5, 0), REMAT_OK);
   run_free(&r);
   c = make_case(OP_CROSS_ENTROPY, ref_cross_entropy, 2, S2(3, 6), S1(3));
   c.desc.in_dtype[1] = OP_I32;
   c.lo[1] = 0;
   c.hi[1] = 6;
   run_setup(&r, &c);
-  ((int32_t *)r.bufs.in[1])[2] = 6;
-  assert_int_equal(r.inst.fwd[0].fn(&r.inst, &r.bufs, 0, &r.worker),
-                   REMAT_ERR_INVALID_ARG);
+  assert_int_equal(fwd_with_id(&r, 1, 2, 6), REMAT_ERR_INVALID_ARG);
+  assert_int_equal(fwd_with_id(&r, 1, 2, -1), REMAT_ERR_INVALID_ARG);
+  assert_int_equal(fwd_with_id(&r, 1, 2, 5), REMAT_OK);
+  assert_int_equal(fwd_with_id(&r, 1, 2, 0), REMAT_OK);
   run_free(&r);
 }
 
-/* Running the tiles in reverse order gives bitwise the same results. */
+/* Elements of x[0..n) that are not zero. */
+static int64_t nonzero(const float *x, int64_t n) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; i++) count += x[i] != 0.0f;
+  return count;
+}
+
+/* Running the tiles in reverse order gives bitwise the same results, and
+ * results they are: out and every din have no zero element (buffers start
+ * zeroed, so kernels that wrote nothing would also agree). */
 static void test_tile_order(void **state) {
   (void)state;
   op_case c = make_case(OP_LAYERNORM, ref_layernorm, 3, S2(600, 48), S1(48),
@@ -656,14 +673,22 @@ static void test_tile_order(void **state) {
   op_run r;
   run_setup(&r, &c);
   int64_t n[3] = {r.n[0], r.n[1], r.n[2]};
-  float *first[3] = {0};
+  float *first[3] = {0}, *first_out = xcalloc(r.nout, sizeof(float));
   for (int64_t j = 0; j < r.nout; j++) r.bufs.dout[j] = (float)uniform(-1, 1);
   for (int pass = 0; pass < 2; pass++) {
     for (int i = 0; i < 3; i++) r.bufs.din[i] = xcalloc(n[i], sizeof(float));
+    memset(r.bufs.out, 0, r.nout * sizeof(float));
     run_kernels(&r, r.inst.fwd, r.inst.nfwd, pass);
     run_kernels(&r, r.inst.bwd, r.inst.nbwd, pass);
+    if (pass == 0) {
+      assert_int_equal(nonzero(r.bufs.out, r.nout), r.nout);
+      memcpy(first_out, r.bufs.out, r.nout * sizeof(float));
+    } else {
+      assert_memory_equal(first_out, r.bufs.out, r.nout * sizeof(float));
+    }
     for (int i = 0; i < 3; i++) {
       if (pass == 0) {
+        assert_int_equal(nonzero(r.bufs.din[i], n[i]), n[i]);
         first[i] = r.bufs.din[i];
       } else {
         assert_memory_equal(first[i], r.bufs.din[i], n[i] * sizeof(float));
@@ -673,6 +698,7 @@ static void test_tile_order(void **state) {
       r.bufs.din[i] = NULL;
     }
   }
+  free(first_out);
   run_free(&r);
 }
 

@@ -49,6 +49,8 @@ static result run(const remat_gpt_config *c, int threads, const char *policy,
     memcpy(&r.loss_bits[i], &r.stats.loss, sizeof(float));
     if (i == 0)
       r.grad_hash = fixture_grad_hash(&f);
+    if (i == 0 && r.grad_hash == 0)
+      fail_msg("%s: gradients could not be read: %s", policy, remat_last_error());
   }
   fixture_close(&f);
   return r;

@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,18 +127,31 @@ static void build_random(test_dag *t, int ntasks, unsigned seed, int nnodes) {
   assert_int_equal(sched_dag_finalize(t->dag, err), REMAT_OK);
 }
 
-/* Every task ran exactly once and after all its predecessors; resets. */
-static void check_run(test_dag *t) {
+enum { WHY_MAX = 256 };
+
+/* Every task ran exactly once, after all its predecessors, on a worker in
+ * range; resets the counts. False with the first problem in `why`. It
+ * asserts nothing, so that host threads other than cmocka's may call it. */
+static bool check_run(test_dag *t, char why[WHY_MAX]) {
+  bool ok = true;
   for (int i = 0; i < t->ntasks; i++) {
-    if (atomic_load(&t->rec.count[i]) != 1)
-      fail_msg("task %d ran %d times", i, atomic_load(&t->rec.count[i]));
-    atomic_store(&t->rec.count[i], 0);
+    int count = atomic_exchange(&t->rec.count[i], 0);
+    if (count != 1 && ok)
+      snprintf(why, WHY_MAX, "task %d ran %d times", i, count);
+    ok = ok && count == 1;
   }
-  for (int e = 0; e < t->nedges; e++)
+  for (int e = 0; ok && e < t->nedges; e++)
     if (atomic_load(&t->rec.stamp[t->from[e]]) >=
-        atomic_load(&t->rec.stamp[t->to[e]]))
-      fail_msg("task %d ran before its predecessor %d", t->to[e], t->from[e]);
-  assert_int_equal(atomic_load(&t->rec.bad_worker), 0);
+        atomic_load(&t->rec.stamp[t->to[e]])) {
+      snprintf(why, WHY_MAX, "task %d ran before its predecessor %d", t->to[e],
+               t->from[e]);
+      ok = false;
+    }
+  if (ok && atomic_load(&t->rec.bad_worker) != 0) {
+    snprintf(why, WHY_MAX, "a task ran on a worker index out of range");
+    ok = false;
+  }
+  return ok;
 }
 
 static hwloc_topology_t load_topology(const char *synthetic) {
@@ -159,13 +173,28 @@ static sched_pool *make_pool(hwloc_topology_t topo, int nthreads,
   return pool;
 }
 
-static void run_ok(sched_pool *pool, test_dag *t) {
+/* Runs the DAG and checks the run (see check_run); asserts nothing. */
+static bool run_checked(sched_pool *pool, test_dag *t, char why[WHY_MAX]) {
   char err[SCHED_ERRMSG_MAX] = "";
   t->rec.nworkers = sched_pool_num_workers(pool);
   remat_status status = sched_run(pool, t->dag, NULL, err);
+  bool ran = check_run(t, why);
   if (status != REMAT_OK)
-    fail_msg("sched_run: %d %s", status, err);
-  check_run(t);
+    snprintf(why, WHY_MAX, "sched_run: %d %s", status, err);
+  return status == REMAT_OK && ran;
+}
+
+/* check_run on the main thread: fails the test with the reason. */
+static void assert_run(test_dag *t) {
+  char why[WHY_MAX];
+  if (!check_run(t, why))
+    fail_msg("%s", why);
+}
+
+static void run_ok(sched_pool *pool, test_dag *t) {
+  char why[WHY_MAX];
+  if (!run_checked(pool, t, why))
+    fail_msg("%s", why);
 }
 
 /* ---- tests ---- */
@@ -553,17 +582,31 @@ static void test_empty_dag(void **state) {
   hwloc_topology_destroy(topo);
 }
 
+/* A host thread's runs; cmocka is not thread-safe, so the thread records
+ * how many runs failed and why the first did, and the test's thread
+ * asserts on that after joining. */
 typedef struct host_thread {
   sched_pool *pool;
   test_dag *t;
   int runs;
+  int failed;
+  char first[WHY_MAX];
 } host_thread;
 
 static void *host_main(void *arg) {
   host_thread *h = arg;
+  char why[WHY_MAX];
   for (int r = 0; r < h->runs; r++)
-    run_ok(h->pool, h->t);
+    if (!run_checked(h->pool, h->t, why) && h->failed++ == 0)
+      memcpy(h->first, why, sizeof why);
   return NULL;
+}
+
+static void join_host(pthread_t th, const host_thread *h, const char *name) {
+  assert_int_equal(pthread_join(th, NULL), 0);
+  if (h->failed != 0)
+    fail_msg("host thread %s: %d of %d runs failed, the first: %s", name,
+             h->failed, h->runs, h->first);
 }
 
 /* One pool runs small and large DAGs over and over, also from two host
@@ -578,12 +621,13 @@ static void test_repeated_runs(void **state) {
   int runs = quick() ? 100 : 1000;
   for (int r = 0; r < runs; r++)
     run_ok(pool, r % 10 == 9 ? &large : &small);
-  host_thread a = {pool, &small, runs}, b = {pool, &large, runs / 10};
+  host_thread a = {.pool = pool, .t = &small, .runs = runs};
+  host_thread b = {.pool = pool, .t = &large, .runs = runs / 10};
   pthread_t ta, tb;
   assert_int_equal(pthread_create(&ta, NULL, host_main, &a), 0);
   assert_int_equal(pthread_create(&tb, NULL, host_main, &b), 0);
-  pthread_join(ta, NULL);
-  pthread_join(tb, NULL);
+  join_host(ta, &a, "a");
+  join_host(tb, &b, "b");
   test_dag_free(&small);
   test_dag_free(&large);
   sched_pool_destroy(pool);
@@ -679,7 +723,7 @@ static void test_trace_nodes(void **state) {
   char err[SCHED_ERRMSG_MAX];
   for (int r = 0; r < 5; r++) {
     assert_int_equal(sched_run(pool, t.dag, &opts, err), REMAT_OK);
-    check_run(&t);
+    assert_run(&t);
     assert_int_equal(traced.status, REMAT_OK);
     assert_string_equal(traced.err, "");
     check_trace_nodes(path, p, &t);
@@ -704,7 +748,7 @@ static void test_trace_failure_apart(void **state) {
                          .trace_result = &traced};
   char err[SCHED_ERRMSG_MAX] = "";
   assert_int_equal(sched_run(pool, t.dag, &opts, err), REMAT_OK);
-  check_run(&t);
+  assert_run(&t);
   assert_string_equal(err, "");
   assert_int_equal(traced.status, REMAT_ERR_IO);
   assert_string_equal(traced.err,
@@ -720,7 +764,7 @@ static void test_trace_failure_apart(void **state) {
   t.rec.fail_task = -1;
   opts.trace_path = NULL;
   assert_int_equal(sched_run(pool, t.dag, &opts, err), REMAT_OK);
-  check_run(&t);
+  assert_run(&t);
   assert_int_equal(traced.status, REMAT_OK);
   assert_string_equal(traced.err, "");
   test_dag_free(&t);
