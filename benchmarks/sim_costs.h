@@ -35,7 +35,8 @@ int sim_costs_isolated(const sim_step *s, double memset_bw, double overhead_s,
                        sim_costs *c, char err[256]);
 
 /* Bytes per second of memset by `threads` OpenMP threads over 64 MiB
- * each. */
+ * each: the best of three runs after one that faults the pages in (the
+ * best, because other processes on a shared machine only slow it). */
 double sim_memset_bw(int threads);
 
 void sim_costs_free(sim_costs *c);
