@@ -114,6 +114,29 @@ static void test_duplicate_param_names(void **state) {
                       "name: parameter names must be unique (checkpoints "
                       "store parameters by name)");
   remat_graph_destroy(g);
+  /* renaming a parameter would make the same clash at save time */
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  remat_tensor *w = remat_param(g, "w", 1, d, REMAT_INIT_ZEROS, 0.0f);
+  remat_tensor *v = remat_param(g, "v", 1, d, REMAT_INIT_ZEROS, 0.0f);
+  assert_non_null(v);
+  assert_int_equal(remat_checkpoint_name(g, w, "v"), REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_graph_error(g),
+                      "remat_checkpoint_name: 'w' is a parameter: parameters "
+                      "keep the name given to remat_param (checkpoints store "
+                      "them by it); name op results");
+  assert_string_equal(remat_tensor_name(w), "w");
+  remat_graph_destroy(g);
+  /* and renaming after compile */
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  remat_tensor *x = remat_param(g, "x", 1, d, REMAT_INIT_ONES, 0.0f);
+  remat_tensor *y = remat_sum(g, x);
+  assert_int_equal(remat_compile(g, y, NULL), REMAT_OK);
+  assert_int_equal(remat_checkpoint_name(g, y, "loss"), REMAT_ERR_STATE);
+  assert_string_equal(remat_last_error(),
+                      "remat_checkpoint_name: the graph is already compiled");
+  assert_int_equal(remat_graph_status(g), REMAT_OK);
+  assert_string_equal(remat_tensor_name(y), "sum_0");
+  remat_graph_destroy(g);
   remat_runtime_destroy(rt);
 }
 
