@@ -57,7 +57,9 @@ void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int node,
                 bool transient);
 void mem_free(mem_arena *a, void *p, size_t bytes, remat_mem_category cat,
               int node, bool transient);
-/* Expects `blocks` blocks of `bytes` bytes to be live at once on `node`. */
+/* Expects `blocks` more blocks of `bytes` bytes to be live at once on
+ * `node`, on top of the blocks of that size live now (the persistent ones:
+ * run it after persistent allocation). */
 remat_status mem_expect(mem_arena *a, size_t bytes, int64_t blocks, int node);
 /* Takes from the system what the expected or highest use needs; run before
  * a step, outside the step's tasks (so mem_reserve is not thread-safe

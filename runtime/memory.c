@@ -150,8 +150,8 @@ remat_status mem_expect(mem_arena *a, size_t bytes, int64_t blocks, int node) {
   pthread_mutex_lock(&a->lock);
   size_list *l = find_list(&a->caches[node_index(a, node)],
                            round_up(bytes == 0 ? 1 : bytes), true);
-  if (l != NULL && blocks > l->high)
-    l->high = blocks;
+  if (l != NULL && l->live + blocks > l->high)
+    l->high = l->live + blocks;
   pthread_mutex_unlock(&a->lock);
   return l != NULL ? REMAT_OK : REMAT_ERR_OUT_OF_MEMORY;
 }
