@@ -39,7 +39,8 @@ typedef struct model {
 } model;
 
 
-static remat_status try_open_model(model *md, uint64_t seed) {
+static remat_status open_config(model *md, uint64_t seed,
+                                const remat_gpt_config *cfg) {
   remat_config rc = {.set = REMAT_SET_NUM_THREADS, .num_threads = 1};
   remat_status s = remat_runtime_create(&rc, &md->rt);
   if (s == REMAT_OK)
@@ -47,14 +48,14 @@ static remat_status try_open_model(model *md, uint64_t seed) {
   if (s == REMAT_OK)
     s = remat_graph_seed(md->g, seed);
   if (s == REMAT_OK)
-    s = remat_gpt_build(md->g, &tiny, &md->m);
+    s = remat_gpt_build(md->g, cfg, &md->m);
   if (s == REMAT_OK)
     s = remat_compile(md->g, md->m.loss, NULL);
   return s;
 }
 
 static void open_model(model *md, uint64_t seed) {
-  assert_int_equal(try_open_model(md, seed), REMAT_OK);
+  assert_int_equal(open_config(md, seed, &tiny), REMAT_OK);
 }
 
 static void close_model(model *md) {
@@ -617,10 +618,15 @@ static void test_save_duplicate_names(void **state) {
 
 enum { WRITER_SAVES = 50, SEED_A = 101, SEED_B = 102 };
 
+/* 1.8 MB of parameters: long enough to write that two saves overlap. */
+static const remat_gpt_config wide = {
+    .layers = 2, .d_model = 128, .heads = 4, .seq = 16, .batch = 1,
+    .vocab = 256};
+
 /* The writer process (this program run with --writer SEED PATH). */
 static int writer_main(const char *seed, const char *path) {
   model md;
-  if (try_open_model(&md, strtoull(seed, NULL, 10)) != REMAT_OK)
+  if (open_config(&md, strtoull(seed, NULL, 10), &wide) != REMAT_OK)
     return 1;
   for (int i = 0; i < WRITER_SAVES; i++)
     if (remat_save_safetensors(md.g, path) != REMAT_OK) {
@@ -645,9 +651,9 @@ static pid_t spawn_writer(const char *seed, const char *path) {
 static void test_concurrent_saves(void **state) {
   (void)state;
   model a, b, md;
-  open_model(&a, SEED_A);
-  open_model(&b, SEED_B);
-  open_model(&md, 7);
+  assert_int_equal(open_config(&a, SEED_A, &wide), REMAT_OK);
+  assert_int_equal(open_config(&b, SEED_B, &wide), REMAT_OK);
+  assert_int_equal(open_config(&md, 7, &wide), REMAT_OK);
   size_t n, m;
   float *wa = fixture_snapshot(a.g, &n), *wb = fixture_snapshot(b.g, &m);
   assert_true(memcmp(wa, wb, n * sizeof *wa) != 0);
