@@ -407,26 +407,43 @@ static remat_status header_length(source *src, uint64_t *hlen) {
   return REMAT_OK;
 }
 
-/* Reads and parses the header. It is read a chunk at a time and must
- * start with '{' and hold no NUL byte, so a junk header fails after one
- * chunk instead of costing its whole length in memory. */
-static remat_status read_header(source *src, cJSON **root) {
-  uint64_t hlen = 0;
-  remat_status s = header_length(src, &hlen);
-  if (s != REMAT_OK)
-    return s;
-  char *text = remat__malloc(hlen > 0 ? (size_t)hlen : 1);
-  if (text == NULL)
-    return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
-                       "remat_load_safetensors: out of memory");
-  int junk = hlen == 0;
-  for (uint64_t done = 0; done < hlen && s == REMAT_OK && !junk;) {
+/* Reads the `hlen` bytes of header text a chunk at a time into a buffer
+ * that grows as they arrive; stops (setting *junk) at a first byte that is
+ * not '{' or at a NUL byte, so a junk header costs a chunk of memory, not
+ * its declared length. */
+static remat_status read_header_text(const source *src, uint64_t hlen,
+                                     char **text, bool *junk) {
+  size_t cap = 0, done = 0;
+  *text = NULL;
+  *junk = hlen == 0;
+  remat_status s = REMAT_OK;
+  while (done < hlen && s == REMAT_OK && !*junk) {
     size_t n = hlen - done < HEADER_CHUNK ? (size_t)(hlen - done)
                                           : HEADER_CHUNK;
-    s = read_at(src, text + done, n, 8 + done);
-    junk = s == REMAT_OK && (text[0] != '{' || memchr(text + done, 0, n));
+    if (done + n > cap) {
+      cap = cap * 2 < done + n ? done + n : cap * 2;
+      cap = cap > hlen ? (size_t)hlen : cap;
+      char *grown = remat__realloc(*text, cap);
+      if (grown == NULL)
+        return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
+                           "remat_load_safetensors: out of memory");
+      *text = grown;
+    }
+    s = read_at(src, *text + done, n, 8 + done);
+    *junk = s == REMAT_OK && ((*text)[0] != '{' || memchr(*text + done, 0, n));
     done += n;
   }
+  return s;
+}
+
+/* Reads and parses the header (a JSON object). */
+static remat_status read_header(source *src, cJSON **root) {
+  uint64_t hlen = 0;
+  char *text = NULL;
+  bool junk = false;
+  remat_status s = header_length(src, &hlen);
+  if (s == REMAT_OK)
+    s = read_header_text(src, hlen, &text, &junk);
   *root = s == REMAT_OK && !junk ? cJSON_ParseWithLength(text, (size_t)hlen)
                                  : NULL;
   free(text);
