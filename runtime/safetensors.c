@@ -25,6 +25,7 @@
 #define HEADER_MAX ((uint64_t)100 << 20) /* the safetensors package's limit */
 #define HEADER_CHUNK ((size_t)1 << 16)   /* header bytes read at a time */
 #define TEMP_TRIES 100 /* names tried for the temporary file of a save */
+#define QUOTE_MAX 64   /* bytes of a name from a file shown in a message */
 
 typedef remat_status (*read_fn)(remat_graph *g, remat_tensor *t, float *dst,
                                 size_t bytes);
@@ -486,6 +487,20 @@ static void format_shape(char *buf, size_t len, int ndim, const double *dims) {
     snprintf(buf + n, len - n, "]");
 }
 
+/* A string from the file, fit for a one-line message: control bytes
+ * become \xNN, and past QUOTE_MAX bytes it is cut with "...". */
+static void quote(char *buf, size_t len, const char *text) {
+  size_t n = 0, i = 0;
+  for (; text[i] != '\0' && i < QUOTE_MAX && n + 5 < len; i++) {
+    unsigned char c = (unsigned char)text[i];
+    if (c < 32 || c == 127)
+      n += (size_t)snprintf(buf + n, len - n, "\\x%02x", c);
+    else
+      buf[n++] = (char)c;
+  }
+  snprintf(buf + n, len - n, "%s", text[i] != '\0' ? "..." : "");
+}
+
 static int find_param(remat_graph *g, const char *name) {
   for (int i = 0; i < remat_num_params(g); i++)
     if (strcmp(remat_tensor_name(remat_param_at(g, i)), name) == 0)
@@ -551,7 +566,8 @@ static remat_status check_shape(const source *src, const char *name,
  * offsets, then dtype, shape and size. */
 static remat_status check_entry(remat_graph *g, const source *src,
                                 const cJSON *item, entry *entries, int *seen) {
-  const char *name = item->string;
+  char name[4 * QUOTE_MAX + 8], dt[4 * QUOTE_MAX + 8];
+  quote(name, sizeof name, item->string);
   if (!cJSON_IsObject(item))
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' is not a JSON object",
                      src->path, name);
@@ -568,16 +584,17 @@ static remat_status check_entry(remat_graph *g, const source *src,
   remat_status s = check_offsets(src, name, offs, &e);
   if (s != REMAT_OK)
     return s;
-  int i = find_param(g, name);
+  int i = find_param(g, item->string);
   if (i < 0)
     return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' is not a parameter of the "
                      "model", src->path, name);
   if (seen[i])
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' appears twice", src->path,
                      name);
+  quote(dt, sizeof dt, dtype->valuestring);
   if (strcmp(dtype->valuestring, "F32") != 0)
     return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' has dtype %s, expected F32",
-                     src->path, name, dtype->valuestring);
+                     src->path, name, dt);
   e.param = remat_param_at(g, i);
   if ((s = check_shape(src, name, shape, e.param)) != REMAT_OK)
     return s;

@@ -245,6 +245,23 @@ static void duplicate_name(cJSON *root) {
   cJSON *e = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(root, "wpe"), 1);
   cJSON_AddItemToObject(root, "wpe", e); /* a second key "wpe" */
 }
+/* Names and dtypes from the file reach messages on one line. */
+static void control_bytes(cJSON *root) {
+  cJSON *e = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(root, "wpe"), 1);
+  cJSON_AddItemToObject(root, "a\nb\x7f", e);
+}
+static void long_name(cJSON *root) {
+  char name[101];
+  memset(name, 'x', 100);
+  name[100] = '\0';
+  cJSON *e = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(root, "wpe"), 1);
+  cJSON_AddItemToObject(root, name, e);
+}
+static void control_dtype(cJSON *root) {
+  cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "wte");
+  cJSON_ReplaceItemInObjectCaseSensitive(e, "dtype",
+                                         cJSON_CreateString("F1\n6"));
+}
 static void extra_tensor(cJSON *root) {
   cJSON *e = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(root, "wpe"), 1);
   cJSON_AddItemToObject(root, "h7.ln1.gamma", e);
@@ -311,6 +328,9 @@ static void test_corrupt_files(void **state) {
   corrupt(good, path_in_dir("extra"), extra_tensor, 0);
   corrupt(good, path_in_dir("twice"), duplicate_name, 0);
   corrupt(good, path_in_dir("fraction"), fractional_offset, 0);
+  corrupt(good, path_in_dir("control"), control_bytes, 0);
+  corrupt(good, path_in_dir("long"), long_name, 0);
+  corrupt(good, path_in_dir("control_dtype"), control_dtype, 0);
   size_t n;
   float *before = fixture_snapshot(md.g, &n);
   static const bad_case cases[] = {
@@ -335,6 +355,13 @@ static void test_corrupt_files(void **state) {
       {"twice", REMAT_ERR_IO, "tensor 'wpe' appears twice"},
       {"fraction", REMAT_ERR_IO,
        "tensor 'wte' has data_offsets that are not whole numbers"},
+      {"control", REMAT_ERR_SHAPE,
+       "tensor 'a\\x0ab\\x7f' is not a parameter of the model"},
+      {"long", REMAT_ERR_SHAPE,
+       "tensor 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+       "x...' is not a parameter of the model"},
+      {"control_dtype", REMAT_ERR_SHAPE,
+       "tensor 'wte' has dtype F1\\x0a6, expected F32"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     expect_load_error(&md, before, n, &cases[i]);
