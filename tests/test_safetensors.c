@@ -308,14 +308,8 @@ static void expect_out_of_range(model *md, const float *before, size_t n,
   expect_load_error(md, before, n, &c);
 }
 
-static void test_corrupt_files(void **state) {
-  (void)state;
-  model src, md;
-  open_model(&src, 5);
-  open_model(&md, 6);
-  char good[128];
-  snprintf(good, sizeof good, "%s", path_in_dir("good.safetensors"));
-  assert_int_equal(remat_save_safetensors(src.g, good), REMAT_OK);
+/* The corrupt files of test_corrupt_files, from the valid file `good`. */
+static void make_corrupt_files(const char *good) {
   write_all(path_in_dir("short"), "\x10\0\0\0\0", 5, NULL, 0);
   write_all(path_in_dir("hlen"), "\xe8\x03\0\0\0\0\0\0{\"a\":1}", 15, NULL, 0);
   write_all(path_in_dir("json"), "\x08\0\0\0\0\0\0\0{\"wte\":[", 16, NULL, 0);
@@ -331,6 +325,19 @@ static void test_corrupt_files(void **state) {
   corrupt(good, path_in_dir("control"), control_bytes, 0);
   corrupt(good, path_in_dir("long"), long_name, 0);
   corrupt(good, path_in_dir("control_dtype"), control_dtype, 0);
+  corrupt(good, path_in_dir("huge"), huge_offset, 0);
+  corrupt(good, path_in_dir("negative"), negative_offset, 0);
+}
+
+static void test_corrupt_files(void **state) {
+  (void)state;
+  model src, md;
+  open_model(&src, 5);
+  open_model(&md, 6);
+  char good[128];
+  snprintf(good, sizeof good, "%s", path_in_dir("good.safetensors"));
+  assert_int_equal(remat_save_safetensors(src.g, good), REMAT_OK);
+  make_corrupt_files(good);
   size_t n;
   float *before = fixture_snapshot(md.g, &n);
   static const bad_case cases[] = {
@@ -367,10 +374,8 @@ static void test_corrupt_files(void **state) {
     expect_load_error(&md, before, n, &cases[i]);
   expect_out_of_range(&md, before, n, "truncated", "lm_head", "[3904,4128]",
                       4124);
-  corrupt(good, path_in_dir("huge"), huge_offset, 0);
   expect_out_of_range(&md, before, n, "huge", "wte",
                       "[0,4611686018427387904]", 4128);
-  corrupt(good, path_in_dir("negative"), negative_offset, 0);
   expect_out_of_range(&md, before, n, "negative", "wte", "[-8,216]", 4128);
   const char *none = path_in_dir("none");
   char want[256];
