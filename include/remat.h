@@ -404,20 +404,32 @@ REMAT_API double remat_gpt_flops(const remat_gpt_config *cfg);
 
 /* Writes every parameter, by name in creation order, as an F32 tensor of a
  * safetensors file (the format PyTorch's `safetensors` package reads). The
- * file is written to PATH.tmp, synced, then renamed to PATH, so an
- * interrupted save never leaves a half-written file under PATH. The graph
- * must be compiled. */
+ * graph must be compiled, and its parameter names unique and not
+ * "__metadata__" (else REMAT_ERR_INVALID_ARG, before anything is written).
+ * PATH must be a regular file or a new name: a directory, device, FIFO or
+ * symbolic link is refused with REMAT_ERR_IO. The data goes to a new file
+ * with a unique name beside PATH (created exclusively, mode 0644 less the
+ * umask), is synced, and is renamed over PATH, whose directory is then
+ * synced; on any failure that file is removed. So PATH holds either its
+ * old contents or the whole new file, even after a crash or with other
+ * processes saving to it at the same time, and no link planted nearby is
+ * followed. */
 REMAT_API remat_status remat_save_safetensors(remat_graph *g, const char *path);
 /* Reads parameters written by remat_save_safetensors (or by any program
- * that writes F32 tensors with the same names and shapes). The whole file
- * is checked before any parameter changes: a truncated file, a bad header,
- * a wrong dtype, a missing or unknown tensor, a shape mismatch or bad data
- * offsets fail with REMAT_ERR_IO or REMAT_ERR_SHAPE and leave every
- * parameter as it was. */
+ * that writes F32 tensors with the same names and shapes). PATH must be a
+ * regular file. The header (at most 100 MiB) is checked against the file's
+ * size and the model before any tensor data is read, and all the data is
+ * read before any parameter changes, so a load costs the header plus the
+ * model's size in memory whatever the file's size. A truncated file, a bad
+ * or oversized header, a wrong dtype, a missing, unknown or repeated
+ * tensor, a shape mismatch or data offsets that are not whole numbers, out
+ * of range or overlapping fail with REMAT_ERR_IO or REMAT_ERR_SHAPE and
+ * leave every parameter as it was. */
 REMAT_API remat_status remat_load_safetensors(remat_graph *g, const char *path);
 /* Writes the gradients of the last step, one F32 tensor per parameter
- * under the parameter's name, in the same format (for checking gradients
- * against another framework). */
+ * under the parameter's name, in the same format and the same way as
+ * remat_save_safetensors (for checking gradients against another
+ * framework). */
 REMAT_API remat_status remat_save_grads_safetensors(remat_graph *g,
                                                     const char *path);
 

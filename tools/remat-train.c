@@ -1,7 +1,7 @@
 /* remat-train, the command-line trainer: builds the GPT-style model for the
  * chosen data, trains it with AdamW (warm-up, cosine decay) while drawing a
- * progress bar, then reports held-out results and sample completions, and
- * saves or loads weights as safetensors. */
+ * progress bar, saves the weights (safetensors) if asked, then reports
+ * held-out results and sample completions. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +16,7 @@ typedef struct trainer {
   remat_runtime *rt;
   remat_graph *g;
   remat_gpt m;
+  eval_model *eval;
   int32_t *tokens, *targets;
   int64_t peak_bytes;
 } trainer;
@@ -39,7 +40,9 @@ static float lr_at(const train_options *o, int step) {
   return o->lr * (float)(0.1 + 0.9 * 0.5 * (1.0 + cos(M_PI * progress)));
 }
 
-/* Runtime, graph, compile, optional --load. */
+/* Runtime, graph, compile, optional --load, then the evaluation graph:
+ * every graph is compiled (and checked against --budget) before the first
+ * step. */
 static int open_model(trainer *t) {
   const train_options *o = &t->o;
   remat_config rc = {.set = REMAT_SET_MEMORY_BUDGET, .memory_budget = o->budget};
@@ -65,6 +68,8 @@ static int open_model(trainer *t) {
     return fail("");
   if (o->load_path != NULL && remat_load_safetensors(t->g, o->load_path))
     return fail("");
+  if (evaluator_open(t->rt, o, t->data, &t->eval) != REMAT_OK)
+    return fail("evaluation: ");
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   t->tokens = malloc(n * sizeof *t->tokens);
   t->targets = malloc(n * sizeof *t->targets);
@@ -141,7 +146,7 @@ static int train(trainer *t) {
 static int report(trainer *t, double wall) {
   const train_options *o = &t->o;
   eval_result r;
-  if (evaluate(t->rt, t->g, o, t->data, o->json ? NULL : stderr, &r))
+  if (evaluate(t->eval, t->g, t->data, o->json ? NULL : stderr, &r))
     return fail("evaluation: ");
   char peak[32];
   format_bytes(peak, sizeof peak, t->peak_bytes);
@@ -162,6 +167,7 @@ static int report(trainer *t, double wall) {
 }
 
 static void close_trainer(trainer *t) {
+  evaluator_close(t->eval);
   remat_graph_destroy(t->g);
   remat_runtime_destroy(t->rt);
   dataset_destroy(t->data);
@@ -183,11 +189,12 @@ static int run(trainer *t) {
   int rc = open_model(t);
   if (rc == 0)
     rc = train(t);
-  if (rc == 0)
-    rc = report(t, now() - start);
+  /* Saved before evaluating, so that no later error loses the training. */
   if (rc == 0 && o->save_path != NULL &&
       remat_save_safetensors(t->g, o->save_path) != REMAT_OK)
     rc = fail("");
+  if (rc == 0)
+    rc = report(t, now() - start);
   return rc;
 }
 

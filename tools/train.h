@@ -72,11 +72,19 @@ typedef struct eval_result {
   int problems;
 } eval_result;
 
-/* Copies the weights of `train` into a forward-only graph and reports
+/* The forward-only graph that evaluation runs on. */
+typedef struct eval_model eval_model;
+
+/* Builds and compiles the evaluation graph in `rt` (under its memory
+ * budget); run before training, so that a budget too small for it fails
+ * before any step. *out is set even on failure, for evaluator_close. */
+remat_status evaluator_open(remat_runtime *rt, const train_options *o,
+                            const dataset *d, eval_model **out);
+/* Copies the weights of `train` into the evaluation graph and reports
  * held-out loss and accuracy; prints a few greedy completions to `out`.
  * Returns the first failing status. */
-remat_status evaluate(remat_runtime *rt, remat_graph *train,
-                      const train_options *o, dataset *d, FILE *out,
-                      eval_result *r);
+remat_status evaluate(eval_model *e, remat_graph *train, dataset *d,
+                      FILE *out, eval_result *r);
+void evaluator_close(eval_model *e);
 
 #endif
