@@ -142,6 +142,8 @@ struct remat_graph {
   int region_depth;
   bool compiled;
   _Atomic int busy; /* a call that uses the compiled step is running */
+  _Atomic uintptr_t owner; /* the thread inside (graph_check.c) */
+  int depth;               /* its nested calls */
   struct remat_step_plan *plan;
 };
 
@@ -153,7 +155,8 @@ remat_status graph_fail(remat_graph *g, remat_status status, const char *fmt,
 bool graph_tensor_ok(remat_graph *g, const remat_tensor *t, const char *what);
 /* graph_check.c: a call that uses g's compiled step (a step, a feed, a
  * read, a save...) enters first and leaves after; a second caller on
- * another thread gets REMAT_ERR_STATE instead of a data race. */
+ * another thread gets REMAT_ERR_STATE instead of a data race. The thread
+ * inside may enter again (a save reads through remat_read). */
 remat_status graph_enter(remat_graph *g, const char *what);
 void graph_leave(remat_graph *g);
 /* Waits until no call is inside g, then keeps others out (destroy). */

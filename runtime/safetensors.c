@@ -316,12 +316,37 @@ static remat_status save(remat_graph *g, const char *path, read_fn read,
   return s;
 }
 
+/* Saves and loads hold the graph for their whole length: no step of
+ * another thread runs between their reads, or between a load's checks and
+ * its writes. */
+static remat_status hold(remat_graph *g, const char *what) {
+  remat_status s = g == NULL ? REMAT_OK : runtime_check_fork(g->rt, what);
+  if (s == REMAT_OK && g != NULL && g->compiled)
+    s = graph_enter(g, what);
+  return s;
+}
+
+static void release(remat_graph *g) {
+  if (g != NULL && g->compiled)
+    graph_leave(g);
+}
+
 remat_status remat_save_safetensors(remat_graph *g, const char *path) {
-  return save(g, path, read_value, "remat_save_safetensors");
+  remat_status s = hold(g, "remat_save_safetensors");
+  if (s != REMAT_OK)
+    return s;
+  s = save(g, path, read_value, "remat_save_safetensors");
+  release(g);
+  return s;
 }
 
 remat_status remat_save_grads_safetensors(remat_graph *g, const char *path) {
-  return save(g, path, remat_read_grad, "remat_save_grads_safetensors");
+  remat_status s = hold(g, "remat_save_grads_safetensors");
+  if (s != REMAT_OK)
+    return s;
+  s = save(g, path, remat_read_grad, "remat_save_grads_safetensors");
+  release(g);
+  return s;
 }
 
 /* ---- loading ---- */
@@ -699,7 +724,18 @@ static remat_status read_params(remat_graph *g, const source *src,
   return s;
 }
 
+static remat_status load(remat_graph *g, const char *path);
+
 remat_status remat_load_safetensors(remat_graph *g, const char *path) {
+  remat_status s = hold(g, "remat_load_safetensors");
+  if (s != REMAT_OK)
+    return s;
+  s = load(g, path);
+  release(g);
+  return s;
+}
+
+static remat_status load(remat_graph *g, const char *path) {
   remat_status s = check_graph(g, path, "remat_load_safetensors");
   if (s != REMAT_OK)
     return s;
