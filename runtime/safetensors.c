@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/files.h"
 #include "base/checked.h"
 #include "runtime/internal.h"
 
@@ -45,23 +46,6 @@ static remat_status check_graph(remat_graph *g, const char *path,
                        "%s: the graph is not compiled: call remat_compile "
                        "first", what);
   return REMAT_OK;
-}
-
-/* What a file that is not a regular file is, for messages. */
-static const char *file_kind(mode_t mode) {
-  if (S_ISDIR(mode))
-    return "a directory";
-  if (S_ISCHR(mode))
-    return "a character device";
-  if (S_ISBLK(mode))
-    return "a block device";
-  if (S_ISFIFO(mode))
-    return "a FIFO";
-  if (S_ISSOCK(mode))
-    return "a socket";
-  if (S_ISLNK(mode))
-    return "a symbolic link";
-  return "a special file";
 }
 
 /* A parameter's size in bytes as F32 (false if it does not fit a size_t). */
@@ -115,7 +99,7 @@ static remat_status check_target(const char *path, const char *what) {
   if (!S_ISREG(st.st_mode))
     return remat__fail(REMAT_ERR_IO,
                        "%s: '%s' is %s: the target must be a regular file "
-                       "or a new name", what, path, file_kind(st.st_mode));
+                       "or a new name", what, path, remat__file_kind(st.st_mode));
   return REMAT_OK;
 }
 
@@ -378,7 +362,7 @@ static remat_status open_source(const char *path, source *src) {
   if (!S_ISREG(st.st_mode))
     return remat__fail(REMAT_ERR_IO,
                        "remat_load_safetensors: '%s' is %s, not a regular "
-                       "file", path, file_kind(st.st_mode));
+                       "file", path, remat__file_kind(st.st_mode));
   src->size = (uint64_t)st.st_size;
   return REMAT_OK;
 }
