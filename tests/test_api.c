@@ -337,13 +337,14 @@ static void test_destroy_null_is_noop(void **state) {
 
 static void test_status_strings(void **state) {
   (void)state;
-  assert_string_equal(remat_status_string(REMAT_OK), "REMAT_OK");
-  assert_string_equal(remat_status_string(REMAT_ERR_INVALID_ARG),
-                      "REMAT_ERR_INVALID_ARG");
-  assert_string_equal(remat_status_string(REMAT_ERR_NUMERIC),
-                      "REMAT_ERR_NUMERIC");
-  assert_string_equal(remat_status_string(REMAT_ERR_POLICY),
-                      "REMAT_ERR_POLICY");
+  static const char *const names[] = {
+      "REMAT_OK",          "REMAT_ERR_INVALID_ARG", "REMAT_ERR_OUT_OF_MEMORY",
+      "REMAT_ERR_SHAPE",   "REMAT_ERR_CONFIG",      "REMAT_ERR_LIMIT",
+      "REMAT_ERR_CYCLE",   "REMAT_ERR_STATE",       "REMAT_ERR_BACKEND",
+      "REMAT_ERR_IO",      "REMAT_ERR_NUMERIC",     "REMAT_ERR_BUDGET",
+      "REMAT_ERR_POLICY"};
+  for (int s = REMAT_OK; s <= REMAT_ERR_POLICY; s++)
+    assert_string_equal(remat_status_string((remat_status)s), names[s]);
   assert_string_equal(remat_status_string((remat_status)99),
                       "REMAT_ERR_UNKNOWN");
 }

@@ -117,12 +117,18 @@ static void test_usage_errors(void **state) {
   expect(&r, 2, "--d-model 30 is not divisible by --heads 4");
   run(&r, "--layers", "two", NULL);
   expect(&r, 2, "--layers 'two': expected a whole number from 1 to 1000000");
+  run(&r, "--layers", "1000001", NULL);
+  expect(&r, 2, "--layers '1000001': expected a whole number from 1 to 1000000");
+  run(&r, "--lr", "0", NULL);
+  expect(&r, 2, "--lr '0': expected a number > 0");
   run(&r, "--steps", NULL);
   expect(&r, 2, "--steps needs a value");
   run(&r, "--seq", "8", NULL);
   expect(&r, 2, "--seq 8 is shorter than an addition problem (13 tokens)");
   run(&r, "--budget", "lots", NULL);
   expect(&r, 2, "--budget 'lots': expected a size such as 64MiB or 1.5GB");
+  run(&r, "--steps", "1000000", "--help", NULL);
+  assert_int_equal(r.code, 0);
   run(&r, "--help", NULL);
   assert_int_equal(r.code, 0);
   assert_memory_equal(r.out, "usage: remat-train", 18);
