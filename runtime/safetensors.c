@@ -649,7 +649,8 @@ static remat_status check_entry(const safet_load_req *req, const source *src,
   int i = find_item(req, item->string);
   if (i < 0)
     return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' is not a parameter of the "
-                     "model", src->what, src->path, name);
+                     "model%s", src->what, src->path, name,
+                     req->weights_only ? "" : " or the optimizer state of one");
   if (seen[i])
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' appears twice", src->what,
                      src->path, name);
