@@ -625,9 +625,10 @@ static remat_status check_shape(const source *src, const char *name,
 }
 
 /* Checks one header entry against the file and the model: its fields, its
- * offsets, then dtype, shape and size. */
+ * offsets, then (unless the load skips it) dtype, shape and size. */
 static remat_status check_entry(const safet_load_req *req, const source *src,
-                                const cJSON *item, entry *entries, int *seen) {
+                                const cJSON *item, bool skip, entry *entries,
+                                int *seen) {
   char name[4 * QUOTE_MAX + 8], dt[4 * QUOTE_MAX + 8];
   quote(name, sizeof name, item->string);
   if (!cJSON_IsObject(item))
@@ -644,7 +645,7 @@ static remat_status check_entry(const safet_load_req *req, const source *src,
                      src->what, src->path, name, REMAT_MAX_DIMS);
   entry e = {0};
   remat_status s = check_offsets(src, name, offs, &e);
-  if (s != REMAT_OK)
+  if (s != REMAT_OK || skip)
     return s;
   int i = find_item(req, item->string);
   if (i < 0)
@@ -732,9 +733,9 @@ static remat_status check_file(const safet_load_req *req, source *src,
   cJSON_ArrayForEach(item, root) {
     if (s != REMAT_OK)
       break;
-    if (item == meta || skipped(req, meta, item->string))
-      continue;
-    s = check_entry(req, src, item, entries, seen);
+    if (item != meta)
+      s = check_entry(req, src, item, skipped(req, meta, item->string),
+                      entries, seen);
   }
   cJSON_Delete(root);
   if (s == REMAT_OK)

@@ -1,8 +1,12 @@
 /* Tests of the remat-train command line: every kind of bad input gets its
- * one-line message and exit code (2 usage, 1 run-time), and a short run
- * saves weights that a second run loads and evaluates identically. The
- * binary's path comes from REMAT_TRAIN (set by tests/meson.build). */
+ * one-line message and exit code (2 usage, 1 run-time), a short run saves
+ * weights that a second run loads and evaluates identically, a resumed run
+ * ends bitwise where a straight one does, and SIGINT or SIGTERM stop a run
+ * with a checkpoint (exit 130). The binary's path comes from REMAT_TRAIN
+ * (set by tests/meson.build). */
 #include <fcntl.h>
+#include <signal.h>
+#include <time.h>
 #include <setjmp.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -290,7 +294,8 @@ static void test_save_load(void **state) {
            "the file but [14,32] in the model", weights);
   expect(&r, 1, want);
 
-  /* The same file cut short by 4 bytes. */
+  /* The same file cut short by 4 bytes: the checkpoint's last tensor, the
+   * optimizer state that a weights-only load skips, is still checked. */
   FILE *f = fopen(weights, "rb");
   assert_non_null(f);
   static char buf[1 << 20];
@@ -301,7 +306,7 @@ static void test_save_load(void **state) {
   run(&r, TINY, "--steps", "0", "--load", cut, NULL);
   assert_int_equal(r.code, 1);
   snprintf(want, sizeof want, "remat-train: remat_load_safetensors: '%s': "
-           "tensor 'lm_head' has data_offsets [", cut);
+           "tensor 'adam_v:lm_head' has data_offsets [", cut);
   assert_memory_equal(r.err, want, strlen(want));
   assert_non_null(strstr(r.err, "] out of range: the "));
   const char *junk = tmp_path("junk.safetensors");
@@ -314,6 +319,174 @@ static void test_save_load(void **state) {
   expect(&r, 1, want);
 }
 
+static void assert_same_file(const char *a, const char *b) {
+  static char x[1 << 20], y[1 << 20];
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  assert_non_null(fa);
+  assert_non_null(fb);
+  size_t na = fread(x, 1, sizeof x, fa), nb = fread(y, 1, sizeof y, fb);
+  fclose(fa);
+  fclose(fb);
+  assert_true(na > 0 && na < sizeof x);
+  assert_int_equal(na, nb);
+  assert_memory_equal(x, y, na);
+}
+
+/* 6 steps straight, and 2 steps, a checkpoint and --resume to 6, end in
+ * the same checkpoint byte for byte (weights, moments, step, data). */
+static void resume_exact(const char *optimizer, const char *threads) {
+  result r;
+  char straight[160], half[160], resumed[160];
+  snprintf(straight, sizeof straight, "%s/straight.ckpt", dir);
+  snprintf(half, sizeof half, "%s/half.ckpt", dir);
+  snprintf(resumed, sizeof resumed, "%s/resumed.ckpt", dir);
+#define RUN_ARGS "--layers", "1", "--d-model", "16", "--heads", "2", \
+    "--batch", "8", "--threads", threads, "--optimizer", optimizer,   \
+    "--schedule", "constant", "--json"
+  run(&r, RUN_ARGS, "--steps", "6", "--save", straight, NULL);
+  assert_int_equal(r.code, 0);
+  run(&r, RUN_ARGS, "--steps", "2", "--save", half, NULL);
+  assert_int_equal(r.code, 0);
+  run(&r, RUN_ARGS, "--steps", "6", "--resume", half, "--save", resumed,
+      NULL);
+#undef RUN_ARGS
+  assert_int_equal(r.code, 0);
+  assert_memory_equal(r.out, "{\"step\": 3, ", 12);
+  assert_null(strstr(r.out, "{\"step\": 2, "));
+  assert_same_file(straight, resumed);
+}
+
+static void test_resume_adamw(void **state) {
+  (void)state;
+  resume_exact("adamw", "1");
+  resume_exact("adamw", "2");
+}
+
+static void test_resume_sgd(void **state) {
+  (void)state;
+  resume_exact("sgd", "1");
+  resume_exact("sgd", "2");
+}
+
+static void test_checkpoint_errors(void **state) {
+  (void)state;
+  result r;
+  char want[512];
+  char ckpt[160], sub[160];
+  snprintf(ckpt, sizeof ckpt, "%s/four.ckpt", dir);
+  snprintf(sub, sizeof sub, "%s/a-directory", dir);
+  run(&r, TINY, "--steps", "4", "--save", ckpt, NULL);
+  assert_int_equal(r.code, 0);
+  run(&r, TINY, "--steps", "3", "--resume", ckpt, NULL);
+  snprintf(want, sizeof want, "--resume '%s' is at step 4, past --steps 3 "
+           "(the total, not steps to add)", ckpt);
+  expect(&r, 1, want);
+  run(&r, TINY, "--steps", "4", "--resume", ckpt, "--optimizer", "sgd", NULL);
+  snprintf(want, sizeof want, "--resume: remat_load_checkpoint: '%s': the "
+           "checkpoint holds the state of optimizer 'adamw' but the graph "
+           "was compiled with 'sgd': compile with the same optimizer, or "
+           "load the weights alone with remat_load_safetensors", ckpt);
+  expect(&r, 1, want);
+  run(&r, TINY, "--load", ckpt, "--resume", ckpt, NULL);
+  expect(&r, 2, "--load and --resume exclude each other: --resume restores "
+         "the weights too");
+  run(&r, TINY, "--save-every", "2", NULL);
+  expect(&r, 2, "--save-every needs --save FILE");
+  run(&r, TINY, "--schedule", "step", NULL);
+  expect(&r, 2, "--schedule 'step': expected cosine, linear or constant");
+  run(&r, TINY, "--optimizer", "adam", NULL);
+  expect(&r, 2, "--optimizer 'adam': expected adamw or sgd");
+  run(&r, TINY, "--lr-min", "-1", NULL);
+  expect(&r, 2, "--lr-min '-1': expected a number >= 0");
+  /* --save-every writes after step 2: here it cannot (a directory), so
+   * the run stops there. */
+  assert_int_equal(mkdir(sub, 0755), 0);
+  run(&r, TINY, "--steps", "5", "--save-every", "2", "--save", sub, "--json",
+      NULL);
+  snprintf(want, sizeof want, "remat_save_checkpoint: '%s' is a directory: "
+           "the target must be a regular file or a new name", sub);
+  expect(&r, 1, want);
+  assert_non_null(strstr(r.out, "{\"step\": 2, "));
+  assert_null(strstr(r.out, "{\"step\": 3, "));
+}
+
+/* Starts remat-train with the NULL-terminated arguments, standard output
+ * to `out`; returns its pid once a first step is on standard output. */
+static pid_t start_training(const char *out, ...) {
+  const char *exe = getenv("REMAT_TRAIN");
+  char *argv[40];
+  int argc = 0;
+  argv[argc++] = (char *)exe;
+  va_list ap;
+  va_start(ap, out);
+  for (char *a; (a = va_arg(ap, char *)) != NULL && argc < 39;)
+    argv[argc++] = a;
+  va_end(ap);
+  argv[argc] = NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, tmp_path("stderr"),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid;
+  assert_int_equal(posix_spawn(&pid, exe, &fa, NULL, argv, environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  static char text[8192];
+  for (int tries = 0; tries < 6000; tries++) {
+    slurp(out, text, sizeof text);
+    if (strstr(text, "{\"step\": 1, ") != NULL)
+      return pid;
+    nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
+  }
+  fail_msg("remat-train did not start training");
+  return pid;
+}
+
+static int wait_code(pid_t pid) {
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  return WEXITSTATUS(status);
+}
+
+/* SIGINT stops the run after its step with a checkpoint of that step; a
+ * second signal ends it at once, with no checkpoint. */
+static void test_signals(void **state) {
+  (void)state;
+  char ckpt[160], out[160], never[160];
+  snprintf(ckpt, sizeof ckpt, "%s/stopped.ckpt", dir);
+  snprintf(out, sizeof out, "%s/out", dir);
+  snprintf(never, sizeof never, "%s/never.ckpt", dir);
+  pid_t pid = start_training(out, TINY, "--steps", "1000000", "--json",
+                             "--save", ckpt, NULL);
+  assert_int_equal(kill(pid, SIGINT), 0);
+  assert_int_equal(wait_code(pid), 130);
+  static char text[1 << 16], err[1024], want[512];
+  slurp(out, text, sizeof text);
+  slurp(tmp_path("stderr"), err, sizeof err);
+  int last = 0;
+  for (const char *p = text; (p = strstr(p, "{\"step\": ")) != NULL; p++)
+    last = atoi(p + 9);
+  snprintf(want, sizeof want, "remat-train: stopped by SIGINT after step %d; "
+           "checkpoint written to %s\n", last, ckpt);
+  assert_string_equal(err, want);
+  result r;
+  run(&r, TINY, "--steps", "1", "--resume", ckpt, NULL);
+  snprintf(want, sizeof want, "--resume '%s' is at step %d, past --steps 1 "
+           "(the total, not steps to add)", ckpt, last);
+  expect(&r, last > 1 ? 1 : 0, last > 1 ? want : "");
+
+  pid = start_training(out, "--d-model", "128", "--seq", "32", "--batch",
+                       "32", "--threads", "2", "--steps", "1000000",
+                       "--json", "--save", never, NULL);
+  assert_int_equal(kill(pid, SIGTERM), 0);
+  assert_int_equal(kill(pid, SIGINT), 0); /* a second SIGTERM could merge */
+  assert_int_equal(wait_code(pid), 130);
+  slurp(tmp_path("stderr"), err, sizeof err);
+  assert_string_equal(err, "");
+  assert_int_equal(access(never, F_OK), -1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_usage_errors),
@@ -323,6 +496,10 @@ int main(void) {
       cmocka_unit_test(test_budget_infeasible),
       cmocka_unit_test(test_budget_evaluation),
       cmocka_unit_test(test_save_load),
+      cmocka_unit_test(test_resume_adamw),
+      cmocka_unit_test(test_resume_sgd),
+      cmocka_unit_test(test_checkpoint_errors),
+      cmocka_unit_test(test_signals),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
