@@ -487,6 +487,93 @@ static void test_signals(void **state) {
   assert_int_equal(access(never, F_OK), -1);
 }
 
+/* Each line of `text` starts with "step " and has at most `max` bytes;
+ * returns the number of lines. */
+static int progress_lines(const char *text, size_t max) {
+  int n = 0;
+  for (const char *p = text; *p != '\0'; n++) {
+    const char *nl = strchr(p, '\n');
+    assert_non_null(nl);
+    assert_memory_equal(p, "step ", 5);
+    assert_true((size_t)(nl - p) <= max);
+    p = nl + 1;
+  }
+  return n;
+}
+
+/* Results on stdout, progress on stderr: one line per tenth of the run
+ * when stderr is not a terminal, within 79 columns, or COLUMNS - 1. */
+static void test_output_streams(void **state) {
+  (void)state;
+  result r;
+  unsetenv("COLUMNS");
+  run(&r, TINY, "--steps", "20", NULL);
+  assert_int_equal(r.code, 0);
+  assert_memory_equal(r.out, "held-out completions (greedy):\n  ", 33);
+  assert_non_null(strstr(r.out, "\nheld-out loss "));
+  assert_non_null(strstr(r.out, "exact-match accuracy "));
+  assert_int_equal(progress_lines(r.err, 79), 10);
+  assert_memory_equal(r.err, "step  2/20 [=>", 14);
+  assert_non_null(strstr(r.err, " | ETA 0m"));
+  setenv("COLUMNS", "40", 1);
+  run(&r, TINY, "--steps", "20", NULL);
+  unsetenv("COLUMNS");
+  assert_int_equal(progress_lines(r.err, 39), 10);
+  assert_non_null(strstr(r.err, "step 20/20 [==============] loss 2."));
+  assert_null(strstr(r.err, "tok/s"));
+  /* A text file: no accuracy, so null in the JSON. */
+  const char *text = tmp_path("small.txt");
+  static char buf[4096];
+  for (size_t i = 0; i < sizeof buf; i++)
+    buf[i] = "the cat sat on the mat. "[i % 24];
+  write_file(text, buf, sizeof buf);
+  run(&r, TINY, "--data", text, "--seq", "16", "--steps", "2", "--json",
+      NULL);
+  assert_int_equal(r.code, 0);
+  assert_string_equal(r.err, "");
+  assert_non_null(strstr(r.out, "\"accuracy\": null, "));
+}
+
+/* On a terminal the line is redrawn in place: carriage returns, one
+ * newline at the end. */
+static void test_progress_terminal(void **state) {
+  (void)state;
+  int master = posix_openpt(O_RDWR | O_NOCTTY);
+  assert_true(master >= 0);
+  assert_int_equal(grantpt(master), 0);
+  assert_int_equal(unlockpt(master), 0);
+  const char *exe = getenv("REMAT_TRAIN");
+  char *argv[] = {(char *)exe, TINY, "--steps", "20", NULL};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, ptsname(master), O_RDWR, 0);
+  setenv("COLUMNS", "60", 1);
+  pid_t pid;
+  assert_int_equal(posix_spawn(&pid, exe, &fa, NULL, argv, environ), 0);
+  unsetenv("COLUMNS");
+  posix_spawn_file_actions_destroy(&fa);
+  static char text[1 << 16];
+  size_t n = 0;
+  for (ssize_t got; n + 1 < sizeof text &&
+                    (got = read(master, text + n, sizeof text - 1 - n)) > 0;)
+    n += (size_t)got; /* EIO once the child closed the terminal */
+  text[n] = '\0';
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(master);
+  int returns = 0;
+  for (const char *p = text; (p = strchr(p, '\r')) != NULL; p++)
+    returns += p[1] == 's'; /* the terminal turns "\n" into "\r\n" */
+  assert_true(returns >= 1);
+  assert_memory_equal(text, "\rstep ", 6);
+  const char *nl = strchr(text, '\n');
+  assert_non_null(nl);
+  assert_null(strchr(nl + 1, '\n'));
+  assert_non_null(strstr(text, "step 20/20 ["));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_usage_errors),
@@ -500,6 +587,8 @@ int main(void) {
       cmocka_unit_test(test_resume_sgd),
       cmocka_unit_test(test_checkpoint_errors),
       cmocka_unit_test(test_signals),
+      cmocka_unit_test(test_output_streams),
+      cmocka_unit_test(test_progress_terminal),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

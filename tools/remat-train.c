@@ -86,27 +86,24 @@ static void format_bytes(char *buf, size_t len, int64_t bytes) {
     snprintf(buf, len, "%.1f MiB", (double)bytes / (double)(1 << 20));
 }
 
-/* "step 120/1000 [=====>      ] loss 1.234 | 52.1k tok/s | peak 12.3 MiB |
- * ETA 1m05s", redrawn in place on a terminal, every tenth of the run
- * otherwise. */
+/* The progress line on stderr: redrawn in place on a terminal, one line
+ * per tenth of the run otherwise. */
 static void progress(const trainer *t, int step, float loss, double elapsed,
                      int tty) {
   int steps = t->o.steps, every = steps / 10 > 0 ? steps / 10 : 1;
   if (!tty && step % every != 0 && step != steps)
     return;
-  char bar[31], peak[32];
-  int fill = (int)(30.0 * step / steps);
-  for (int i = 0; i < 30; i++)
-    bar[i] = i < fill ? '=' : i == fill ? '>' : ' ';
-  bar[30] = '\0';
+  char peak[32], line[128];
   format_bytes(peak, sizeof peak, t->peak_bytes);
   int here = step - t->first_step; /* steps of this run */
-  double tok_s = (double)here * t->o.cfg.batch * t->o.cfg.seq / elapsed;
-  int eta = (int)(elapsed / here * (steps - step) + 0.5);
-  fprintf(stderr, "%sstep %d/%d [%s] loss %.4f | %.1fk tok/s | peak %s | "
-                  "ETA %dm%02ds%s",
-          tty ? "\r" : "", step, steps, bar, loss, tok_s / 1000.0, peak,
-          eta / 60, eta % 60, tty && step < steps ? "" : "\n");
+  progress_fields f = {
+      .step = step, .steps = steps, .loss = loss, .peak = peak,
+      .tokens_per_s = (double)here * t->o.cfg.batch * t->o.cfg.seq / elapsed,
+      .eta_s = (int)(elapsed / here * (steps - step) + 0.5)};
+  progress_format(line, sizeof line, progress_width(STDERR_FILENO), &f);
+  /* \033[K clears what a longer line left */
+  fprintf(stderr, "%s%s%s", tty ? "\r" : "", line,
+          tty ? (step < steps ? "\033[K" : "\033[K\n") : "\n");
   fflush(stderr);
 }
 
@@ -166,6 +163,8 @@ static int train(trainer *t) {
              step + 1, st.loss, train_lr_at(o, step), st.seconds,
              st.seconds > 0.0 ? (double)n / st.seconds : 0.0,
              (long long)st.peak_bytes, elapsed);
+    if (o->json)
+      fflush(stdout); /* a line as soon as its step is done */
     else if (!tty || elapsed - last_draw > 0.1 || step + 1 == o->steps) {
       progress(t, step + 1, st.loss, elapsed, tty);
       last_draw = elapsed;
@@ -176,26 +175,28 @@ static int train(trainer *t) {
   return rc;
 }
 
+/* The results on stdout: completions, then held-out loss and accuracy
+ * (a JSON object with --json, accuracy null for a text file). */
 static int report(trainer *t, double wall) {
   const train_options *o = &t->o;
   eval_result r;
-  if (evaluate(t->eval, t->g, t->data, o->json ? NULL : stderr, &r))
+  if (evaluate(t->eval, t->g, t->data, o->json ? NULL : stdout, &r))
     return fail("evaluation: ");
-  char peak[32];
+  char peak[32], accuracy[32] = "null";
   format_bytes(peak, sizeof peak, t->peak_bytes);
+  if (r.accuracy >= 0.0)
+    snprintf(accuracy, sizeof accuracy, "%.6f", r.accuracy);
   if (o->json) {
     printf("{\"done\": true, \"steps\": %d, \"heldout_loss\": %.6f, "
-           "\"accuracy\": %.6f, \"peak_bytes\": %lld, \"wall_s\": %.3f}\n",
-           o->steps, r.heldout_loss, r.accuracy, (long long)t->peak_bytes,
-           wall);
+           "\"accuracy\": %s, \"peak_bytes\": %lld, \"wall_s\": %.3f}\n",
+           o->steps, r.heldout_loss, accuracy, (long long)t->peak_bytes, wall);
     return 0;
   }
-  fprintf(stderr, "held-out loss %.4f", r.heldout_loss);
+  printf("held-out loss %.4f", r.heldout_loss);
   if (r.accuracy >= 0.0)
-    fprintf(stderr, ", exact-match accuracy %.1f%% (%d problems)",
-            100.0 * r.accuracy, r.problems);
-  fprintf(stderr, "; %d steps in %.1f s, peak memory %s\n", o->steps, wall,
-          peak);
+    printf(", exact-match accuracy %.1f%% (%d problems)", 100.0 * r.accuracy,
+           r.problems);
+  printf("; %d steps in %.1f s, peak memory %s\n", o->steps, wall, peak);
   return 0;
 }
 

@@ -100,6 +100,23 @@ void signals_catch(int on);
 /* The signal that asked the run to stop, 0 if none. */
 int signals_stop(void);
 
+/* ---- the progress line (train_progress.c) ---- */
+
+typedef struct progress_fields {
+  int step, steps;
+  float loss;
+  double tokens_per_s;
+  const char *peak; /* "12.3 MiB" */
+  int eta_s;
+} progress_fields;
+
+/* The columns a progress line may use on `fd`: COLUMNS when set, else the
+ * terminal's width, else 80; never more than 80. */
+int progress_width(int fd);
+/* The line, at most width - 1 characters. */
+void progress_format(char *out, size_t len, int width,
+                     const progress_fields *f);
+
 /* ---- evaluation (train_eval.c) ---- */
 
 typedef struct eval_result {
