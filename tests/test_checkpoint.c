@@ -4,7 +4,9 @@
  * checkpoints (AdamW and SGD, 1 and 2 threads); the file's layout; a
  * weights-only load of a checkpoint; and every failed load, with its exact
  * message, leaving the parameters, the moments, the step count and the
- * caller's values as they were. */
+ * caller's values as they were. Also the token ids that remat_feed checks
+ * before a step could read outside a table (which resuming data relies
+ * on). */
 #include <setjmp.h>
 #include <stdbool.h>
 #include <stdarg.h>
@@ -317,6 +319,36 @@ static void test_bad_arguments(void **state) {
   fixture_close(&f);
 }
 
+/* A token or target id outside the vocabulary is refused by remat_feed,
+ * naming the id, its position and the vocabulary; the input keeps its
+ * previous value, so the next step runs on it. */
+static void test_feed_ids(void **state) {
+  (void)state;
+  fixture f;
+  open_fixture(&f, REMAT_OPT_SGD, 1);
+  size_t n = (size_t)tiny.batch * tiny.seq, bytes = n * sizeof(int32_t);
+  int32_t ids[8];
+  for (int bad = 0; bad < 3; bad++) {
+    memcpy(ids, f.tokens, bytes);
+    ids[5] = bad == 0 ? 7 : bad == 1 ? -1 : 1 << 30;
+    char want[256];
+    snprintf(want, sizeof want, "remat_feed: '%s' holds id %d at position "
+             "5, outside the vocabulary of 7 (ids 0 to 6)",
+             bad == 2 ? "targets" : "tokens", ids[5]);
+    remat_tensor *input = bad == 2 ? f.m.targets : f.m.tokens;
+    assert_int_equal(remat_feed(f.g, input, ids, bytes),
+                     REMAT_ERR_INVALID_ARG);
+    assert_string_equal(remat_last_error(), want);
+  }
+  int32_t now[8];
+  assert_int_equal(remat_read(f.g, f.m.tokens, now, bytes), REMAT_OK);
+  assert_memory_equal(now, f.tokens, bytes);
+  ids[5] = 6; /* the last id of the vocabulary */
+  assert_int_equal(remat_feed(f.g, f.m.tokens, ids, bytes), REMAT_OK);
+  assert_int_equal(remat_step(f.g, NULL), REMAT_OK);
+  fixture_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_resume_adamw_1),
@@ -327,6 +359,7 @@ int main(void) {
       cmocka_unit_test(test_weights_only),
       cmocka_unit_test(test_failed_loads),
       cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_feed_ids),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
