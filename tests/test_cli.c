@@ -574,6 +574,47 @@ static void test_progress_terminal(void **state) {
   assert_non_null(strstr(text, "step 20/20 ["));
 }
 
+/* The "lr" of each JSON step line, joined by ' '. */
+static void lr_list(const char *out, char *buf, size_t len) {
+  buf[0] = '\0';
+  for (const char *p = out; (p = strstr(p, "\"lr\": ")) != NULL; p++) {
+    size_t used = strlen(buf);
+    snprintf(buf + used, len - used, "%s%.*s", used ? " " : "",
+             (int)strcspn(p + 6, ","), p + 6);
+  }
+}
+
+/* Warm-up, then the schedule from --lr to --lr-min; a resumed run gets
+ * the learning rates of a straight one. */
+static void test_schedules(void **state) {
+  (void)state;
+  result r;
+  char got[512];
+#define SCHEDULE_ARGS TINY, "--steps", "10", "--json", "--warmup", "2", \
+    "--lr", "0.01", "--lr-min", "0.001", "--schedule"
+  run(&r, SCHEDULE_ARGS, "linear", NULL);
+  lr_list(r.out, got, sizeof got);
+  assert_string_equal(got, "0.00333333 0.00666667 0.01 0.008875 0.00775 "
+                      "0.006625 0.0055 0.004375 0.00325 0.002125");
+  run(&r, SCHEDULE_ARGS, "constant", NULL);
+  lr_list(r.out, got, sizeof got);
+  assert_string_equal(got, "0.00333333 0.00666667 0.01 0.01 0.01 0.01 0.01 "
+                      "0.01 0.01 0.01");
+  run(&r, SCHEDULE_ARGS, "cosine", NULL);
+  lr_list(r.out, got, sizeof got);
+  assert_string_equal(got, "0.00333333 0.00666667 0.01 0.00965746 "
+                      "0.00868198 0.00722208 0.0055 0.00377792 0.00231802 "
+                      "0.00134254");
+  char ckpt[160];
+  snprintf(ckpt, sizeof ckpt, "%s/four-of-ten.ckpt", dir);
+  run(&r, TINY, "--steps", "4", "--save", ckpt, NULL);
+  run(&r, SCHEDULE_ARGS, "cosine", "--resume", ckpt, NULL);
+#undef SCHEDULE_ARGS
+  lr_list(r.out, got, sizeof got);
+  assert_string_equal(got, "0.00868198 0.00722208 0.0055 0.00377792 "
+                      "0.00231802 0.00134254");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_usage_errors),
@@ -589,6 +630,7 @@ int main(void) {
       cmocka_unit_test(test_signals),
       cmocka_unit_test(test_output_streams),
       cmocka_unit_test(test_progress_terminal),
+      cmocka_unit_test(test_schedules),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
