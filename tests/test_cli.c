@@ -591,28 +591,28 @@ static void test_schedules(void **state) {
   result r;
   char got[512];
 #define SCHEDULE_ARGS TINY, "--steps", "10", "--json", "--warmup", "2", \
-    "--lr", "0.01", "--lr-min", "0.001", "--schedule"
+    "--lr", "0.01", "--lr-min", "0.002", "--schedule"
   run(&r, SCHEDULE_ARGS, "linear", NULL);
   lr_list(r.out, got, sizeof got);
-  assert_string_equal(got, "0.00333333 0.00666667 0.01 0.008875 0.00775 "
-                      "0.006625 0.0055 0.004375 0.00325 0.002125");
+  assert_string_equal(got, "0.00333333 0.00666667 0.01 0.009 0.008 0.007 "
+                      "0.006 0.005 0.004 0.003");
   run(&r, SCHEDULE_ARGS, "constant", NULL);
   lr_list(r.out, got, sizeof got);
   assert_string_equal(got, "0.00333333 0.00666667 0.01 0.01 0.01 0.01 0.01 "
                       "0.01 0.01 0.01");
   run(&r, SCHEDULE_ARGS, "cosine", NULL);
   lr_list(r.out, got, sizeof got);
-  assert_string_equal(got, "0.00333333 0.00666667 0.01 0.00965746 "
-                      "0.00868198 0.00722208 0.0055 0.00377792 0.00231802 "
-                      "0.00134254");
+  assert_string_equal(got, "0.00333333 0.00666667 0.01 0.00969552 "
+                      "0.00882843 0.00753073 0.006 0.00446927 0.00317157 "
+                      "0.00230448");
   char ckpt[160];
   snprintf(ckpt, sizeof ckpt, "%s/four-of-ten.ckpt", dir);
   run(&r, TINY, "--steps", "4", "--save", ckpt, NULL);
   run(&r, SCHEDULE_ARGS, "cosine", "--resume", ckpt, NULL);
 #undef SCHEDULE_ARGS
   lr_list(r.out, got, sizeof got);
-  assert_string_equal(got, "0.00868198 0.00722208 0.0055 0.00377792 "
-                      "0.00231802 0.00134254");
+  assert_string_equal(got, "0.00882843 0.00753073 0.006 0.00446927 "
+                      "0.00317157 0.00230448");
 }
 
 int main(void) {
