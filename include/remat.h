@@ -433,6 +433,40 @@ REMAT_API remat_status remat_load_safetensors(remat_graph *g, const char *path);
 REMAT_API remat_status remat_save_grads_safetensors(remat_graph *g,
                                                     const char *path);
 
+/* ---- training checkpoints: resuming exactly ---- */
+
+/* The most caller values a checkpoint holds. */
+#define REMAT_CHECKPOINT_MAX_VALUES 64
+
+/* Writes a training checkpoint, a safetensors file that
+ * remat_load_checkpoint turns back into the same training state: every
+ * parameter under its name (as remat_save_safetensors writes it), AdamW's
+ * moments of parameter P as "adam_m:P" and "adam_v:P", and in
+ * __metadata__ "remat.checkpoint", "remat.optimizer" ("adamw", "sgd" or
+ * "none"), "remat.step" (the optimizer steps taken, AdamW's bias
+ * correction) and the caller's `count` values (0 to
+ * REMAT_CHECKPOINT_MAX_VALUES: a schedule position, a data position, an
+ * RNG state) under keys[i]: 1 to 63 letters, digits, '_', '.' or '-',
+ * unique, and not "format", "producer" or "remat.*". Values are written as
+ * decimal strings. The file is written like remat_save_safetensors writes
+ * (PATH holds its old contents or the whole new file, never a part), with
+ * the same checks. */
+REMAT_API remat_status remat_save_checkpoint(remat_graph *g, const char *path,
+                                             const char *const *keys,
+                                             const uint64_t *values,
+                                             int count);
+/* Restores a checkpoint into a graph built and compiled like the one that
+ * saved it (the same parameters and optimizer kind) and sets values[i] to
+ * the value saved under keys[i]. Every check is made before anything
+ * changes (those of remat_load_safetensors, then: a checkpoint's metadata,
+ * the optimizer kind, every moment present, every key present and a whole
+ * number), so a failed load leaves the parameters, the moments, the step
+ * count and `values` as they were. remat_load_safetensors takes the
+ * weights alone from a checkpoint (for evaluation or fine-tuning). */
+REMAT_API remat_status remat_load_checkpoint(remat_graph *g, const char *path,
+                                             const char *const *keys,
+                                             uint64_t *values, int count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,7 +4,8 @@
  * little-endian data. A save writes a new temporary file beside the target
  * and renames it over the target. A load checks the header against the
  * file's size and the graph before it reads any tensor data, and reads all
- * of the data before it writes any parameter. */
+ * of the data before it writes any tensor. The engine (safetensors.h) takes
+ * any list of named tensors, which the checkpoints of checkpoint.c use. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -21,68 +22,102 @@
 #include "base/alloc.h"
 #include "base/files.h"
 #include "base/checked.h"
-#include "runtime/internal.h"
+#include "runtime/safetensors.h"
+#include "runtime/step_plan.h"
 
 #define HEADER_MAX ((uint64_t)100 << 20) /* the safetensors package's limit */
 #define HEADER_CHUNK ((size_t)1 << 16)   /* header bytes read at a time */
 #define TEMP_TRIES 100 /* names tried for the temporary file of a save */
 #define QUOTE_MAX 64   /* bytes of a name from a file shown in a message */
 
-typedef remat_status (*read_fn)(remat_graph *g, remat_tensor *t, float *dst,
-                                size_t bytes);
-
-static remat_status read_value(remat_graph *g, remat_tensor *t, float *dst,
-                               size_t bytes) {
-  return remat_read(g, t, dst, bytes);
-}
-
-static remat_status check_graph(remat_graph *g, const char *path,
-                                const char *what) {
-  if (g == NULL || path == NULL)
-    return remat__fail(REMAT_ERR_INVALID_ARG, "%s: graph and path must not be "
-                                              "NULL", what);
-  if (!g->compiled)
-    return remat__fail(REMAT_ERR_STATE,
-                       "%s: the graph is not compiled: call remat_compile "
-                       "first", what);
-  return REMAT_OK;
-}
 
 /* A parameter's size in bytes as F32 (false if it does not fit a size_t). */
 static bool param_bytes(const remat_tensor *p, size_t *out) {
   return remat__mul_size((size_t)remat_tensor_numel(p), sizeof(float), out);
 }
 
+/* ---- holding the graph, and the list of parameters ---- */
+
+remat_status safet_hold(remat_graph *g, const char *path, const char *what) {
+  if (g == NULL || path == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG, "%s: graph and path must not be "
+                                              "NULL", what);
+  remat_status s = runtime_check_fork(g->rt, what);
+  if (s == REMAT_OK && !g->compiled)
+    s = remat__fail(REMAT_ERR_STATE,
+                    "%s: the graph is not compiled: call remat_compile "
+                    "first", what);
+  return s == REMAT_OK ? graph_enter(g, what) : s;
+}
+
+void safet_release(remat_graph *g) { graph_leave(g); }
+
+remat_status safet_params(remat_graph *g, bool grads, int extra,
+                          safet_item **items, int *n, const char *what) {
+  const plan_lowering *l = &g->plan->low;
+  *n = remat_num_params(g);
+  *items = remat__calloc((size_t)(*n + extra > 0 ? *n + extra : 1),
+                         sizeof **items);
+  if (*items == NULL)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  for (int i = 0; i < *n; i++) {
+    safet_item *it = &(*items)[i];
+    it->param = remat_param_at(g, i);
+    snprintf(it->name, sizeof it->name, "%s", it->param->name);
+    int32_t b = grads ? l->grad_buf[it->param->id]
+                      : l->value_buf[it->param->id];
+    if (b < 0)
+      return remat__fail(REMAT_ERR_INVALID_ARG,
+                         "%s: parameter '%s' has no gradient (it does not "
+                         "reach the loss)", what, it->name);
+    it->data = l->bufs[b].data;
+  }
+  return REMAT_OK;
+}
+
 /* ---- saving ---- */
 
-static int cmp_names(const void *a, const void *b) {
-  return strcmp(*(const char *const *)a, *(const char *const *)b);
+static int cmp_items(const void *a, const void *b) {
+  return strcmp(((const safet_item *)a)->name, ((const safet_item *)b)->name);
+}
+
+/* The message for two tensors of a save under one name: two parameters,
+ * or a parameter named like another's optimizer state. */
+static remat_status duplicate(const safet_item *a, const safet_item *b,
+                              const char *what) {
+  const safet_item *state = strcmp(a->name, a->param->name) != 0 ? a : b;
+  if (strcmp(state->name, state->param->name) != 0)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "%s: parameter name '%s' is also the name of the "
+                       "optimizer state of parameter '%s', so the file could "
+                       "not be loaded: rename the parameter", what,
+                       state->name, state->param->name);
+  return remat__fail(REMAT_ERR_INVALID_ARG,
+                     "%s: parameter name '%s' is used by more than one "
+                     "parameter, so the file could not be loaded: give each "
+                     "parameter its own name (remat_checkpoint_name renames "
+                     "a parameter)", what, a->name);
 }
 
 /* A file holding a name twice (or a tensor named like the metadata) could
- * never be loaded, so such a graph is refused before anything is written. */
-static remat_status check_names(remat_graph *g, const char *what) {
-  int n = remat_num_params(g);
-  const char **names = remat__malloc((size_t)(n > 0 ? n : 1) * sizeof *names);
-  if (names == NULL)
+ * never be loaded, so such a list is refused before anything is written. */
+static remat_status check_names(const safet_item *items, int n,
+                                const char *what) {
+  safet_item *sorted = remat__malloc((size_t)(n > 0 ? n : 1) * sizeof *sorted);
+  if (sorted == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-  for (int i = 0; i < n; i++)
-    names[i] = remat_tensor_name(remat_param_at(g, i));
-  qsort(names, (size_t)n, sizeof *names, cmp_names);
+  memcpy(sorted, items, (size_t)n * sizeof *sorted);
+  qsort(sorted, (size_t)n, sizeof *sorted, cmp_items);
   remat_status s = REMAT_OK;
   for (int i = 0; i < n && s == REMAT_OK; i++) {
-    if (strcmp(names[i], "__metadata__") == 0)
+    if (strcmp(sorted[i].name, "__metadata__") == 0)
       s = remat__fail(REMAT_ERR_INVALID_ARG,
                       "%s: parameter name '__metadata__' is reserved by the "
                       "safetensors format: rename the parameter", what);
-    else if (i > 0 && strcmp(names[i - 1], names[i]) == 0)
-      s = remat__fail(REMAT_ERR_INVALID_ARG,
-                      "%s: parameter name '%s' is used by more than one "
-                      "parameter, so the file could not be loaded: give each "
-                      "parameter its own name (remat_checkpoint_name renames "
-                      "a parameter)", what, names[i]);
+    else if (i > 0 && strcmp(sorted[i - 1].name, sorted[i].name) == 0)
+      s = duplicate(&sorted[i - 1], &sorted[i], what);
   }
-  free(names);
+  free(sorted);
   return s;
 }
 
@@ -103,22 +138,33 @@ static remat_status check_target(const char *path, const char *what) {
   return REMAT_OK;
 }
 
-/* The JSON header of all parameters, laid out back to back in creation
- * order. */
-static cJSON *build_header(remat_graph *g) {
-  cJSON *root = cJSON_CreateObject(), *meta = cJSON_CreateObject();
-  if (root == NULL || meta == NULL ||
-      !cJSON_AddItemToObject(root, "__metadata__", meta)) {
-    cJSON_Delete(root);
-    cJSON_Delete(meta);
+/* __metadata__: the format, the producer, then the caller's entries. */
+static cJSON *build_meta(const safet_meta *meta, int nmeta) {
+  cJSON *m = cJSON_CreateObject();
+  bool ok = m != NULL && cJSON_AddStringToObject(m, "format", "pt") &&
+            cJSON_AddStringToObject(m, "producer", "remat");
+  for (int i = 0; ok && i < nmeta; i++)
+    ok = cJSON_AddStringToObject(m, meta[i].key, meta[i].value) != NULL;
+  if (!ok) {
+    cJSON_Delete(m);
     return NULL;
   }
-  cJSON_AddStringToObject(meta, "format", "pt");
-  cJSON_AddStringToObject(meta, "producer", "remat");
+  return m;
+}
+
+/* The JSON header of the items, laid out back to back in list order. */
+static cJSON *build_header(const safet_item *items, int n,
+                           const safet_meta *meta, int nmeta) {
+  cJSON *root = cJSON_CreateObject(), *m = build_meta(meta, nmeta);
+  if (root == NULL || m == NULL || !cJSON_AddItemToObject(root, "__metadata__", m)) {
+    cJSON_Delete(root);
+    cJSON_Delete(m);
+    return NULL;
+  }
   size_t offset = 0, bytes = 0;
-  for (int i = 0; i < remat_num_params(g); i++) {
-    remat_tensor *p = remat_param_at(g, i);
-    cJSON *entry = cJSON_AddObjectToObject(root, remat_tensor_name(p));
+  for (int i = 0; i < n; i++) {
+    const remat_tensor *p = items[i].param;
+    cJSON *entry = cJSON_AddObjectToObject(root, items[i].name);
     cJSON *shape = cJSON_AddArrayToObject(entry, "shape");
     cJSON *offsets = cJSON_AddArrayToObject(entry, "data_offsets");
     if (cJSON_AddStringToObject(entry, "dtype", "F32") == NULL ||
@@ -156,12 +202,18 @@ static int write_all(int fd, const void *buf, size_t len) {
   return 0;
 }
 
+/* What a save writes: the header text and the items. */
+typedef struct save_body {
+  const char *json;
+  const safet_item *items;
+  int nitems;
+} save_body;
+
 /* Header length (little-endian u64), the JSON padded with spaces to a
- * multiple of 8, then each parameter's data; then fsync. */
-static remat_status write_body(remat_graph *g, int fd, const char *json,
-                               read_fn read, const char *what,
+ * multiple of 8, then each item's data; then fsync. */
+static remat_status write_body(int fd, const save_body *body, const char *what,
                                const char *path) {
-  size_t json_len = strlen(json), padded = 0;
+  size_t json_len = strlen(body->json), padded = 0;
   if (!remat__add_size(json_len, 7, &padded))
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
   padded = padded / 8 * 8;
@@ -172,21 +224,14 @@ static remat_status write_body(remat_graph *g, int fd, const char *json,
   if (header == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
   memset(header, ' ', padded);
-  memcpy(header, json, json_len);
+  memcpy(header, body->json, json_len);
   int bad = write_all(fd, len_bytes, 8) || write_all(fd, header, padded);
   free(header);
-  for (int i = 0; !bad && i < remat_num_params(g); i++) {
-    remat_tensor *p = remat_param_at(g, i);
+  for (int i = 0; !bad && i < body->nitems; i++) {
     size_t bytes = 0;
-    float *buf = param_bytes(p, &bytes) ? remat__malloc(bytes) : NULL;
-    if (buf == NULL)
+    if (!param_bytes(body->items[i].param, &bytes))
       return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-    remat_status s = read(g, p, buf, bytes);
-    if (s == REMAT_OK)
-      bad = write_all(fd, buf, bytes);
-    free(buf);
-    if (s != REMAT_OK)
-      return s;
+    bad = write_all(fd, body->items[i].data, bytes);
   }
   if (bad || fsync(fd) != 0)
     return remat__fail(REMAT_ERR_IO, "%s: cannot write '%s': %s", what, path,
@@ -260,15 +305,14 @@ static remat_status sync_dir(const char *path, const char *what) {
 
 /* Writes a new file beside the target, then renames it over the target:
  * the target is either as it was or the whole new file. */
-static remat_status write_replace(remat_graph *g, const char *path,
-                                  const char *json, read_fn read,
+static remat_status write_replace(const char *path, const save_body *body,
                                   const char *what) {
   char *tmp = NULL;
   int fd = -1;
   remat_status s = create_temp(path, what, &tmp, &fd);
   if (s != REMAT_OK)
     return s;
-  s = write_body(g, fd, json, read, what, path);
+  s = write_body(fd, body, what, path);
   if (close(fd) != 0 && s == REMAT_OK)
     s = remat__fail(REMAT_ERR_IO, "%s: cannot write '%s': %s", what, path,
                     strerror(errno));
@@ -281,65 +325,59 @@ static remat_status write_replace(remat_graph *g, const char *path,
   return s == REMAT_OK ? sync_dir(path, what) : s;
 }
 
-static remat_status save(remat_graph *g, const char *path, read_fn read,
-                         const char *what) {
-  remat_status s = check_graph(g, path, what);
-  if (s == REMAT_OK)
-    s = check_names(g, what);
+remat_status safet_save(remat_graph *g, const char *path,
+                        const safet_item *items, int nitems,
+                        const safet_meta *meta, int nmeta, const char *what) {
+  (void)g;
+  remat_status s = check_names(items, nitems, what);
   if (s == REMAT_OK)
     s = check_target(path, what);
   if (s != REMAT_OK)
     return s;
-  cJSON *root = build_header(g);
+  cJSON *root = build_header(items, nitems, meta, nmeta);
   char *json = root ? cJSON_PrintUnformatted(root) : NULL;
   cJSON_Delete(root);
   if (json == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-  s = write_replace(g, path, json, read, what);
+  save_body body = {.json = json, .items = items, .nitems = nitems};
+  s = write_replace(path, &body, what);
   cJSON_free(json);
   return s;
 }
 
-/* Saves and loads hold the graph for their whole length: no step of
- * another thread runs between their reads, or between a load's checks and
- * its writes. */
-static remat_status hold(remat_graph *g, const char *what) {
-  remat_status s = g == NULL ? REMAT_OK : runtime_check_fork(g->rt, what);
-  if (s == REMAT_OK && g != NULL && g->compiled)
-    s = graph_enter(g, what);
+/* The two weights-only saves: every parameter's value or gradient. */
+static remat_status save_params(remat_graph *g, const char *path, bool grads,
+                                const char *what) {
+  remat_status s = safet_hold(g, path, what);
+  if (s != REMAT_OK)
+    return s;
+  safet_item *items = NULL;
+  int n = 0;
+  s = safet_params(g, grads, 0, &items, &n, what);
+  if (s == REMAT_OK)
+    s = safet_save(g, path, items, n, NULL, 0, what);
+  free(items);
+  safet_release(g);
   return s;
-}
-
-static void release(remat_graph *g) {
-  if (g != NULL && g->compiled)
-    graph_leave(g);
 }
 
 remat_status remat_save_safetensors(remat_graph *g, const char *path) {
-  remat_status s = hold(g, "remat_save_safetensors");
-  if (s != REMAT_OK)
-    return s;
-  s = save(g, path, read_value, "remat_save_safetensors");
-  release(g);
-  return s;
+  return save_params(g, path, false, "remat_save_safetensors");
 }
 
 remat_status remat_save_grads_safetensors(remat_graph *g, const char *path) {
-  remat_status s = hold(g, "remat_save_grads_safetensors");
-  if (s != REMAT_OK)
-    return s;
-  s = save(g, path, remat_read_grad, "remat_save_grads_safetensors");
-  release(g);
-  return s;
+  return save_params(g, path, true, "remat_save_grads_safetensors");
 }
 
 /* ---- loading ---- */
 
-#define LOAD_FAIL(status, ...)                                                 \
-  remat__fail(status, "remat_load_safetensors: '%s': " __VA_ARGS__)
+/* A failure about the file: "<call>: '<path>': <words>", where the caller
+ * passes src->what and src->path right after the words' format. */
+#define LOAD_FAIL(status, ...) remat__fail(status, "%s: '%s': " __VA_ARGS__)
 
 /* The open file being loaded. */
 typedef struct source {
+  const char *what; /* the public call, for messages */
   const char *path;
   int fd;
   uint64_t size;       /* of the whole file */
@@ -347,22 +385,22 @@ typedef struct source {
 } source;
 
 /* Opens a regular file (O_NONBLOCK, so that a FIFO cannot block the open). */
-static remat_status open_source(const char *path, source *src) {
-  *src = (source){.path = path, .fd = -1};
+static remat_status open_source(const char *path, const char *what,
+                                source *src) {
+  *src = (source){.what = what, .path = path, .fd = -1};
   src->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (src->fd < 0)
     return remat__fail(REMAT_ERR_IO,
-                       "remat_load_safetensors: cannot open '%s': %s", path,
+                       "%s: cannot open '%s': %s", what, path,
                        strerror(errno));
   struct stat st;
   if (fstat(src->fd, &st) != 0)
     return remat__fail(REMAT_ERR_IO,
-                       "remat_load_safetensors: cannot open '%s': %s", path,
+                       "%s: cannot open '%s': %s", what, path,
                        strerror(errno));
   if (!S_ISREG(st.st_mode))
     return remat__fail(REMAT_ERR_IO,
-                       "remat_load_safetensors: '%s' is %s, not a regular "
-                       "file", path, remat__file_kind(st.st_mode));
+                       "%s: '%s' is %s, not a regular file", what, path, remat__file_kind(st.st_mode));
   src->size = (uint64_t)st.st_size;
   return REMAT_OK;
 }
@@ -378,8 +416,7 @@ static remat_status read_at(const source *src, void *buf, size_t len,
       continue;
     if (n <= 0)
       return remat__fail(REMAT_ERR_IO,
-                         "remat_load_safetensors: cannot read '%s': %s",
-                         src->path,
+                         "%s: cannot read '%s': %s", src->what, src->path,
                          n < 0 ? strerror(errno)
                                : "the file is shorter than when it was "
                                  "opened");
@@ -394,7 +431,7 @@ static remat_status read_at(const source *src, void *buf, size_t len,
 static remat_status header_length(source *src, uint64_t *hlen) {
   if (src->size < 8)
     return LOAD_FAIL(REMAT_ERR_IO, "truncated: %llu bytes, shorter than the "
-                     "8-byte header length", src->path,
+                     "8-byte header length", src->what, src->path,
                      (unsigned long long)src->size);
   unsigned char b[8];
   remat_status s = read_at(src, b, 8, 0);
@@ -406,11 +443,11 @@ static remat_status header_length(source *src, uint64_t *hlen) {
   if (*hlen > src->size - 8)
     return LOAD_FAIL(REMAT_ERR_IO, "header length %llu exceeds the %llu bytes "
                      "after it (truncated or not a safetensors file)",
-                     src->path, (unsigned long long)*hlen,
+                     src->what, src->path, (unsigned long long)*hlen,
                      (unsigned long long)(src->size - 8));
   if (*hlen > HEADER_MAX)
     return LOAD_FAIL(REMAT_ERR_IO, "header length %llu exceeds the %llu-byte "
-                     "(100 MiB) limit on safetensors headers", src->path,
+                     "(100 MiB) limit on safetensors headers", src->what, src->path,
                      (unsigned long long)*hlen,
                      (unsigned long long)HEADER_MAX);
   src->data_start = 8 + *hlen;
@@ -435,8 +472,8 @@ static remat_status read_header_text(const source *src, uint64_t hlen,
       cap = cap > hlen ? (size_t)hlen : cap;
       char *grown = remat__realloc(*text, cap);
       if (grown == NULL)
-        return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
-                           "remat_load_safetensors: out of memory");
+        return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
+                           src->what);
       *text = grown;
     }
     s = read_at(src, *text + done, n, 8 + done);
@@ -460,14 +497,14 @@ static remat_status read_header(source *src, cJSON **root) {
   if (s == REMAT_OK && !cJSON_IsObject(*root)) {
     cJSON_Delete(*root);
     *root = NULL;
-    s = LOAD_FAIL(REMAT_ERR_IO, "the header is not a JSON object", src->path);
+    s = LOAD_FAIL(REMAT_ERR_IO, "the header is not a JSON object", src->what, src->path);
   }
   return s;
 }
 
-/* One tensor of the file matched to a parameter. */
+/* One tensor of the file matched to an item. */
 typedef struct entry {
-  remat_tensor *param;
+  const safet_item *item;
   uint64_t begin, end;
 } entry;
 
@@ -510,9 +547,9 @@ static void quote(char *buf, size_t len, const char *text) {
   snprintf(buf + n, len - n, "%s", text[i] != '\0' ? "..." : "");
 }
 
-static int find_param(remat_graph *g, const char *name) {
-  for (int i = 0; i < remat_num_params(g); i++)
-    if (strcmp(remat_tensor_name(remat_param_at(g, i)), name) == 0)
+static int find_item(const safet_load_req *req, const char *name) {
+  for (int i = 0; i < req->nitems; i++)
+    if (strcmp(req->items[i].name, name) == 0)
       return i;
   return -1;
 }
@@ -532,7 +569,7 @@ static remat_status check_offsets(const source *src, const char *name,
   if (!json_whole(cJSON_GetArrayItem(offs, 0), &b) ||
       !json_whole(cJSON_GetArrayItem(offs, 1), &en))
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' has data_offsets that are not "
-                     "whole numbers", src->path, name);
+                     "whole numbers", src->what, src->path, name);
   uint64_t data_size = src->size - src->data_start;
   if (offset_ok(b, data_size, &e->begin) && offset_ok(en, data_size, &e->end))
     return REMAT_OK;
@@ -541,7 +578,7 @@ static remat_status check_offsets(const source *src, const char *name,
   format_number(es, sizeof es, en);
   return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' has data_offsets [%s,%s] out of "
                    "range: the %llu-byte file has %llu bytes of data after "
-                   "its header", src->path, name, bs, es,
+                   "its header", src->what, src->path, name, bs, es,
                    (unsigned long long)src->size,
                    (unsigned long long)data_size);
 }
@@ -555,7 +592,7 @@ static remat_status check_shape(const source *src, const char *name,
   cJSON_ArrayForEach(d, shape) {
     if (!json_whole(d, &dims[ndim++]))
       return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' has a shape that is not a "
-                       "list of whole numbers", src->path, name);
+                       "list of whole numbers", src->what, src->path, name);
   }
   int same = ndim == remat_tensor_ndim(p);
   for (int k = 0; k < remat_tensor_ndim(p); k++) {
@@ -568,18 +605,19 @@ static remat_status check_shape(const source *src, const char *name,
   format_shape(fs, sizeof fs, ndim, dims);
   format_shape(ms, sizeof ms, remat_tensor_ndim(p), model);
   return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' has shape %s in the file "
-                   "but %s in the model", src->path, name, fs, ms);
+                   "but %s in the model", src->what, src->path, name, fs, ms);
 }
 
 /* Checks one header entry against the file and the model: its fields, its
- * offsets, then dtype, shape and size. */
-static remat_status check_entry(remat_graph *g, const source *src,
-                                const cJSON *item, entry *entries, int *seen) {
+ * offsets, then (unless the load skips it) dtype, shape and size. */
+static remat_status check_entry(const safet_load_req *req, const source *src,
+                                const cJSON *item, bool skip, entry *entries,
+                                int *seen) {
   char name[4 * QUOTE_MAX + 8], dt[4 * QUOTE_MAX + 8];
   quote(name, sizeof name, item->string);
   if (!cJSON_IsObject(item))
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' is not a JSON object",
-                     src->path, name);
+                     src->what, src->path, name);
   const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
   const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
   const cJSON *offs = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
@@ -588,31 +626,32 @@ static remat_status check_entry(remat_graph *g, const source *src,
       cJSON_GetArraySize(shape) > REMAT_MAX_DIMS)
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' needs a dtype string, a shape "
                      "array of at most %d dims and two data_offsets",
-                     src->path, name, REMAT_MAX_DIMS);
+                     src->what, src->path, name, REMAT_MAX_DIMS);
   entry e = {0};
   remat_status s = check_offsets(src, name, offs, &e);
-  if (s != REMAT_OK)
+  if (s != REMAT_OK || skip)
     return s;
-  int i = find_param(g, item->string);
+  int i = find_item(req, item->string);
   if (i < 0)
     return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' is not a parameter of the "
-                     "model", src->path, name);
+                     "model%s", src->what, src->path, name,
+                     req->weights_only ? "" : " or the optimizer state of one");
   if (seen[i])
-    return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' appears twice", src->path,
-                     name);
+    return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' appears twice", src->what,
+                     src->path, name);
   quote(dt, sizeof dt, dtype->valuestring);
   if (strcmp(dtype->valuestring, "F32") != 0)
     return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' has dtype %s, expected F32",
-                     src->path, name, dt);
-  e.param = remat_param_at(g, i);
-  if ((s = check_shape(src, name, shape, e.param)) != REMAT_OK)
+                     src->what, src->path, name, dt);
+  e.item = &req->items[i];
+  if ((s = check_shape(src, name, shape, e.item->param)) != REMAT_OK)
     return s;
   size_t need = 0;
-  if (!param_bytes(e.param, &need) || e.end < e.begin ||
+  if (!param_bytes(e.item->param, &need) || e.end < e.begin ||
       e.end - e.begin != need)
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' has data_offsets [%llu,%llu] "
                      "(%llu bytes) but its F32 shape needs %llu bytes",
-                     src->path, name, (unsigned long long)e.begin,
+                     src->what, src->path, name, (unsigned long long)e.begin,
                      (unsigned long long)e.end,
                      (unsigned long long)(e.end >= e.begin ? e.end - e.begin
                                                            : 0),
@@ -629,68 +668,81 @@ static int cmp_begin(const void *a, const void *b) {
   return (x->end > y->end) - (x->end < y->end);
 }
 
-/* Every parameter present, no two tensors sharing bytes. */
-static remat_status check_cover(remat_graph *g, const source *src,
+/* Every item present, no two tensors sharing bytes. */
+static remat_status check_cover(const safet_load_req *req, const source *src,
                                 const entry *entries, const int *seen) {
-  int n = remat_num_params(g);
+  int n = req->nitems;
   for (int i = 0; i < n; i++)
     if (!seen[i])
       return LOAD_FAIL(REMAT_ERR_SHAPE, "the model's tensor '%s' is missing "
-                       "from the file", src->path,
-                       remat_tensor_name(remat_param_at(g, i)));
+                       "from the file", src->what, src->path,
+                       req->items[i].name);
   size_t count = n > 0 ? (size_t)n : 0;
   entry *sorted = remat__malloc((count ? count : 1) * sizeof *sorted);
   if (sorted == NULL)
-    return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
-                       "remat_load_safetensors: out of memory");
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
+                       src->what);
   memcpy(sorted, entries, count * sizeof *sorted);
   qsort(sorted, count, sizeof *sorted, cmp_begin);
   remat_status s = REMAT_OK;
   for (int i = 1; i < n && s == REMAT_OK; i++)
     if (sorted[i].begin < sorted[i - 1].end)
       s = LOAD_FAIL(REMAT_ERR_IO, "tensors '%s' and '%s' overlap in the data",
-                    src->path, remat_tensor_name(sorted[i - 1].param),
-                    remat_tensor_name(sorted[i].param));
+                    src->what, src->path, sorted[i - 1].item->name,
+                    sorted[i].item->name);
   free(sorted);
   return s;
 }
 
-/* Reads the header and checks every entry against the file and the model. */
-static remat_status check_file(remat_graph *g, source *src, entry *entries,
-                               int *seen) {
+/* A checkpoint's optimizer state, which a weights-only load skips. */
+static bool skipped(const safet_load_req *req, const cJSON *meta,
+                    const char *name) {
+  return req->weights_only &&
+         cJSON_GetObjectItemCaseSensitive(meta, SAFET_CHECKPOINT_KEY) &&
+         find_item(req, name) < 0 &&
+         (strncmp(name, SAFET_ADAM_M, strlen(SAFET_ADAM_M)) == 0 ||
+          strncmp(name, SAFET_ADAM_V, strlen(SAFET_ADAM_V)) == 0);
+}
+
+/* Reads the header, checks the metadata, then checks every entry against
+ * the file and the model. */
+static remat_status check_file(const safet_load_req *req, source *src,
+                               entry *entries, int *seen) {
   cJSON *root = NULL;
   remat_status s = read_header(src, &root);
+  const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
+  if (s == REMAT_OK && req->check_meta != NULL)
+    s = req->check_meta(req->ctx, meta, src->path);
   const cJSON *item;
   cJSON_ArrayForEach(item, root) {
     if (s != REMAT_OK)
       break;
-    if (item->string != NULL && strcmp(item->string, "__metadata__") == 0)
-      continue;
-    s = check_entry(g, src, item, entries, seen);
+    if (item != meta)
+      s = check_entry(req, src, item, skipped(req, meta, item->string),
+                      entries, seen);
   }
   cJSON_Delete(root);
   if (s == REMAT_OK)
-    s = check_cover(g, src, entries, seen);
+    s = check_cover(req, src, entries, seen);
   return s;
 }
 
-/* Reads every tensor's data into one buffer, then writes the parameters:
- * a read that fails (the file changed since it was checked) leaves every
- * parameter as it was. The buffer is the model's size, whatever the
- * file's. */
-static remat_status read_params(remat_graph *g, const source *src,
-                                const entry *entries) {
-  int n = remat_num_params(g);
+/* Reads every tensor's data into one buffer, then writes the items: a read
+ * that fails (the file changed since it was checked) leaves every tensor
+ * as it was. The buffer is the model's size, whatever the file's. */
+static remat_status read_items(const safet_load_req *req, const source *src,
+                               const entry *entries) {
+  int n = req->nitems;
   size_t total = 0;
   for (int i = 0; i < n; i++)
     if (!remat__add_size(total, (size_t)(entries[i].end - entries[i].begin),
                          &total))
-      return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
-                         "remat_load_safetensors: out of memory");
+      return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
+                         src->what);
   unsigned char *buf = remat__malloc(total > 0 ? total : 1);
   if (buf == NULL)
-    return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
-                       "remat_load_safetensors: out of memory");
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
+                       src->what);
   remat_status s = REMAT_OK;
   size_t at = 0;
   for (int i = 0; i < n && s == REMAT_OK; i++) {
@@ -701,43 +753,46 @@ static remat_status read_params(remat_graph *g, const source *src,
   at = 0;
   for (int i = 0; i < n && s == REMAT_OK; i++) {
     size_t bytes = (size_t)(entries[i].end - entries[i].begin);
-    s = remat_write(g, entries[i].param, (const float *)(buf + at), bytes);
+    memcpy(entries[i].item->data, buf + at, bytes);
     at += bytes;
   }
   free(buf);
   return s;
 }
 
-static remat_status load(remat_graph *g, const char *path);
-
-remat_status remat_load_safetensors(remat_graph *g, const char *path) {
-  remat_status s = hold(g, "remat_load_safetensors");
-  if (s != REMAT_OK)
-    return s;
-  s = load(g, path);
-  release(g);
-  return s;
-}
-
-static remat_status load(remat_graph *g, const char *path) {
-  remat_status s = check_graph(g, path, "remat_load_safetensors");
-  if (s != REMAT_OK)
-    return s;
+remat_status safet_load(remat_graph *g, const char *path,
+                        const safet_load_req *req) {
+  (void)g;
   source src;
-  s = open_source(path, &src);
-  int n = remat_num_params(g);
-  entry *entries = remat__calloc((size_t)(n ? n : 1), sizeof *entries);
-  int *seen = remat__calloc((size_t)(n ? n : 1), sizeof *seen);
+  remat_status s = open_source(path, req->what, &src);
+  size_t n = req->nitems > 0 ? (size_t)req->nitems : 1;
+  entry *entries = remat__calloc(n, sizeof *entries);
+  int *seen = remat__calloc(n, sizeof *seen);
   if (s == REMAT_OK && (entries == NULL || seen == NULL))
-    s = remat__fail(REMAT_ERR_OUT_OF_MEMORY,
-                    "remat_load_safetensors: out of memory");
+    s = remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", req->what);
   if (s == REMAT_OK)
-    s = check_file(g, &src, entries, seen);
+    s = check_file(req, &src, entries, seen);
   if (s == REMAT_OK)
-    s = read_params(g, &src, entries);
+    s = read_items(req, &src, entries);
+  if (s == REMAT_OK && req->commit != NULL)
+    req->commit(req->ctx);
   if (src.fd >= 0)
     close(src.fd);
   free(entries);
   free(seen);
+  return s;
+}
+
+remat_status remat_load_safetensors(remat_graph *g, const char *path) {
+  const char *what = "remat_load_safetensors";
+  remat_status s = safet_hold(g, path, what);
+  if (s != REMAT_OK)
+    return s;
+  safet_load_req req = {.what = what, .weights_only = true};
+  s = safet_params(g, false, 0, &req.items, &req.nitems, what);
+  if (s == REMAT_OK)
+    s = safet_load(g, path, &req);
+  free(req.items);
+  safet_release(g);
   return s;
 }

@@ -1,8 +1,12 @@
 /* Tests of the remat-train command line: every kind of bad input gets its
- * one-line message and exit code (2 usage, 1 run-time), and a short run
- * saves weights that a second run loads and evaluates identically. The
- * binary's path comes from REMAT_TRAIN (set by tests/meson.build). */
+ * one-line message and exit code (2 usage, 1 run-time), a short run saves
+ * weights that a second run loads and evaluates identically, a resumed run
+ * ends bitwise where a straight one does, and SIGINT or SIGTERM stop a run
+ * with a checkpoint (exit 130). The binary's path comes from REMAT_TRAIN
+ * (set by tests/meson.build). */
 #include <fcntl.h>
+#include <signal.h>
+#include <time.h>
 #include <setjmp.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -296,7 +300,8 @@ static void test_save_load(void **state) {
            "the file but [14,32] in the model", weights);
   expect(&r, 1, want);
 
-  /* The same file cut short by 4 bytes. */
+  /* The same file cut short by 4 bytes: the checkpoint's last tensor, the
+   * optimizer state that a weights-only load skips, is still checked. */
   FILE *f = fopen(weights, "rb");
   assert_non_null(f);
   static char buf[1 << 20];
@@ -307,7 +312,7 @@ static void test_save_load(void **state) {
   run(&r, TINY, "--steps", "0", "--load", cut, NULL);
   assert_int_equal(r.code, 1);
   snprintf(want, sizeof want, "remat-train: remat_load_safetensors: '%s': "
-           "tensor 'lm_head' has data_offsets [", cut);
+           "tensor 'adam_v:lm_head' has data_offsets [", cut);
   assert_memory_equal(r.err, want, strlen(want));
   assert_non_null(strstr(r.err, "] out of range: the "));
   const char *junk = tmp_path("junk.safetensors");
@@ -320,6 +325,302 @@ static void test_save_load(void **state) {
   expect(&r, 1, want);
 }
 
+static void assert_same_file(const char *a, const char *b) {
+  static char x[1 << 20], y[1 << 20];
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  assert_non_null(fa);
+  assert_non_null(fb);
+  size_t na = fread(x, 1, sizeof x, fa), nb = fread(y, 1, sizeof y, fb);
+  fclose(fa);
+  fclose(fb);
+  assert_true(na > 0 && na < sizeof x);
+  assert_int_equal(na, nb);
+  assert_memory_equal(x, y, na);
+}
+
+/* 12 steps straight, and 4 steps, a checkpoint and --resume to 12, end in
+ * the same checkpoint byte for byte (weights, moments, step, data). */
+static void resume_exact(const char *optimizer, const char *threads) {
+  result r;
+  char straight[160], half[160], resumed[160];
+  snprintf(straight, sizeof straight, "%s/straight.ckpt", dir);
+  snprintf(half, sizeof half, "%s/half.ckpt", dir);
+  snprintf(resumed, sizeof resumed, "%s/resumed.ckpt", dir);
+#define RUN_ARGS "--layers", "1", "--d-model", "16", "--heads", "2", \
+    "--batch", "8", "--threads", threads, "--optimizer", optimizer,   \
+    "--schedule", "constant", "--json"
+  run(&r, RUN_ARGS, "--steps", "12", "--save", straight, NULL);
+  assert_int_equal(r.code, 0);
+  run(&r, RUN_ARGS, "--steps", "4", "--save", half, NULL);
+  assert_int_equal(r.code, 0);
+  run(&r, RUN_ARGS, "--steps", "12", "--resume", half, "--save", resumed,
+      NULL);
+#undef RUN_ARGS
+  assert_int_equal(r.code, 0);
+  assert_memory_equal(r.out, "{\"step\": 5, ", 12);
+  assert_null(strstr(r.out, "{\"step\": 4, "));
+  assert_same_file(straight, resumed);
+}
+
+static void test_resume_adamw(void **state) {
+  (void)state;
+  resume_exact("adamw", "1");
+  resume_exact("adamw", "2");
+}
+
+static void test_resume_sgd(void **state) {
+  (void)state;
+  resume_exact("sgd", "1");
+  resume_exact("sgd", "2");
+}
+
+static void test_checkpoint_errors(void **state) {
+  (void)state;
+  result r;
+  char want[512];
+  char ckpt[160], sub[160];
+  snprintf(ckpt, sizeof ckpt, "%s/four.ckpt", dir);
+  snprintf(sub, sizeof sub, "%s/a-directory", dir);
+  run(&r, TINY, "--steps", "4", "--save", ckpt, NULL);
+  assert_int_equal(r.code, 0);
+  run(&r, TINY, "--steps", "3", "--resume", ckpt, NULL);
+  snprintf(want, sizeof want, "--resume '%s' is at step 4, past --steps 3 "
+           "(the total, not steps to add)", ckpt);
+  expect(&r, 1, want);
+  run(&r, TINY, "--steps", "4", "--resume", ckpt, "--optimizer", "sgd", NULL);
+  snprintf(want, sizeof want, "--resume: remat_load_checkpoint: '%s': the "
+           "checkpoint holds the state of optimizer 'adamw' but the graph "
+           "was compiled with 'sgd': compile with the same optimizer, or "
+           "load the weights alone with remat_load_safetensors", ckpt);
+  expect(&r, 1, want);
+  run(&r, TINY, "--load", ckpt, "--resume", ckpt, NULL);
+  expect(&r, 2, "--load and --resume exclude each other: --resume restores "
+         "the weights too");
+  run(&r, TINY, "--save-every", "2", NULL);
+  expect(&r, 2, "--save-every needs --save FILE");
+  run(&r, TINY, "--schedule", "step", NULL);
+  expect(&r, 2, "--schedule 'step': expected cosine, linear or constant");
+  run(&r, TINY, "--optimizer", "adam", NULL);
+  expect(&r, 2, "--optimizer 'adam': expected adamw or sgd");
+  run(&r, TINY, "--lr-min", "-1", NULL);
+  expect(&r, 2, "--lr-min '-1': expected a number >= 0");
+  /* --save-every writes after step 2: here it cannot (a directory), so
+   * the run stops there. */
+  assert_int_equal(mkdir(sub, 0755), 0);
+  run(&r, TINY, "--steps", "5", "--save-every", "2", "--save", sub, "--json",
+      NULL);
+  snprintf(want, sizeof want, "remat_save_checkpoint: '%s' is a directory: "
+           "the target must be a regular file or a new name", sub);
+  expect(&r, 1, want);
+  assert_non_null(strstr(r.out, "{\"step\": 2, "));
+  assert_null(strstr(r.out, "{\"step\": 3, "));
+}
+
+/* Starts remat-train with the NULL-terminated arguments, standard output
+ * to `out`; returns its pid once a first step is on standard output. */
+static pid_t start_training(const char *out, ...) {
+  const char *exe = getenv("REMAT_TRAIN");
+  char *argv[40];
+  int argc = 0;
+  argv[argc++] = (char *)exe;
+  va_list ap;
+  va_start(ap, out);
+  for (char *a; (a = va_arg(ap, char *)) != NULL && argc < 39;)
+    argv[argc++] = a;
+  va_end(ap);
+  argv[argc] = NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, tmp_path("stderr"),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid;
+  assert_int_equal(posix_spawn(&pid, exe, &fa, NULL, argv, environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  static char text[8192];
+  for (int tries = 0; tries < 6000; tries++) {
+    slurp(out, text, sizeof text);
+    if (strstr(text, "{\"step\": 1, ") != NULL)
+      return pid;
+    nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
+  }
+  fail_msg("remat-train did not start training");
+  return pid;
+}
+
+static int wait_code(pid_t pid) {
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  return WEXITSTATUS(status);
+}
+
+/* SIGINT stops the run after its step with a checkpoint of that step; a
+ * second signal ends it at once, with no checkpoint. */
+static void test_signals(void **state) {
+  (void)state;
+  char ckpt[160], out[160], never[160];
+  snprintf(ckpt, sizeof ckpt, "%s/stopped.ckpt", dir);
+  snprintf(out, sizeof out, "%s/out", dir);
+  snprintf(never, sizeof never, "%s/never.ckpt", dir);
+  pid_t pid = start_training(out, TINY, "--steps", "1000000", "--json",
+                             "--save", ckpt, NULL);
+  assert_int_equal(kill(pid, SIGINT), 0);
+  assert_int_equal(wait_code(pid), 130);
+  static char text[1 << 16], err[1024], want[512];
+  slurp(out, text, sizeof text);
+  slurp(tmp_path("stderr"), err, sizeof err);
+  int last = 0;
+  for (const char *p = text; (p = strstr(p, "{\"step\": ")) != NULL; p++)
+    last = atoi(p + 9);
+  snprintf(want, sizeof want, "remat-train: stopped by SIGINT after step %d; "
+           "checkpoint written to %s\n", last, ckpt);
+  assert_string_equal(err, want);
+  result r;
+  run(&r, TINY, "--steps", "1", "--resume", ckpt, NULL);
+  snprintf(want, sizeof want, "--resume '%s' is at step %d, past --steps 1 "
+           "(the total, not steps to add)", ckpt, last);
+  expect(&r, last > 1 ? 1 : 0, last > 1 ? want : "");
+
+  pid = start_training(out, "--d-model", "128", "--seq", "32", "--batch",
+                       "32", "--threads", "2", "--steps", "1000000",
+                       "--json", "--save", never, NULL);
+  assert_int_equal(kill(pid, SIGTERM), 0);
+  assert_int_equal(kill(pid, SIGINT), 0); /* a second SIGTERM could merge */
+  assert_int_equal(wait_code(pid), 130);
+  slurp(tmp_path("stderr"), err, sizeof err);
+  assert_string_equal(err, "");
+  assert_int_equal(access(never, F_OK), -1);
+}
+
+/* Each line of `text` starts with "step " and has at most `max` bytes;
+ * returns the number of lines. */
+static int progress_lines(const char *text, size_t max) {
+  int n = 0;
+  for (const char *p = text; *p != '\0'; n++) {
+    const char *nl = strchr(p, '\n');
+    assert_non_null(nl);
+    assert_memory_equal(p, "step ", 5);
+    assert_true((size_t)(nl - p) <= max);
+    p = nl + 1;
+  }
+  return n;
+}
+
+/* Results on stdout, progress on stderr: one line per tenth of the run
+ * when stderr is not a terminal, within 79 columns, or COLUMNS - 1. */
+static void test_output_streams(void **state) {
+  (void)state;
+  result r;
+  unsetenv("COLUMNS");
+  run(&r, TINY, "--steps", "20", NULL);
+  assert_int_equal(r.code, 0);
+  assert_memory_equal(r.out, "held-out completions (greedy):\n  ", 33);
+  assert_non_null(strstr(r.out, "\nheld-out loss "));
+  assert_non_null(strstr(r.out, "exact-match accuracy "));
+  assert_int_equal(progress_lines(r.err, 79), 10);
+  assert_memory_equal(r.err, "step  2/20 [=>", 14);
+  assert_non_null(strstr(r.err, " | ETA 0m"));
+  setenv("COLUMNS", "40", 1);
+  run(&r, TINY, "--steps", "20", NULL);
+  unsetenv("COLUMNS");
+  assert_int_equal(progress_lines(r.err, 39), 10);
+  assert_non_null(strstr(r.err, "step 20/20 [==============] loss 2."));
+  assert_null(strstr(r.err, "tok/s"));
+  /* A text file: no accuracy, so null in the JSON. */
+  const char *text = tmp_path("small.txt");
+  static char buf[4096];
+  for (size_t i = 0; i < sizeof buf; i++)
+    buf[i] = "the cat sat on the mat. "[i % 24];
+  write_file(text, buf, sizeof buf);
+  run(&r, TINY, "--data", text, "--seq", "16", "--steps", "2", "--json",
+      NULL);
+  assert_int_equal(r.code, 0);
+  assert_string_equal(r.err, "");
+  assert_non_null(strstr(r.out, "\"accuracy\": null, "));
+}
+
+/* On a terminal the line is redrawn in place: carriage returns, one
+ * newline at the end. */
+static void test_progress_terminal(void **state) {
+  (void)state;
+  int master = posix_openpt(O_RDWR | O_NOCTTY);
+  assert_true(master >= 0);
+  assert_int_equal(grantpt(master), 0);
+  assert_int_equal(unlockpt(master), 0);
+  const char *exe = getenv("REMAT_TRAIN");
+  char *argv[] = {(char *)exe, TINY, "--steps", "20", NULL};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, ptsname(master), O_RDWR, 0);
+  setenv("COLUMNS", "60", 1);
+  pid_t pid;
+  assert_int_equal(posix_spawn(&pid, exe, &fa, NULL, argv, environ), 0);
+  unsetenv("COLUMNS");
+  posix_spawn_file_actions_destroy(&fa);
+  static char text[1 << 16];
+  size_t n = 0;
+  for (ssize_t got; n + 1 < sizeof text &&
+                    (got = read(master, text + n, sizeof text - 1 - n)) > 0;)
+    n += (size_t)got; /* EIO once the child closed the terminal */
+  text[n] = '\0';
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(master);
+  int returns = 0;
+  for (const char *p = text; (p = strchr(p, '\r')) != NULL; p++)
+    returns += p[1] == 's'; /* the terminal turns "\n" into "\r\n" */
+  assert_true(returns >= 1);
+  assert_memory_equal(text, "\rstep ", 6);
+  const char *nl = strchr(text, '\n');
+  assert_non_null(nl);
+  assert_null(strchr(nl + 1, '\n'));
+  assert_non_null(strstr(text, "step 20/20 ["));
+}
+
+/* The "lr" of each JSON step line, joined by ' '. */
+static void lr_list(const char *out, char *buf, size_t len) {
+  buf[0] = '\0';
+  for (const char *p = out; (p = strstr(p, "\"lr\": ")) != NULL; p++) {
+    size_t used = strlen(buf);
+    snprintf(buf + used, len - used, "%s%.*s", used ? " " : "",
+             (int)strcspn(p + 6, ","), p + 6);
+  }
+}
+
+/* Warm-up, then the schedule from --lr to --lr-min; a resumed run gets
+ * the learning rates of a straight one. */
+static void test_schedules(void **state) {
+  (void)state;
+  result r;
+  char got[512];
+#define SCHEDULE_ARGS TINY, "--steps", "10", "--json", "--warmup", "2", \
+    "--lr", "0.01", "--lr-min", "0.002", "--schedule"
+  run(&r, SCHEDULE_ARGS, "linear", NULL);
+  lr_list(r.out, got, sizeof got);
+  assert_string_equal(got, "0.00333333 0.00666667 0.01 0.009 0.008 0.007 "
+                      "0.006 0.005 0.004 0.003");
+  run(&r, SCHEDULE_ARGS, "constant", NULL);
+  lr_list(r.out, got, sizeof got);
+  assert_string_equal(got, "0.00333333 0.00666667 0.01 0.01 0.01 0.01 0.01 "
+                      "0.01 0.01 0.01");
+  run(&r, SCHEDULE_ARGS, "cosine", NULL);
+  lr_list(r.out, got, sizeof got);
+  assert_string_equal(got, "0.00333333 0.00666667 0.01 0.00969552 "
+                      "0.00882843 0.00753073 0.006 0.00446927 0.00317157 "
+                      "0.00230448");
+  char ckpt[160];
+  snprintf(ckpt, sizeof ckpt, "%s/four-of-ten.ckpt", dir);
+  run(&r, TINY, "--steps", "4", "--save", ckpt, NULL);
+  run(&r, SCHEDULE_ARGS, "cosine", "--resume", ckpt, NULL);
+#undef SCHEDULE_ARGS
+  lr_list(r.out, got, sizeof got);
+  assert_string_equal(got, "0.00882843 0.00753073 0.006 0.00446927 "
+                      "0.00317157 0.00230448");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_usage_errors),
@@ -329,6 +630,13 @@ int main(void) {
       cmocka_unit_test(test_budget_infeasible),
       cmocka_unit_test(test_budget_evaluation),
       cmocka_unit_test(test_save_load),
+      cmocka_unit_test(test_resume_adamw),
+      cmocka_unit_test(test_resume_sgd),
+      cmocka_unit_test(test_checkpoint_errors),
+      cmocka_unit_test(test_signals),
+      cmocka_unit_test(test_output_streams),
+      cmocka_unit_test(test_progress_terminal),
+      cmocka_unit_test(test_schedules),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
