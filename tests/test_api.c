@@ -1007,6 +1007,36 @@ static void nonfinite_gradient_step(remat_runtime *rt, bool w1_first) {
   remat_graph_destroy(g);
 }
 
+/* The NaN in the very last element of a gradient: w1 is [1,4], x's second
+ * row ends in -Inf, relu(-Inf) = 0 keeps the loss finite, and dW1[0][3] =
+ * 0 * -Inf is the only NaN. The check must read every element. */
+static void test_nonfinite_last_gradient_element(void **state) {
+  (void)state;
+  remat_runtime *rt = new_runtime(1);
+  remat_graph *g = new_graph(rt);
+  remat_tensor *x = input2(g, "x", REMAT_F32, 2, 4);
+  remat_tensor *w1 = param2(g, "w1", 1, 4);
+  remat_tensor *loss =
+      remat_sum(g, remat_relu(g, remat_linear(g, x, w1, NULL)));
+  remat_optimizer sgd = {.kind = REMAT_OPT_SGD, .lr = 0.01f};
+  assert_int_equal(remat_compile(g, loss, &sgd), REMAT_OK);
+  float ones[4] = {1, 1, 1, 1}, after[4], grad[4];
+  assert_int_equal(remat_write(g, w1, ones, sizeof ones), REMAT_OK);
+  float bad_x[8] = {1, 2, 3, 4, 0, 0, 0, -INFINITY};
+  assert_int_equal(remat_feed(g, x, bad_x, sizeof bad_x), REMAT_OK);
+  remat_step_stats st;
+  assert_int_equal(remat_step(g, &st), REMAT_ERR_NUMERIC);
+  assert_true(isfinite(st.loss));
+  assert_int_equal(remat_read_grad(g, w1, grad, sizeof grad), REMAT_OK);
+  for (int i = 0; i < 3; i++)
+    assert_true(isfinite(grad[i]));
+  assert_true(isnan(grad[3]));
+  assert_int_equal(remat_read(g, w1, after, sizeof after), REMAT_OK);
+  assert_memory_equal(after, ones, sizeof ones);
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
 /* A NaN gradient in one parameter with a finite loss: relu(-Inf) = 0
  * hides the Inf from the loss, and its backward gives 0 * -Inf = NaN in
  * w1's gradient. No parameter may change, w2 (finite gradient) included:
@@ -1093,6 +1123,7 @@ int main(void) {
       cmocka_unit_test(test_policies_in_regions),
       cmocka_unit_test(test_nonfinite_loss_leaves_params),
       cmocka_unit_test(test_nonfinite_gradient_updates_nothing),
+      cmocka_unit_test(test_nonfinite_last_gradient_element),
       cmocka_unit_test(test_runtimes_and_graphs_coexist),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
