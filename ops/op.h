@@ -98,6 +98,28 @@ struct op_instance;
 typedef int (*op_tile_fn)(const struct op_instance *op, const op_bufs *b,
                           int64_t tile, op_worker *w);
 
+/* Which part of each buffer a tile works on, for NUMA placement and for
+ * counting the bytes a tile reads from other nodes. A row-tiled kernel
+ * (rows > 0) cuts a space of `rows` rows into blocks of `row_block` rows;
+ * tile t works on block t / row_tiles (row_tiles tiles share a block: the
+ * weight-gradient blocks of one chunk of rows). In a buffer of B bytes a
+ * tile of a kernel with `tiles` tiles touches
+ *   in row_slots:    its block's share, bytes [B r0 / rows, B r1 / rows)
+ *                    for rows [r0, r1) (exact for row-major buffers of
+ *                    `rows` rows; for attention, whose rows are (batch,
+ *                    head, query) and whose qkv rows are (batch, query),
+ *                    the share lies inside the tile's batch);
+ *   in tile_slots:   its own share, bytes [B t / tiles, B (t + 1) / tiles);
+ *   in spread_slots: B / tiles bytes spread over the whole buffer (a block
+ *                    of columns of every row);
+ *   in other slots:  the whole buffer (weights).
+ * rows == 0: the tiles are not row blocks (column-block reductions,
+ * batched matmul); the runtime does not pin them to a node. */
+typedef struct op_span {
+  int64_t rows, row_block, row_tiles;
+  uint32_t row_slots, tile_slots, spread_slots;
+} op_span;
+
 typedef struct op_kernel {
   const char *name; /* "linear.fwd", "linear.dw", ...: static string */
   op_tile_fn fn;
@@ -105,6 +127,7 @@ typedef struct op_kernel {
   double flops;     /* all tiles together */
   uint32_t reads;   /* OP_SLOT_* bits */
   uint32_t writes;  /* OP_SLOT_* bits */
+  op_span span;
 } op_kernel;
 
 /* A planned op: its kernels in execution order (a kernel may read what an
