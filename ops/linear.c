@@ -81,22 +81,25 @@ static void db_rows(const linear_state *s, const float *dy, int64_t nr,
 // dw (M,K) = dy^T (M,N) . x (N,K) and db (M) = the sum of dy's N rows:
 // tile (c, j) sums the rows of chunk c into block j of the chunk's
 // partials ws[0] (of dw itself when there is one chunk); the tiles of the
-// first column block also sum them into the block's rows of db (ws[1])
+// first column block also sum them into the block's rows of db (ws[1]).
+// Partials are always computed: the kernel does not see whether the sums
+// need them (linear.dw_sum and linear.db_sum are skipped when not)
 static int linear_dw(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const linear_state *s = op->state;
   int64_t per = op_gemm_tiles(&s->dw), c = tile / per, j = tile % per;
   int64_t r0 = c * s->chunk_rows, nr = op_min64(s->chunk_rows, s->rows - r0);
-  bool direct = s->chunks == 1;
+  bool direct = s->chunks == 1, bias = op->desc.nin == 3;
   int rs = REMAT_OK;
-  if (b->din[1]) {
+  if (!direct || b->din[1]) {
     const op_gemm *g = nr == s->chunk_rows ? &s->dw : &s->dw_last;
     float *dst = direct ? b->din[1] : b->ws[0] + c * s->M * s->K;
     rs = op_gemm_run(g, j, b->dout + r0 * s->M, b->in[0] + r0 * s->K, NULL,
                      dst, direct && b->din_accumulate[1], w);
   }
   int64_t tiles_n = op_div_up(s->K, s->dw.bn);
-  if (rs == REMAT_OK && b->din[2] && j % tiles_n == 0) {
+  if (rs == REMAT_OK && (direct ? b->din[2] != NULL : bias) &&
+      j % tiles_n == 0) {
     int64_t m0 = j / tiles_n * s->dw.bm, nm = op_min64(s->dw.bm, s->M - m0);
     float *dst = direct ? b->din[2] + m0 : b->ws[1] + c * s->M + m0;
     db_rows(s, b->dout + r0 * s->M, nr, m0, nm, dst,
@@ -173,10 +176,18 @@ static void linear_dw_kernels(op_instance *inst, linear_state *s, bool bias) {
   *k = op_make_kernel("linear.dw", linear_dw, s->chunks * per,
                       2.0 * N * K * M + (bias ? (double)N * M : 0.0),
                       OP_SLOT_DOUT | OP_SLOT_IN(0), direct ? din : ws);
-  k->span = direct ? op_span_cols(din, OP_SLOT_DOUT)
-                   : (op_span){N, s->chunk_rows, per,
-                               OP_SLOT_DOUT | OP_SLOT_IN(0), ws, 0};
-  if (direct) return;
+  if (direct) {
+    k->span = op_span_cols(din, OP_SLOT_DOUT);
+    return;
+  }
+  /* tile (c, j) reads chunk c's rows: dy's columns of its block's rows of
+   * dw, x's columns of its block's columns */
+  k->span = op_span_rows(N, s->chunk_rows,
+                         OP_SLOT_DOUT | OP_SLOT_IN(0));
+  k->span.row_tiles = per;
+  k->span.tile_slots = ws;
+  k->span.row_parts[op_slot_index(OP_SLOT_DOUT)] = op_div_up(M, s->dw.bm);
+  k->span.row_parts[op_slot_index(OP_SLOT_IN(0))] = op_div_up(K, s->dw.bn);
   inst->nws = bias ? 2 : 1;
   inst->ws_bytes[0] = (size_t)(s->chunks * M * K) * sizeof(float);
   inst->ws_bytes[1] = bias ? (size_t)(s->chunks * M) * sizeof(float) : 0;

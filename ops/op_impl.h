@@ -26,21 +26,22 @@ remat_status op_check_inputs(const op_desc *d, int nmin, int nmax,
 static inline op_kernel op_make_kernel(const char *name, op_tile_fn fn,
                                        int64_t tiles, double flops,
                                        uint32_t reads, uint32_t writes) {
-  op_kernel k = {name, fn, tiles, flops, reads, writes, {0, 0, 0, 0, 0, 0}};
+  op_kernel k = {name, fn, tiles, flops, reads, writes, {0}};
   return k;
 }
 /* Row blocks of `block` rows out of `rows`, one tile per block, touching
  * only their rows of `row_slots`. */
 static inline op_span op_span_rows(int64_t rows, int64_t block,
                                    uint32_t row_slots) {
-  op_span s = {rows, block, 1, row_slots, 0, 0};
+  op_span s = {.rows = rows, .row_block = block, .row_tiles = 1,
+               .row_slots = row_slots};
   return s;
 }
 /* Tiles that are not row blocks: each touches its own share of
  * `tile_slots` and a spread share of `spread_slots`. */
 static inline op_span op_span_cols(uint32_t tile_slots,
                                    uint32_t spread_slots) {
-  op_span s = {0, 0, 0, 0, tile_slots, spread_slots};
+  op_span s = {.tile_slots = tile_slots, .spread_slots = spread_slots};
   return s;
 }
 /* True when shapes a and b are equal. */
