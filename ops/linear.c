@@ -137,7 +137,8 @@ static int linear_db_sum(const op_instance *op, const op_bufs *b,
 /* The dw gemm of chunks of `rows` rows. */
 static void dw_gemm_init(const linear_state *s, op_gemm *g, int64_t rows) {
   op_gemm_init(g, s->M, s->K, rows, OP_DW_ROWS, dw_cols(s->K));
-  op_gemm_layout(g, op_transposed(s->M), op_plain(s->K), s->K); /* dW = dY^T X */
+  /* dW = dY^T X */
+  op_gemm_layout(g, op_transposed(s->M), op_plain(s->K), s->K);
 }
 
 static remat_status linear_gemms(linear_state *s, bool bias,
@@ -182,8 +183,7 @@ static void linear_dw_kernels(op_instance *inst, linear_state *s, bool bias) {
   }
   /* tile (c, j) reads chunk c's rows: dy's columns of its block's rows of
    * dw, x's columns of its block's columns */
-  k->span = op_span_rows(N, s->chunk_rows,
-                         OP_SLOT_DOUT | OP_SLOT_IN(0));
+  k->span = op_span_rows(N, s->chunk_rows, OP_SLOT_DOUT | OP_SLOT_IN(0));
   k->span.row_tiles = per;
   k->span.tile_slots = ws;
   k->span.row_parts[op_slot_index(OP_SLOT_DOUT)] = op_div_up(M, s->dw.bm);
@@ -222,9 +222,9 @@ remat_status op_linear_plan(op_instance *inst, dnnl_engine_t engine,
   int64_t N = s->rows;
   double flops = 2.0 * N * s->K * s->M;
   op_kernel *k = &inst->fwd[inst->nfwd++];
+  uint32_t weights = OP_SLOT_IN(1) | (bias ? OP_SLOT_IN(2) : 0);
   *k = op_make_kernel("linear.fwd", linear_fwd, op_gemm_tiles(&s->fwd), flops,
-                      OP_SLOT_IN(0) | OP_SLOT_IN(1) | (bias ? OP_SLOT_IN(2) : 0),
-                      OP_SLOT_OUT);
+                      OP_SLOT_IN(0) | weights, OP_SLOT_OUT);
   k->span = op_span_rows(N, s->fwd.bm, OP_SLOT_IN(0) | OP_SLOT_OUT);
   k = &inst->bwd[inst->nbwd++];
   *k = op_make_kernel("linear.dx", linear_dx, op_gemm_tiles(&s->dx), flops,

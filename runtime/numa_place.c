@@ -300,9 +300,10 @@ static remat_status set_homes(remat_step_plan *p) {
         nonempty++;
         node = k;
       }
-    buf->node = nonempty <= 1 ? node
-                              : mem_arena_layout(&p->arena, (size_t)buf->bytes,
-                                                 n->slice_end + (int64_t)b * n->nnodes);
+    const int64_t *ends = n->slice_end + (int64_t)b * n->nnodes;
+    buf->node = nonempty <= 1
+                    ? node
+                    : mem_arena_layout(&p->arena, (size_t)buf->bytes, ends);
     if (buf->node < 0)
       return REMAT_ERR_OUT_OF_MEMORY;
   }
