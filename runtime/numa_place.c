@@ -5,7 +5,8 @@
  *   blocks in proportion to each node's workers: node k takes the tiles
  *   whose first row lies in [rows * W<k / W, rows * W<=k / W), W being
  *   workers. Other kernels' tiles (column blocks, batched matmul, one-tile
- *   totals) are dealt the same way by tile number, for counting only.
+ *   totals) are dealt the same way by tile number; they are not pinned, so
+ *   the deal is where they are expected to run, for slices and counting.
  * - Slices. A buffer's first writer decides where its bytes live: when it
  *   writes the buffer by rows or by its own share (op_span), node k's
  *   slice is what the tiles dealt to k write; otherwise the whole buffer
