@@ -324,6 +324,11 @@ typedef struct remat_step_stats {
                                   written after a step that succeeded (the
                                   step's updates are applied; the message
                                   is in remat_last_error()) */
+  int64_t remote_bytes;        /* bytes the step's tiles read or write on a
+                                  NUMA node other than the one they are
+                                  dealt to, from the plan (0 on one node) */
+  int64_t remote_bytes_unplaced; /* the same tiles with every buffer on
+                                    node 0 and no parameter copies */
 } remat_step_stats;
 
 /* Forward, backward and update. On REMAT_ERR_NUMERIC (NaN/Inf in the loss or

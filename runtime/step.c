@@ -141,7 +141,9 @@ static remat_status do_write(remat_graph *g, remat_tensor *param, const float *s
                        "remat_write: '%s' is not a parameter", param->name);
   if (src == NULL)
     return remat__fail(REMAT_ERR_INVALID_ARG, "remat_write: src is NULL");
-  memcpy(g->plan->low.bufs[g->plan->low.value_buf[param->id]].data, src, bytes);
+  int32_t b = g->plan->low.value_buf[param->id];
+  memcpy(g->plan->low.bufs[b].data, src, bytes);
+  numa_refresh(g->plan, b, 0, 0, (int64_t)(bytes / sizeof *src));
   return REMAT_OK;
 }
 
@@ -186,6 +188,8 @@ static void fill_stats(remat_step_plan *p, remat_step_stats *st, double secs) {
     st->current[c] = atomic_load(&p->arena.current[c]);
   }
   st->tasks = sched_dag_num_tasks(p->dag);
+  st->remote_bytes = p->numa.remote_bytes;
+  st->remote_bytes_unplaced = p->numa.remote_bytes_unplaced;
 }
 
 /* A trace that could not be written after a step that succeeded: the
