@@ -283,13 +283,15 @@ int main(int argc, char **argv) {
          "\"peak_bytes\": %lld, \"activation_peak_bytes\": %lld, "
          "\"predicted_peak_bytes\": %lld, \"peak_rss_bytes\": %lld, "
          "\"flops_per_step\": %.6g, \"recompute_flops\": %.6g, "
-         "\"matmul_roofline_gflops\": %.2f, \"mfu\": %.4f}\n",
+         "\"matmul_roofline_gflops\": %.2f, \"mfu\": %.4f, "
+         "\"remote_bytes\": %lld, \"remote_bytes_unplaced\": %lld}\n",
          o.policy, o.cfg.layers, o.cfg.d_model, o.cfg.heads, o.cfg.seq,
          o.cfg.batch, o.cfg.vocab, o.threads, o.steps, step_s,
          (double)n / step_s, st.loss, first.loss,
          (unsigned long long)checksum, (long long)peak, (long long)act_peak,
          (long long)st.predicted_peak_bytes, (long long)ru.ru_maxrss * 1024,
-         flops, st.recompute_flops, roofline, mfu);
+         flops, st.recompute_flops, roofline, mfu, (long long)st.remote_bytes,
+         (long long)st.remote_bytes_unplaced);
   free(times);
   free(roofs);
   roofline_close(&roof);

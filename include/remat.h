@@ -324,6 +324,11 @@ typedef struct remat_step_stats {
                                   written after a step that succeeded (the
                                   step's updates are applied; the message
                                   is in remat_last_error()) */
+  int64_t remote_bytes;        /* bytes the step's tiles read or write on a
+                                  NUMA node other than the one they are
+                                  dealt to, from the plan (0 on one node) */
+  int64_t remote_bytes_unplaced; /* the same tiles with every buffer on
+                                    node 0 and no parameter copies */
 } remat_step_stats;
 
 /* Forward, backward and update. On REMAT_ERR_NUMERIC (NaN/Inf in the loss or
@@ -404,22 +409,68 @@ REMAT_API double remat_gpt_flops(const remat_gpt_config *cfg);
 
 /* Writes every parameter, by name in creation order, as an F32 tensor of a
  * safetensors file (the format PyTorch's `safetensors` package reads). The
- * file is written to PATH.tmp, synced, then renamed to PATH, so an
- * interrupted save never leaves a half-written file under PATH. The graph
- * must be compiled. */
+ * graph must be compiled, and its parameter names unique and not
+ * "__metadata__" (else REMAT_ERR_INVALID_ARG, before anything is written).
+ * PATH must be a regular file or a new name: a directory, device, FIFO or
+ * symbolic link is refused with REMAT_ERR_IO. The data goes to a new file
+ * with a unique name beside PATH (created exclusively, mode 0644 less the
+ * umask), is synced, and is renamed over PATH, whose directory is then
+ * synced; on any failure that file is removed. So PATH holds either its
+ * old contents or the whole new file, even after a crash or with other
+ * processes saving to it at the same time, and no link planted nearby is
+ * followed. */
 REMAT_API remat_status remat_save_safetensors(remat_graph *g, const char *path);
 /* Reads parameters written by remat_save_safetensors (or by any program
- * that writes F32 tensors with the same names and shapes). The whole file
- * is checked before any parameter changes: a truncated file, a bad header,
- * a wrong dtype, a missing or unknown tensor, a shape mismatch or bad data
- * offsets fail with REMAT_ERR_IO or REMAT_ERR_SHAPE and leave every
- * parameter as it was. */
+ * that writes F32 tensors with the same names and shapes). PATH must be a
+ * regular file. The header (at most 100 MiB) is checked against the file's
+ * size and the model before any tensor data is read, and all the data is
+ * read before any parameter changes, so a load costs the header plus the
+ * model's size in memory whatever the file's size. A truncated file, a bad
+ * or oversized header, a wrong dtype, a missing, unknown or repeated
+ * tensor, a shape mismatch or data offsets that are not whole numbers, out
+ * of range or overlapping fail with REMAT_ERR_IO or REMAT_ERR_SHAPE and
+ * leave every parameter as it was. */
 REMAT_API remat_status remat_load_safetensors(remat_graph *g, const char *path);
 /* Writes the gradients of the last step, one F32 tensor per parameter
- * under the parameter's name, in the same format (for checking gradients
- * against another framework). */
+ * under the parameter's name, in the same format and the same way as
+ * remat_save_safetensors (for checking gradients against another
+ * framework). */
 REMAT_API remat_status remat_save_grads_safetensors(remat_graph *g,
                                                     const char *path);
+
+/* ---- training checkpoints: resuming exactly ---- */
+
+/* The most caller values a checkpoint holds. */
+#define REMAT_CHECKPOINT_MAX_VALUES 64
+
+/* Writes a training checkpoint, a safetensors file that
+ * remat_load_checkpoint turns back into the same training state: every
+ * parameter under its name (as remat_save_safetensors writes it), AdamW's
+ * moments of parameter P as "adam_m:P" and "adam_v:P", and in
+ * __metadata__ "remat.checkpoint", "remat.optimizer" ("adamw", "sgd" or
+ * "none"), "remat.step" (the optimizer steps taken, AdamW's bias
+ * correction) and the caller's `count` values (0 to
+ * REMAT_CHECKPOINT_MAX_VALUES: a schedule position, a data position, an
+ * RNG state) under keys[i]: 1 to 63 letters, digits, '_', '.' or '-',
+ * unique, and not "format", "producer" or "remat.*". Values are written as
+ * decimal strings. The file is written like remat_save_safetensors writes
+ * (PATH holds its old contents or the whole new file, never a part), with
+ * the same checks. */
+REMAT_API remat_status remat_save_checkpoint(remat_graph *g, const char *path,
+                                             const char *const *keys,
+                                             const uint64_t *values,
+                                             int count);
+/* Restores a checkpoint into a graph built and compiled like the one that
+ * saved it (the same parameters and optimizer kind) and sets values[i] to
+ * the value saved under keys[i]. Every check is made before anything
+ * changes (those of remat_load_safetensors, then: a checkpoint's metadata,
+ * the optimizer kind, every moment present, every key present and a whole
+ * number), so a failed load leaves the parameters, the moments, the step
+ * count and `values` as they were. remat_load_safetensors takes the
+ * weights alone from a checkpoint (for evaluation or fine-tuning). */
+REMAT_API remat_status remat_load_checkpoint(remat_graph *g, const char *path,
+                                             const char *const *keys,
+                                             uint64_t *values, int count);
 
 #ifdef __cplusplus
 }

@@ -43,6 +43,17 @@ static attn_state *attn_state_new(op_instance *inst, dnnl_engine_t engine,
   return s;
 }
 
+/* Tile (b, h) works on rows (b, h, 0..T) of the (B, H, T) rows, which lie
+ * in batch b of every buffer it touches. */
+static void attn_spans(op_instance *inst, const attn_state *s) {
+  for (int k = 0; k < inst->nfwd; k++)
+    inst->fwd[k].span = op_span_rows(s->B * s->H * s->T, s->T,
+                                     inst->fwd[k].reads | inst->fwd[k].writes);
+  for (int k = 0; k < inst->nbwd; k++)
+    inst->bwd[k].span = op_span_rows(s->B * s->H * s->T, s->T,
+                                     inst->bwd[k].reads | inst->bwd[k].writes);
+}
+
 /* Offset of column block (part, head) of row 0 of batch b in qkv. */
 static int64_t qkv_off(const attn_state *s, int64_t b, int part, int64_t h) {
   return b * s->T * 3 * s->D + part * s->D + h * s->hd;
@@ -127,6 +138,7 @@ remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
   inst->bwd[inst->nbwd++] =
       op_make_kernel("attn_scores.bwd", scores_bwd, tiles, 2.0 * flops,
                      OP_SLOT_IN(0) | OP_SLOT_DOUT, OP_SLOT_DIN(0));
+  attn_spans(inst, s);
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }
@@ -216,6 +228,7 @@ remat_status op_attn_values_plan(op_instance *inst, dnnl_engine_t engine,
   inst->bwd[inst->nbwd++] =
       op_make_kernel("attn_values.dv", values_dv, tiles, flops,
                      OP_SLOT_IN(0) | OP_SLOT_DOUT, OP_SLOT_DIN(1));
+  attn_spans(inst, s);
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }

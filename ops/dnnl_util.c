@@ -269,6 +269,28 @@ int op_gemm_run(const op_gemm *g, int64_t tile, const float *a,
   return op_exec(prim, w, g->bias ? 4 : 3, args);
 }
 
+int64_t op_dw_chunk_rows(int64_t rows, int64_t grad_elems) {
+  int64_t chunks = op_min64(op_div_up(rows, OP_DW_CHUNK_MIN), OP_DW_CHUNKS);
+  int64_t grad_bytes = op_max64(1, grad_elems) * (int64_t)sizeof(float);
+  chunks = op_max64(1, op_min64(chunks, OP_DW_PARTIAL_BYTES / grad_bytes));
+  if (chunks == 1) return rows;
+  return op_div_up(op_div_up(rows, chunks), 64) * 64;
+}
+
+void op_sum_partials(const float *part, int64_t stride, int64_t nparts,
+                     int64_t len, float *dst, bool accumulate) {
+  for (int64_t i0 = 0; i0 < len; i0 += OP_COL_BLOCK) {
+    int64_t n = op_min64(OP_COL_BLOCK, len - i0);
+    float acc[OP_COL_BLOCK];
+    memcpy(acc, part + i0, (size_t)n * sizeof *acc);
+    for (int64_t c = 1; c < nparts; c++) {
+      const float *restrict p = part + c * stride + i0;
+      for (int64_t i = 0; i < n; i++) acc[i] += p[i];
+    }
+    op_store(dst + i0, acc, n, accumulate);
+  }
+}
+
 void op_store(float *restrict dst, const float *restrict src, int64_t n,
               bool accumulate) {
   if (accumulate)

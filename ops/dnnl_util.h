@@ -126,6 +126,23 @@ int op_gemm_run(const op_gemm *g, int64_t tile, const float *a,
  * doubled while a tile would be under ~0.5 MFLOP. */
 int64_t op_gemm_rows(int64_t n, int64_t k);
 
+/* Weight gradients reduce over every row in fixed chunks of rows: each
+ * chunk's partial sum is computed where the chunk's rows are, then the
+ * partials are added in chunk order. Chunks have about OP_DW_CHUNK_MIN
+ * rows or more (a multiple of 64), there are at most OP_DW_CHUNKS of them,
+ * and their partials take at most OP_DW_PARTIAL_BYTES (one chunk, no
+ * partials, past that): a function of the shapes only, so the order of
+ * the sum never depends on the thread count or the machine. */
+#define OP_DW_CHUNK_MIN 512
+#define OP_DW_CHUNKS 8
+#define OP_DW_PARTIAL_BYTES (INT64_C(64) << 20)
+/* Rows per chunk for a gradient of grad_elems elements summed over rows. */
+int64_t op_dw_chunk_rows(int64_t rows, int64_t grad_elems);
+/* dst[0..len) = (or +=) part[0..len) + part[stride..] + ... over nparts
+ * partials, added in partial order. */
+void op_sum_partials(const float *part, int64_t stride, int64_t nparts,
+                     int64_t len, float *dst, bool accumulate);
+
 /* dst = src, or dst += src, over n floats. */
 void op_store(float *restrict dst, const float *restrict src, int64_t n,
               bool accumulate);

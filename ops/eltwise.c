@@ -27,6 +27,14 @@ static void flat_range(int64_t n, int64_t tile, int64_t *i0, int64_t *len) {
 
 static int64_t flat_tiles(int64_t n) { return op_div_up(n, OP_FLAT_ELEMS); }
 
+/* Flat chunks of a unary op's n elements, every slot by chunk. */
+static void unary_spans(op_instance *inst, int64_t n) {
+  inst->fwd[0].span =
+      op_span_rows(n, OP_FLAT_ELEMS, OP_SLOT_IN(0) | OP_SLOT_OUT);
+  inst->bwd[0].span = op_span_rows(
+      n, OP_FLAT_ELEMS, OP_SLOT_DOUT | OP_SLOT_IN(0) | OP_SLOT_DIN(0));
+}
+
 static eltwise_state *eltwise_state_new(op_instance *inst,
                                         dnnl_engine_t engine) {
   eltwise_state *s =
@@ -92,12 +100,16 @@ remat_status op_add_plan(op_instance *inst, dnnl_engine_t engine,
   (void)err;
   eltwise_state *s = eltwise_state_new(inst, engine);
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
+  uint32_t fwd = OP_SLOT_IN(0) | OP_SLOT_IN(1) | OP_SLOT_OUT;
+  uint32_t bwd = OP_SLOT_DOUT | OP_SLOT_DIN(0) | OP_SLOT_DIN(1);
   inst->fwd[inst->nfwd++] =
       op_make_kernel("add.fwd", add_fwd, flat_tiles(s->n), (double)s->n,
                      OP_SLOT_IN(0) | OP_SLOT_IN(1), OP_SLOT_OUT);
+  inst->fwd[0].span = op_span_rows(s->n, OP_FLAT_ELEMS, fwd);
   inst->bwd[inst->nbwd++] =
       op_make_kernel("add.bwd", add_bwd, flat_tiles(s->n), (double)s->n,
                      OP_SLOT_DOUT, OP_SLOT_DIN(0) | OP_SLOT_DIN(1));
+  inst->bwd[0].span = op_span_rows(s->n, OP_FLAT_ELEMS, bwd);
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }
@@ -177,13 +189,18 @@ remat_status op_bias_add_plan(op_instance *inst, dnnl_engine_t engine,
   inst->fwd[inst->nfwd++] = op_make_kernel(
       "bias_add.fwd", bias_add_fwd, op_div_up(s->rows, s->row_block), n,
       OP_SLOT_IN(0) | OP_SLOT_IN(1), OP_SLOT_OUT);
+  inst->fwd[0].span =
+      op_span_rows(s->rows, s->row_block, OP_SLOT_IN(0) | OP_SLOT_OUT);
   inst->bwd[inst->nbwd++] =
       op_make_kernel("bias_add.dx", bias_add_dx, flat_tiles(s->n), n,
                      OP_SLOT_DOUT, OP_SLOT_DIN(0));
+  inst->bwd[0].span =
+      op_span_rows(s->n, OP_FLAT_ELEMS, OP_SLOT_DOUT | OP_SLOT_DIN(0));
   inst->bwd[inst->nbwd++] =
       op_make_kernel("bias_add.db", bias_add_db,
                      op_div_up(s->cols, OP_COL_BLOCK), n, OP_SLOT_DOUT,
                      OP_SLOT_DIN(1));
+  inst->bwd[1].span = op_span_cols(OP_SLOT_DIN(1), OP_SLOT_DOUT);
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }
@@ -231,6 +248,7 @@ remat_status op_relu_plan(op_instance *inst, dnnl_engine_t engine,
   inst->bwd[inst->nbwd++] =
       op_make_kernel("relu.bwd", relu_bwd, flat_tiles(s->n), (double)s->n,
                      OP_SLOT_DOUT | OP_SLOT_IN(0), OP_SLOT_DIN(0));
+  unary_spans(inst, s->n);
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }
@@ -302,6 +320,7 @@ remat_status op_gelu_plan(op_instance *inst, dnnl_engine_t engine,
   inst->bwd[inst->nbwd++] =
       op_make_kernel("gelu.bwd", gelu_bwd, flat_tiles(s->n), 30.0 * s->n,
                      OP_SLOT_DOUT | OP_SLOT_IN(0), OP_SLOT_DIN(0));
+  unary_spans(inst, s->n);
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }

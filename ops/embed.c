@@ -127,6 +127,11 @@ remat_status op_embed_plan(op_instance *inst, dnnl_engine_t engine,
   inst->bwd[inst->nbwd++] = op_make_kernel(
       "embed.dwpe", embed_dwpe, op_div_up(s->Tmax, s->pos_block), n,
       OP_SLOT_DOUT, OP_SLOT_DIN(2));
+  inst->fwd[0].span = op_span_rows(s->B * s->T, s->row_block,
+                                   OP_SLOT_IN(0) | OP_SLOT_OUT);
+  inst->fwd[0].span.spread_slots = OP_SLOT_IN(1) | OP_SLOT_IN(2);
+  inst->bwd[0].span = op_span_cols(0, OP_SLOT_DOUT | OP_SLOT_DIN(1));
+  inst->bwd[1].span = op_span_cols(OP_SLOT_DIN(2), OP_SLOT_DOUT);
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }

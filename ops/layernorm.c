@@ -150,6 +150,13 @@ remat_status op_layernorm_plan(op_instance *inst, dnnl_engine_t engine,
       "layernorm.dparams", layernorm_dparams, op_div_up(s->C, OP_COL_BLOCK),
       2.0 * s->tiles * s->C, OP_SLOT_WS(0) | OP_SLOT_WS(1),
       OP_SLOT_DIN(1) | OP_SLOT_DIN(2));
+  uint32_t rows = OP_SLOT_IN(0) | OP_SLOT_AUX(0) | OP_SLOT_AUX(1);
+  inst->fwd[0].span = op_span_rows(s->rows, s->row_block, rows | OP_SLOT_OUT);
+  inst->bwd[0].span = op_span_rows(
+      s->rows, s->row_block, rows | OP_SLOT_DOUT | OP_SLOT_DIN(0));
+  inst->bwd[0].span.tile_slots = OP_SLOT_WS(0) | OP_SLOT_WS(1);
+  inst->bwd[1].span = op_span_cols(OP_SLOT_DIN(1) | OP_SLOT_DIN(2),
+                                   OP_SLOT_WS(0) | OP_SLOT_WS(1));
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }

@@ -1,7 +1,10 @@
 /* Dot ops on oneDNN matmul: linear (x . w^T + b) and matmul, plain or
  * batched. Forward and input-gradient kernels tile row blocks of the
- * flattened rows; weight gradients tile blocks of the weight, each block
- * reducing over all rows in one oneDNN call so the sum order is fixed. */
+ * flattened rows. Linear's weight and bias gradients are partial sums over
+ * fixed chunks of rows (op_dw_chunk_rows), one tile per chunk and block of
+ * the weight, then the partials added in chunk order; matmul's weight
+ * gradient tiles blocks of it, each reducing over all rows in one oneDNN
+ * call. Either way the sum order is fixed by the shapes. */
 #include <string.h>
 
 #include "ops/op_impl.h"
@@ -17,7 +20,8 @@ static int64_t dw_cols(int64_t n) { return n <= 2 * OP_DW_COLS ? n : OP_DW_COLS;
 typedef struct linear_state {
   op_base base;
   int64_t rows, K, M;
-  op_gemm fwd, dx, dw;
+  int64_t chunk_rows, chunks; /* weight-gradient chunks of rows */
+  op_gemm fwd, dx, dw, dw_last; /* dw over a full chunk, the last one */
 } linear_state;
 
 remat_status op_linear_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
@@ -63,29 +67,144 @@ static int linear_dx(const op_instance *op, const op_bufs *b, int64_t tile,
                      b->din_accumulate[0], w);
 }
 
-// dw (M,K) = dy^T (M,N) . x (N,K), one block of dw per tile, all N rows
+/* db's rows m0..m0+nm summed over nr rows of dy, into dst. */
+static void db_rows(const linear_state *s, const float *dy, int64_t nr,
+                    int64_t m0, int64_t nm, float *dst, bool accumulate) {
+  float acc[OP_DW_ROWS] = {0};
+  for (int64_t r = 0; r < nr; r++) {
+    const float *restrict row = dy + r * s->M + m0;
+    for (int64_t m = 0; m < nm; m++) acc[m] += row[m];
+  }
+  op_store(dst, acc, nm, accumulate);
+}
+
+// dw (M,K) = dy^T (M,N) . x (N,K) and db (M) = the sum of dy's N rows:
+// tile (c, j) sums the rows of chunk c into block j of the chunk's
+// partials ws[0] (of dw itself when there is one chunk); the tiles of the
+// first column block also sum them into the block's rows of db (ws[1]).
+// Partials are always computed: the kernel does not see whether the sums
+// need them (linear.dw_sum and linear.db_sum are skipped when not)
 static int linear_dw(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const linear_state *s = op->state;
-  if (!b->din[1]) return REMAT_OK;
-  return op_gemm_run(&s->dw, tile, b->dout, b->in[0], NULL, b->din[1],
-                     b->din_accumulate[1], w);
+  int64_t per = op_gemm_tiles(&s->dw), c = tile / per, j = tile % per;
+  int64_t r0 = c * s->chunk_rows, nr = op_min64(s->chunk_rows, s->rows - r0);
+  bool direct = s->chunks == 1, bias = op->desc.nin == 3;
+  int rs = REMAT_OK;
+  if (!direct || b->din[1]) {
+    const op_gemm *g = nr == s->chunk_rows ? &s->dw : &s->dw_last;
+    float *dst = direct ? b->din[1] : b->ws[0] + c * s->M * s->K;
+    rs = op_gemm_run(g, j, b->dout + r0 * s->M, b->in[0] + r0 * s->K, NULL,
+                     dst, direct && b->din_accumulate[1], w);
+  }
+  int64_t tiles_n = op_div_up(s->K, s->dw.bn);
+  if (rs == REMAT_OK && (direct ? b->din[2] != NULL : bias) &&
+      j % tiles_n == 0) {
+    int64_t m0 = j / tiles_n * s->dw.bm, nm = op_min64(s->dw.bm, s->M - m0);
+    float *dst = direct ? b->din[2] + m0 : b->ws[1] + c * s->M + m0;
+    db_rows(s, b->dout + r0 * s->M, nr, m0, nm, dst,
+            direct && b->din_accumulate[2]);
+  }
+  return rs;
 }
 
-// db (M) = sum over the N rows of dy (N,M), one block of columns per tile
-static int linear_db(const op_instance *op, const op_bufs *b, int64_t tile,
-                     op_worker *w) {
+// dw = the chunks' partials added in chunk order, a flat block per tile
+static int linear_dw_sum(const op_instance *op, const op_bufs *b,
+                         int64_t tile, op_worker *w) {
+  (void)w;
+  const linear_state *s = op->state;
+  if (!b->din[1]) return REMAT_OK;
+  int64_t n = s->M * s->K, i0 = tile * OP_FLAT_ELEMS;
+  op_sum_partials(b->ws[0] + i0, n, s->chunks,
+                  op_min64(OP_FLAT_ELEMS, n - i0), b->din[1] + i0,
+                  b->din_accumulate[1]);
+  return REMAT_OK;
+}
+
+// db = the chunks' partials of db added in chunk order
+static int linear_db_sum(const op_instance *op, const op_bufs *b,
+                         int64_t tile, op_worker *w) {
   (void)w;
   const linear_state *s = op->state;
   if (!b->din[2]) return REMAT_OK;
-  int64_t c0 = tile * OP_COL_BLOCK, nc = op_min64(OP_COL_BLOCK, s->M - c0);
-  float acc[OP_COL_BLOCK] = {0};
-  for (int64_t r = 0; r < s->rows; r++) {
-    const float *dy = b->dout + r * s->M + c0;
-    for (int64_t c = 0; c < nc; c++) acc[c] += dy[c];
-  }
-  op_store(b->din[2] + c0, acc, nc, b->din_accumulate[2]);
+  int64_t i0 = tile * OP_FLAT_ELEMS;
+  op_sum_partials(b->ws[1] + i0, s->M, s->chunks,
+                  op_min64(OP_FLAT_ELEMS, s->M - i0), b->din[2] + i0,
+                  b->din_accumulate[2]);
   return REMAT_OK;
+}
+
+/* The dw gemm of chunks of `rows` rows. */
+static void dw_gemm_init(const linear_state *s, op_gemm *g, int64_t rows) {
+  op_gemm_init(g, s->M, s->K, rows, OP_DW_ROWS, dw_cols(s->K));
+  /* dW = dY^T X */
+  op_gemm_layout(g, op_transposed(s->M), op_plain(s->K), s->K);
+}
+
+static remat_status linear_gemms(linear_state *s, bool bias,
+                                 char err[OP_ERRMSG_MAX]) {
+  int64_t N = s->rows, K = s->K, M = s->M;
+  op_gemm_init(&s->fwd, N, M, K, op_gemm_rows(M, K), M);
+  op_gemm_layout(&s->fwd, op_plain(K), op_transposed(K), M); /* Y = X W^T */
+  s->fwd.bias = bias;
+  s->fwd.accumulate_too = false;
+  op_gemm_init(&s->dx, N, K, M, op_gemm_rows(K, M), K);
+  op_gemm_layout(&s->dx, op_plain(M), op_plain(K), K); /* dX = dY W */
+  s->chunk_rows = op_dw_chunk_rows(N, M * K);
+  s->chunks = op_div_up(N, s->chunk_rows);
+  dw_gemm_init(s, &s->dw, s->chunk_rows);
+  s->dw.accumulate_too = s->chunks == 1;
+  remat_status rs = op_gemm_plan(&s->fwd, &s->base, err);
+  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dx, &s->base, err);
+  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dw, &s->base, err);
+  int64_t last = N - (s->chunks - 1) * s->chunk_rows;
+  if (rs == REMAT_OK && last != s->chunk_rows) {
+    dw_gemm_init(s, &s->dw_last, last);
+    s->dw_last.accumulate_too = false;
+    rs = op_gemm_plan(&s->dw_last, &s->base, err);
+  }
+  return rs;
+}
+
+/* The weight-gradient kernels: one (dw and db straight into their
+ * gradients) for one chunk, else partials and their two sums. */
+static void linear_dw_kernels(op_instance *inst, linear_state *s, bool bias) {
+  int64_t N = s->rows, K = s->K, M = s->M, per = op_gemm_tiles(&s->dw);
+  uint32_t din = OP_SLOT_DIN(1) | (bias ? OP_SLOT_DIN(2) : 0);
+  uint32_t ws = OP_SLOT_WS(0) | (bias ? OP_SLOT_WS(1) : 0);
+  bool direct = s->chunks == 1;
+  op_kernel *k = &inst->bwd[inst->nbwd++];
+  *k = op_make_kernel("linear.dw", linear_dw, s->chunks * per,
+                      2.0 * N * K * M + (bias ? (double)N * M : 0.0),
+                      OP_SLOT_DOUT | OP_SLOT_IN(0), direct ? din : ws);
+  if (direct) {
+    k->span = op_span_cols(din, OP_SLOT_DOUT);
+    return;
+  }
+  /* tile (c, j) reads chunk c's rows: dy's columns of its block's rows of
+   * dw, x's columns of its block's columns */
+  k->span = op_span_rows(N, s->chunk_rows, OP_SLOT_DOUT | OP_SLOT_IN(0));
+  k->span.row_tiles = per;
+  k->span.tile_slots = ws;
+  k->span.row_parts[op_slot_index(OP_SLOT_DOUT)] = op_div_up(M, s->dw.bm);
+  k->span.row_parts[op_slot_index(OP_SLOT_IN(0))] = op_div_up(K, s->dw.bn);
+  inst->nws = bias ? 2 : 1;
+  inst->ws_bytes[0] = (size_t)(s->chunks * M * K) * sizeof(float);
+  inst->ws_bytes[1] = bias ? (size_t)(s->chunks * M) * sizeof(float) : 0;
+  k = &inst->bwd[inst->nbwd++];
+  *k = op_make_kernel("linear.dw_sum", linear_dw_sum,
+                      op_div_up(M * K, OP_FLAT_ELEMS),
+                      (double)s->chunks * M * K, OP_SLOT_WS(0),
+                      OP_SLOT_DIN(1));
+  k->span = op_span_rows(M * K, OP_FLAT_ELEMS, OP_SLOT_DIN(1));
+  k->span.spread_slots = OP_SLOT_WS(0);
+  if (!bias) return;
+  k = &inst->bwd[inst->nbwd++];
+  *k = op_make_kernel("linear.db_sum", linear_db_sum,
+                      op_div_up(M, OP_FLAT_ELEMS), (double)s->chunks * M,
+                      OP_SLOT_WS(1), OP_SLOT_DIN(2));
+  k->span = op_span_rows(M, OP_FLAT_ELEMS, OP_SLOT_DIN(2));
+  k->span.spread_slots = OP_SLOT_WS(1);
 }
 
 remat_status op_linear_plan(op_instance *inst, dnnl_engine_t engine,
@@ -94,37 +213,24 @@ remat_status op_linear_plan(op_instance *inst, dnnl_engine_t engine,
   linear_state *s = op_state_new(sizeof *s, engine, "linear");
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   inst->state = s;
-  int64_t N = op_rows(&d->in[0]), K = d->in[1].dim[1], M = d->in[1].dim[0];
-  s->rows = N;
-  s->K = K;
-  s->M = M;
-  op_gemm_init(&s->fwd, N, M, K, op_gemm_rows(M, K), M);
-  op_gemm_layout(&s->fwd, op_plain(K), op_transposed(K), M); /* Y = X W^T */
-  s->fwd.bias = d->nin == 3;
-  s->fwd.accumulate_too = false;
-  op_gemm_init(&s->dx, N, K, M, op_gemm_rows(K, M), K);
-  op_gemm_layout(&s->dx, op_plain(M), op_plain(K), K); /* dX = dY W */
-  op_gemm_init(&s->dw, M, K, N, OP_DW_ROWS, dw_cols(K));
-  op_gemm_layout(&s->dw, op_transposed(M), op_plain(K), K); /* dW = dY^T X */
-  remat_status rs = op_gemm_plan(&s->fwd, &s->base, err);
-  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dx, &s->base, err);
-  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dw, &s->base, err);
+  bool bias = d->nin == 3;
+  s->rows = op_rows(&d->in[0]);
+  s->K = d->in[1].dim[1];
+  s->M = d->in[1].dim[0];
+  remat_status rs = linear_gemms(s, bias, err);
   if (rs != REMAT_OK) return rs;
-  double flops = 2.0 * N * K * M;
-  uint32_t wb = d->nin == 3 ? OP_SLOT_IN(2) : 0;
-  inst->fwd[inst->nfwd++] =
-      op_make_kernel("linear.fwd", linear_fwd, op_gemm_tiles(&s->fwd), flops,
-             OP_SLOT_IN(0) | OP_SLOT_IN(1) | wb, OP_SLOT_OUT);
-  inst->bwd[inst->nbwd++] =
-      op_make_kernel("linear.dx", linear_dx, op_gemm_tiles(&s->dx), flops,
-             OP_SLOT_DOUT | OP_SLOT_IN(1), OP_SLOT_DIN(0));
-  inst->bwd[inst->nbwd++] =
-      op_make_kernel("linear.dw", linear_dw, op_gemm_tiles(&s->dw), flops,
-             OP_SLOT_DOUT | OP_SLOT_IN(0), OP_SLOT_DIN(1));
-  if (d->nin == 3)
-    inst->bwd[inst->nbwd++] =
-        op_make_kernel("linear.db", linear_db, op_div_up(M, OP_COL_BLOCK),
-               (double)N * M, OP_SLOT_DOUT, OP_SLOT_DIN(2));
+  int64_t N = s->rows;
+  double flops = 2.0 * N * s->K * s->M;
+  op_kernel *k = &inst->fwd[inst->nfwd++];
+  uint32_t weights = OP_SLOT_IN(1) | (bias ? OP_SLOT_IN(2) : 0);
+  *k = op_make_kernel("linear.fwd", linear_fwd, op_gemm_tiles(&s->fwd), flops,
+                      OP_SLOT_IN(0) | weights, OP_SLOT_OUT);
+  k->span = op_span_rows(N, s->fwd.bm, OP_SLOT_IN(0) | OP_SLOT_OUT);
+  k = &inst->bwd[inst->nbwd++];
+  *k = op_make_kernel("linear.dx", linear_dx, op_gemm_tiles(&s->dx), flops,
+                      OP_SLOT_DOUT | OP_SLOT_IN(1), OP_SLOT_DIN(0));
+  k->span = op_span_rows(N, s->dx.bm, OP_SLOT_DOUT | OP_SLOT_DIN(0));
+  linear_dw_kernels(inst, s, bias);
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }
@@ -225,15 +331,21 @@ remat_status op_matmul_plan(op_instance *inst, dnnl_engine_t engine,
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->db, &s->base, err);
   if (rs != REMAT_OK) return rs;
   double flops = 2.0 * s->batch * N * K * M;
-  inst->fwd[inst->nfwd++] = op_make_kernel(
-      "matmul.fwd", matmul_fwd, s->batch * op_gemm_tiles(&s->fwd), flops,
-      OP_SLOT_IN(0) | OP_SLOT_IN(1), OP_SLOT_OUT);
-  inst->bwd[inst->nbwd++] =
-      op_make_kernel("matmul.da", matmul_da, s->batch * op_gemm_tiles(&s->da), flops,
-             OP_SLOT_DOUT | OP_SLOT_IN(1), OP_SLOT_DIN(0));
-  inst->bwd[inst->nbwd++] =
-      op_make_kernel("matmul.db", matmul_db, s->batch * op_gemm_tiles(&s->db), flops,
-             OP_SLOT_DOUT | OP_SLOT_IN(0), OP_SLOT_DIN(1));
+  /* Not pinned (batched): a tile touches its share of its rows' slots and
+   * about its share of the other operand. */
+  op_kernel *k = &inst->fwd[inst->nfwd++];
+  *k = op_make_kernel("matmul.fwd", matmul_fwd,
+                      s->batch * op_gemm_tiles(&s->fwd), flops,
+                      OP_SLOT_IN(0) | OP_SLOT_IN(1), OP_SLOT_OUT);
+  k->span = op_span_cols(OP_SLOT_IN(0) | OP_SLOT_OUT, OP_SLOT_IN(1));
+  k = &inst->bwd[inst->nbwd++];
+  *k = op_make_kernel("matmul.da", matmul_da, s->batch * op_gemm_tiles(&s->da),
+                      flops, OP_SLOT_DOUT | OP_SLOT_IN(1), OP_SLOT_DIN(0));
+  k->span = op_span_cols(OP_SLOT_DOUT | OP_SLOT_DIN(0), OP_SLOT_IN(1));
+  k = &inst->bwd[inst->nbwd++];
+  *k = op_make_kernel("matmul.db", matmul_db, s->batch * op_gemm_tiles(&s->db),
+                      flops, OP_SLOT_DOUT | OP_SLOT_IN(0), OP_SLOT_DIN(1));
+  k->span = op_span_cols(OP_SLOT_DIN(1), OP_SLOT_DOUT | OP_SLOT_IN(0));
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }

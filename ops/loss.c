@@ -144,6 +144,10 @@ remat_status op_cross_entropy_plan(op_instance *inst, dnnl_engine_t engine,
   inst->bwd[inst->nbwd++] = op_make_kernel(
       "cross_entropy.bwd", ce_bwd, s->tiles, 4.0 * n,
       ins | OP_SLOT_AUX(1) | OP_SLOT_DOUT, OP_SLOT_DIN(0));
+  inst->fwd[0].span = op_span_rows(s->rows, s->row_block,
+                                   ins | OP_SLOT_AUX(0) | OP_SLOT_AUX(1));
+  inst->bwd[0].span = op_span_rows(s->rows, s->row_block,
+                                   ins | OP_SLOT_AUX(1) | OP_SLOT_DIN(0));
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }
@@ -219,6 +223,9 @@ remat_status op_reduce_plan(op_instance *inst, dnnl_engine_t engine,
   inst->bwd[inst->nbwd++] = op_make_kernel(
       mean ? "mean.bwd" : "sum.bwd", reduce_bwd, s->tiles, (double)s->n,
       OP_SLOT_DOUT, OP_SLOT_DIN(0));
+  inst->fwd[0].span = op_span_rows(s->n, OP_FLAT_ELEMS, OP_SLOT_IN(0));
+  inst->fwd[0].span.tile_slots = OP_SLOT_AUX(0);
+  inst->bwd[0].span = op_span_rows(s->n, OP_FLAT_ELEMS, OP_SLOT_DIN(0));
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }

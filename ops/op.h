@@ -71,6 +71,9 @@ typedef struct op_desc {
 #define OP_SLOT_DIN(i) (1u << (6 + (i))) /* gradient of input i */
 #define OP_SLOT_DOUT (1u << 9)           /* gradient of the output */
 #define OP_SLOT_WS(k) (1u << (10 + (k))) /* backward workspace k */
+#define OP_NUM_SLOTS 12                  /* bits of the slots above */
+/* Index (0..OP_NUM_SLOTS-1) of a slot bit. */
+static inline int op_slot_index(uint32_t bit) { return __builtin_ctz(bit); }
 
 /* The buffers one tile sees. Pointers are to the start of whole tensors;
  * the tile picks its part. int32 inputs are passed as float* and cast. */
@@ -98,6 +101,31 @@ struct op_instance;
 typedef int (*op_tile_fn)(const struct op_instance *op, const op_bufs *b,
                           int64_t tile, op_worker *w);
 
+/* Which part of each buffer a tile works on, for NUMA placement and for
+ * counting the bytes a tile reads from other nodes. A row-tiled kernel
+ * (rows > 0) cuts a space of `rows` rows into blocks of `row_block` rows;
+ * tile t works on block t / row_tiles (row_tiles tiles share a block: the
+ * weight-gradient blocks of one chunk of rows). In a buffer of B bytes a
+ * tile of a kernel with `tiles` tiles touches
+ *   in row_slots:    its block's share, bytes [B r0 / rows, B r1 / rows)
+ *                    for rows [r0, r1) (exact for row-major buffers of
+ *                    `rows` rows; for attention, whose rows are (batch,
+ *                    head, query) and whose qkv rows are (batch, query),
+ *                    the share lies inside the tile's batch), or one of
+ *                    row_parts[slot] equal parts of it (a block of its
+ *                    columns) when the tiles of a block split it;
+ *   in tile_slots:   its own share, bytes [B t / tiles, B (t + 1) / tiles);
+ *   in spread_slots: B / tiles bytes spread over the whole buffer (a block
+ *                    of columns of every row);
+ *   in other slots:  the whole buffer (weights).
+ * rows == 0: the tiles are not row blocks (column-block reductions,
+ * batched matmul); the runtime does not pin them to a node. */
+typedef struct op_span {
+  int64_t rows, row_block, row_tiles;
+  uint32_t row_slots, tile_slots, spread_slots;
+  int64_t row_parts[OP_NUM_SLOTS]; /* by slot index; 0 means 1 */
+} op_span;
+
 typedef struct op_kernel {
   const char *name; /* "linear.fwd", "linear.dw", ...: static string */
   op_tile_fn fn;
@@ -105,6 +133,7 @@ typedef struct op_kernel {
   double flops;     /* all tiles together */
   uint32_t reads;   /* OP_SLOT_* bits */
   uint32_t writes;  /* OP_SLOT_* bits */
+  op_span span;
 } op_kernel;
 
 /* A planned op: its kernels in execution order (a kernel may read what an

@@ -21,11 +21,28 @@ remat_status op_check_inputs(const op_desc *d, int nmin, int nmax,
                              const char *const names[],
                              const op_dtype dtypes[],
                              char err[OP_ERRMSG_MAX]);
+/* A kernel whose tiles touch all of every slot (op_span rows 0, no
+ * slots named); the op sets `span` when its tiles do less. */
 static inline op_kernel op_make_kernel(const char *name, op_tile_fn fn,
                                        int64_t tiles, double flops,
                                        uint32_t reads, uint32_t writes) {
-  op_kernel k = {name, fn, tiles, flops, reads, writes};
+  op_kernel k = {name, fn, tiles, flops, reads, writes, {0}};
   return k;
+}
+/* Row blocks of `block` rows out of `rows`, one tile per block, touching
+ * only their rows of `row_slots`. */
+static inline op_span op_span_rows(int64_t rows, int64_t block,
+                                   uint32_t row_slots) {
+  op_span s = {.rows = rows, .row_block = block, .row_tiles = 1,
+               .row_slots = row_slots};
+  return s;
+}
+/* Tiles that are not row blocks: each touches its own share of
+ * `tile_slots` and a spread share of `spread_slots`. */
+static inline op_span op_span_cols(uint32_t tile_slots,
+                                   uint32_t spread_slots) {
+  op_span s = {.tile_slots = tile_slots, .spread_slots = spread_slots};
+  return s;
 }
 /* True when shapes a and b are equal. */
 bool op_shape_eq(const op_shape *a, const op_shape *b);

@@ -79,6 +79,10 @@ remat_status op_softmax_plan(op_instance *inst, dnnl_engine_t engine,
   inst->bwd[inst->nbwd++] =
       op_make_kernel("softmax.bwd", softmax_bwd, tiles, 4.0 * n,
                      OP_SLOT_OUT | OP_SLOT_DOUT, OP_SLOT_DIN(0));
+  inst->fwd[0].span =
+      op_span_rows(s->rows, s->row_block, OP_SLOT_IN(0) | OP_SLOT_OUT);
+  inst->bwd[0].span = op_span_rows(
+      s->rows, s->row_block, OP_SLOT_OUT | OP_SLOT_DOUT | OP_SLOT_DIN(0));
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }

@@ -9,9 +9,15 @@
  *   lower         graph, decision      -> buffers, kernel nodes in program
  *                                          order, with autodiff (lower.c)
  *   lifetimes     lowering             -> first writer, users (lifetimes.c)
- *   DAG           lowering, lookahead  -> task DAG (taskgraph.c)
+ *   NUMA          lowering, workers    -> each tile's node and affinity,
+ *   placement     per node                per-node slices of buffers,
+ *                                          remote bytes (numa_place.c)
+ *   DAG           lowering, placement, -> task DAG (taskgraph.c)
+ *                 lookahead
  *   persistent    lowering             -> parameters, moments, scratch
- *   allocation                            (persist.c)
+ *   allocation                            (persist.c), then the per-node
+ *                                          copies of parameters
+ *                                          (numa_place.c)
  *   memory        lowering             -> predicted peak, blocks to reserve
  *   prediction                            (memplan.c)
  *
@@ -88,7 +94,7 @@ static remat_status run_stages(remat_step_plan *p) {
   remat_graph *g = p->g;
   int nworkers = g->rt->nworkers;
   const sched_placement *pl = sched_pool_placement(g->rt->pool);
-  remat_status s = mem_arena_init(&p->arena, g->rt->topo, pl->nnodes);
+  remat_status s = mem_arena_init(&p->arena, g->rt->topo, pl);
   if (s == REMAT_OK)
     s = plan_ops(g);
   if (s == REMAT_OK) {
@@ -104,11 +110,17 @@ static remat_status run_stages(remat_step_plan *p) {
   if (s == REMAT_OK)
     s = lifetimes_assign(&p->low);
   if (s == REMAT_OK)
+    s = numa_place(p);
+  if (s == REMAT_OK)
     s = taskgraph_build(p, g->rt->config.lookahead);
   if (s == REMAT_OK)
     s = persist_allocate(p);
   if (s == REMAT_OK)
+    s = numa_place_copies(p);
+  if (s == REMAT_OK) {
     s = memplan_predict(g, &p->low, nworkers, &p->arena, &p->predicted);
+    p->predicted.peak += p->numa.copy_bytes; /* memplan knows no copies */
+  }
   if (s == REMAT_OK)
     s = report_plan(p);
   return s;

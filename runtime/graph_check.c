@@ -3,6 +3,7 @@
  * nothing of the runtime. */
 #include <stdarg.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "runtime/internal.h"
@@ -34,19 +35,37 @@ bool graph_tensor_ok(remat_graph *g, const remat_tensor *t, const char *what) {
 
 int64_t tensor_bytes(const remat_tensor *t) { return op_numel(&t->shape) * 4; }
 
+/* A token per thread: its address tells the threads apart. */
+static _Thread_local char thread_token;
+
+static uintptr_t self(void) { return (uintptr_t)&thread_token; }
+
 remat_status graph_enter(remat_graph *g, const char *what) {
+  if (atomic_load(&g->owner) == self()) { /* a call inside a call */
+    g->depth++;
+    return REMAT_OK;
+  }
   if (atomic_exchange(&g->busy, 1) != 0)
     return remat__fail(REMAT_ERR_STATE,
                        "%s: another thread is using this graph: a graph takes "
                        "one call at a time (use one graph per thread, or "
                        "serialize the calls)",
                        what);
+  atomic_store(&g->owner, self());
+  g->depth = 1;
   return REMAT_OK;
 }
 
-void graph_leave(remat_graph *g) { atomic_store(&g->busy, 0); }
+void graph_leave(remat_graph *g) {
+  if (--g->depth > 0)
+    return;
+  atomic_store(&g->owner, 0);
+  atomic_store(&g->busy, 0);
+}
 
 void graph_enter_wait(remat_graph *g) {
   while (atomic_exchange(&g->busy, 1) != 0)
     sched_yield();
+  atomic_store(&g->owner, self());
+  g->depth = 1;
 }

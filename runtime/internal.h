@@ -35,30 +35,52 @@ remat_status remat__config_load(const remat_config *code, int default_threads,
                                 remat_config *out, config_strings *strings);
 
 /* ---- memory.c: per-NUMA-node arenas with byte accounting ---- */
+/* A block's home: a NUMA node (0..nnodes-1, the pool's node indices) or a
+ * slice layout (nnodes and up, see mem_arena_layout): a block whose bytes
+ * lie on several nodes, each in its own slice. Freed blocks are reused for
+ * the same home and size only. */
 typedef struct mem_block mem_block;
 typedef struct node_cache node_cache;
 typedef struct mem_arena {
   pthread_mutex_t lock;
   hwloc_topology_t topo;
   int nnodes;
-  node_cache *caches; /* [nnodes]: freed blocks kept for reuse, by size */
+  bool bind;               /* a machine of several real nodes: blocks are
+                              bound to their home's nodes */
+  hwloc_bitmap_t *nodeset; /* [nnodes] when binding: each node's memory */
+  int nhomes, cap_homes;
+  node_cache *caches;      /* [nhomes]: freed blocks kept for reuse, by size */
+  size_t *layout_bytes;    /* [nhomes]: bytes of a layout home (0: a node) */
+  int64_t *layout_ends;    /* [nhomes * nnodes]: end of each node's slice */
   _Atomic int64_t current[REMAT_MEM_NUM_CATEGORIES];
   _Atomic int64_t peak[REMAT_MEM_NUM_CATEGORIES];
   _Atomic int64_t total_current, total_peak;
   _Atomic int64_t transient_current, transient_peak;
 } mem_arena;
 
-remat_status mem_arena_init(mem_arena *a, hwloc_topology_t topo, int nnodes);
+/* An arena with a home per node of the pool's placement; it binds only on
+ * a topology of several nodes that is this machine's (not synthetic, not
+ * XML). */
+remat_status mem_arena_init(mem_arena *a, hwloc_topology_t topo,
+                            const sched_placement *pl);
 void mem_arena_destroy(mem_arena *a);
-/* 64-byte aligned; node -1 means any. Returns NULL when out of memory.
- * `transient` memory (allocated and freed within a step) is also counted
- * in the activation peak. */
-void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int node,
+/* The home of blocks of `bytes` bytes whose slice on node k ends at byte
+ * ends[k] (slice k starts where slice k - 1 ends, slice 0 at 0): an
+ * existing home when one matches, -1 when out of memory. When binding,
+ * each slice is bound to its node in whole pages (a page across a slice
+ * boundary goes to the later node). */
+int mem_arena_layout(mem_arena *a, size_t bytes, const int64_t *ends);
+/* 64-byte aligned, from `home` (out-of-range homes mean node 0). Returns
+ * NULL when out of memory. `transient` memory (allocated and freed within
+ * a step) is also counted in the activation peak. */
+void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int home,
                 bool transient);
 void mem_free(mem_arena *a, void *p, size_t bytes, remat_mem_category cat,
-              int node, bool transient);
-/* Expects `blocks` blocks of `bytes` bytes to be live at once on `node`. */
-remat_status mem_expect(mem_arena *a, size_t bytes, int64_t blocks, int node);
+              int home, bool transient);
+/* Expects `blocks` more blocks of `bytes` bytes to be live at once in
+ * `home`, on top of the blocks of that size live there now (the persistent
+ * ones: run it after persistent allocation). */
+remat_status mem_expect(mem_arena *a, size_t bytes, int64_t blocks, int home);
 /* Takes from the system what the expected or highest use needs; run before
  * a step, outside the step's tasks (so mem_reserve is not thread-safe
  * against mem_alloc on the same arena). */
@@ -140,6 +162,8 @@ struct remat_graph {
   int region_depth;
   bool compiled;
   _Atomic int busy; /* a call that uses the compiled step is running */
+  _Atomic uintptr_t owner; /* the thread inside (graph_check.c) */
+  int depth;               /* its nested calls */
   struct remat_step_plan *plan;
 };
 
@@ -151,7 +175,8 @@ remat_status graph_fail(remat_graph *g, remat_status status, const char *fmt,
 bool graph_tensor_ok(remat_graph *g, const remat_tensor *t, const char *what);
 /* graph_check.c: a call that uses g's compiled step (a step, a feed, a
  * read, a save...) enters first and leaves after; a second caller on
- * another thread gets REMAT_ERR_STATE instead of a data race. */
+ * another thread gets REMAT_ERR_STATE instead of a data race. The thread
+ * inside may enter again (a save reads through remat_read). */
 remat_status graph_enter(remat_graph *g, const char *what);
 void graph_leave(remat_graph *g);
 /* Waits until no call is inside g, then keeps others out (destroy). */

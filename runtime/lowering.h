@@ -19,7 +19,8 @@ typedef struct plan_buffer {
   int32_t users;        /* kernel nodes that touch it (per step) */
   int32_t first_writer; /* kernel node that allocates or zero-fills it */
   _Atomic int32_t users_left;
-  int node;             /* NUMA node it was allocated on */
+  int node;             /* arena home (numa_place.c): its NUMA node, or the
+                           layout of its per-node slices */
   float *data;
 } plan_buffer;
 
@@ -33,7 +34,7 @@ typedef enum knode_kind {
   KNODE_UPDATE
 } knode_kind;
 
-#define PLAN_SLOTS 12 /* bits of OP_SLOT_* */
+#define PLAN_SLOTS OP_NUM_SLOTS /* bits of OP_SLOT_* */
 #define PLAN_DIN_SLOTS (OP_SLOT_DIN(0) | OP_SLOT_DIN(1) | OP_SLOT_DIN(2))
 #define PLAN_MAX_USES PLAN_SLOTS
 

@@ -1,5 +1,6 @@
-/* Tensor memory: per-NUMA-node arenas that keep freed blocks by size for
- * reuse, byte counters per category with their peaks, and reservation:
+/* Tensor memory: per-home arenas (a home is a NUMA node or a layout of
+ * per-node slices) that keep freed blocks by size for reuse, byte counters
+ * per category with their peaks, and reservation:
  * before a step the arena takes from the system every block the step is
  * expected to need (the most blocks of each size ever live at once, or the
  * plan's prediction before the first step), so that a step in steady state
@@ -7,6 +8,7 @@
  * task has run. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "runtime/internal.h"
@@ -35,35 +37,110 @@ static size_t round_up(size_t bytes) {
   return (bytes + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN;
 }
 
-static int node_index(const mem_arena *a, int node) {
-  return node < 0 || node >= a->nnodes ? 0 : node;
+static int home_index(const mem_arena *a, int home) {
+  return home < 0 || home >= a->nhomes ? 0 : home;
 }
 
-remat_status mem_arena_init(mem_arena *a, hwloc_topology_t topo, int nnodes) {
-  memset(a, 0, sizeof *a);
-  a->topo = topo;
-  a->nnodes = nnodes < 1 ? 1 : nnodes;
-  a->caches = remat__calloc((size_t)a->nnodes, sizeof(node_cache));
-  if (a->caches == NULL)
-    return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
-                       "out of memory creating memory arenas");
-  pthread_mutex_init(&a->lock, NULL);
+/* Binding needs nodes that are this machine's: on a synthetic or XML
+ * topology hwloc cannot bind, and nothing is. */
+static remat_status init_binding(mem_arena *a, const sched_placement *pl) {
+  a->bind = a->nnodes > 1 && hwloc_topology_is_thissystem(a->topo);
+  if (!a->bind)
+    return REMAT_OK;
+  a->nodeset = remat__calloc((size_t)a->nnodes, sizeof *a->nodeset);
+  if (a->nodeset == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  for (int n = 0; n < a->nnodes; n++) {
+    a->nodeset[n] = hwloc_bitmap_alloc();
+    if (a->nodeset[n] == NULL)
+      return REMAT_ERR_OUT_OF_MEMORY;
+    hwloc_cpuset_to_nodeset(a->topo, pl->cpuset[pl->node_first[n]],
+                            a->nodeset[n]);
+  }
   return REMAT_OK;
 }
 
-static void *system_alloc(mem_arena *a, size_t bytes, int node) {
-  if (a->nnodes > 1) {
-    hwloc_obj_t obj =
-        hwloc_get_obj_by_type(a->topo, HWLOC_OBJ_NUMANODE, (unsigned)node);
-    if (obj != NULL)
-      return hwloc_alloc_membind(a->topo, bytes, obj->nodeset,
-                                 HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET);
+/* Room for one more home. */
+static bool grow_homes(mem_arena *a) {
+  if (a->nhomes < a->cap_homes)
+    return true;
+  int cap = a->cap_homes ? 2 * a->cap_homes : a->nnodes + 8;
+  node_cache *c = remat__realloc(a->caches, (size_t)cap * sizeof *c);
+  if (c != NULL)
+    a->caches = c;
+  size_t *b = remat__realloc(a->layout_bytes, (size_t)cap * sizeof *b);
+  if (b != NULL)
+    a->layout_bytes = b;
+  int64_t *e = remat__realloc(a->layout_ends,
+                              (size_t)cap * (size_t)a->nnodes * sizeof *e);
+  if (e != NULL)
+    a->layout_ends = e;
+  if (c == NULL || b == NULL || e == NULL)
+    return false;
+  memset(c + a->cap_homes, 0, (size_t)(cap - a->cap_homes) * sizeof *c);
+  a->cap_homes = cap;
+  return true;
+}
+
+remat_status mem_arena_init(mem_arena *a, hwloc_topology_t topo,
+                            const sched_placement *pl) {
+  memset(a, 0, sizeof *a);
+  a->topo = topo;
+  a->nnodes = pl->nnodes < 1 ? 1 : pl->nnodes;
+  pthread_mutex_init(&a->lock, NULL);
+  remat_status s = grow_homes(a) ? init_binding(a, pl)
+                                 : REMAT_ERR_OUT_OF_MEMORY;
+  if (s != REMAT_OK)
+    return remat__fail(s, "out of memory creating memory arenas");
+  for (; a->nhomes < a->nnodes; a->nhomes++)
+    a->layout_bytes[a->nhomes] = 0;
+  return REMAT_OK;
+}
+
+int mem_arena_layout(mem_arena *a, size_t bytes, const int64_t *ends) {
+  size_t size = round_up(bytes == 0 ? 1 : bytes);
+  size_t row = (size_t)a->nnodes * sizeof *ends;
+  for (int h = a->nnodes; h < a->nhomes; h++)
+    if (a->layout_bytes[h] == size &&
+        memcmp(a->layout_ends + (size_t)h * (size_t)a->nnodes, ends, row) == 0)
+      return h;
+  if (!grow_homes(a))
+    return -1;
+  a->layout_bytes[a->nhomes] = size;
+  memcpy(a->layout_ends + (size_t)a->nhomes * (size_t)a->nnodes, ends, row);
+  return a->nhomes++;
+}
+
+/* Binds each slice of a fresh block of layout home `home` to its node, in
+ * whole pages: the pages are not touched yet, so none moves. A binding
+ * that fails leaves the pages where the kernel puts them. */
+static void bind_slices(mem_arena *a, char *p, size_t bytes, int home) {
+  const int64_t *ends = a->layout_ends + (size_t)home * (size_t)a->nnodes;
+  int64_t page = sysconf(_SC_PAGESIZE), lo = 0;
+  for (int n = 0; n < a->nnodes; n++) {
+    int64_t hi = n + 1 == a->nnodes ? (int64_t)bytes : ends[n] / page * page;
+    if (hi > lo)
+      hwloc_set_area_membind(a->topo, p + lo, (size_t)(hi - lo),
+                             a->nodeset[n], HWLOC_MEMBIND_BIND,
+                             HWLOC_MEMBIND_BYNODESET);
+    lo = hi > lo ? hi : lo;
   }
-  return remat__aligned_alloc(MEM_ALIGN, bytes);
+}
+
+static void *system_alloc(mem_arena *a, size_t bytes, int home) {
+  if (!a->bind)
+    return remat__aligned_alloc(MEM_ALIGN, bytes);
+  if (home < a->nnodes)
+    return hwloc_alloc_membind(a->topo, bytes, a->nodeset[home],
+                               HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET);
+  void *p = hwloc_alloc(a->topo, bytes);
+  if (p != NULL)
+    bind_slices(a, p, bytes, home);
+  return p;
 }
 
 static void system_free(mem_arena *a, void *p, size_t bytes) {
-  if (a->nnodes > 1)
+  if (a->bind)
     hwloc_free(a->topo, p, bytes);
   else
     free(p);
@@ -103,10 +180,10 @@ static void count(mem_arena *a, int64_t delta, remat_mem_category cat,
                atomic_fetch_add(&a->transient_current, delta) + delta);
 }
 
-void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int node,
+void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int home,
                 bool transient) {
   size_t size = round_up(bytes == 0 ? 1 : bytes);
-  int n = node_index(a, node);
+  int n = home_index(a, home);
   void *p = NULL;
   pthread_mutex_lock(&a->lock);
   size_list *l = find_list(&a->caches[n], size, true);
@@ -127,13 +204,13 @@ void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int node,
 }
 
 void mem_free(mem_arena *a, void *p, size_t bytes, remat_mem_category cat,
-              int node, bool transient) {
+              int home, bool transient) {
   if (p == NULL)
     return;
   size_t size = round_up(bytes == 0 ? 1 : bytes);
   count(a, -(int64_t)size, cat, transient);
   pthread_mutex_lock(&a->lock);
-  size_list *l = find_list(&a->caches[node_index(a, node)], size, false);
+  size_list *l = find_list(&a->caches[home_index(a, home)], size, false);
   if (l != NULL) {
     mem_block *b = p;
     b->next = l->head;
@@ -146,18 +223,18 @@ void mem_free(mem_arena *a, void *p, size_t bytes, remat_mem_category cat,
     system_free(a, p, size);
 }
 
-remat_status mem_expect(mem_arena *a, size_t bytes, int64_t blocks, int node) {
+remat_status mem_expect(mem_arena *a, size_t bytes, int64_t blocks, int home) {
   pthread_mutex_lock(&a->lock);
-  size_list *l = find_list(&a->caches[node_index(a, node)],
+  size_list *l = find_list(&a->caches[home_index(a, home)],
                            round_up(bytes == 0 ? 1 : bytes), true);
-  if (l != NULL && blocks > l->high)
-    l->high = blocks;
+  if (l != NULL && l->live + blocks > l->high)
+    l->high = l->live + blocks;
   pthread_mutex_unlock(&a->lock);
   return l != NULL ? REMAT_OK : REMAT_ERR_OUT_OF_MEMORY;
 }
 
 remat_status mem_reserve(mem_arena *a) {
-  for (int n = 0; n < a->nnodes; n++) {
+  for (int n = 0; n < a->nhomes; n++) {
     node_cache *c = &a->caches[n];
     for (int i = 0; i < c->nlists; i++) {
       size_list *l = &c->lists[i];
@@ -186,7 +263,7 @@ void mem_reset_peaks(mem_arena *a) {
 void mem_arena_destroy(mem_arena *a) {
   if (a->caches == NULL)
     return;
-  for (int n = 0; n < a->nnodes; n++) {
+  for (int n = 0; n < a->nhomes; n++) {
     node_cache *c = &a->caches[n];
     for (int i = 0; i < c->nlists; i++) {
       mem_block *b = c->lists[i].head;
@@ -198,7 +275,12 @@ void mem_arena_destroy(mem_arena *a) {
     }
     free(c->lists);
   }
+  for (int n = 0; a->nodeset != NULL && n < a->nnodes; n++)
+    hwloc_bitmap_free(a->nodeset[n]);
+  free(a->nodeset);
   free(a->caches);
+  free(a->layout_bytes);
+  free(a->layout_ends);
   a->caches = NULL;
   pthread_mutex_destroy(&a->lock);
 }

@@ -55,18 +55,21 @@ int64_t memplan_transient_peak(const plan_lowering *p, int64_t *live) {
 
 typedef struct size_count {
   int64_t bytes, live, high;
+  int home;
 } size_count;
 
-static size_count *count_for(size_count *c, int *n, int64_t bytes) {
+static size_count *count_for(size_count *c, int *n, const plan_buffer *b) {
+  int64_t bytes = rounded(b->bytes);
   for (int i = 0; i < *n; i++)
-    if (c[i].bytes == bytes)
+    if (c[i].bytes == bytes && c[i].home == b->node)
       return &c[i];
-  c[*n] = (size_count){bytes, 0, 0};
+  c[*n] = (size_count){bytes, 0, 0, b->node};
   return &c[(*n)++];
 }
 
-/* Tells the arena how many blocks of each size program order holds at once,
- * so that the first step's blocks are reserved before it runs. */
+/* Tells the arena how many blocks of each size and home (plan_buffer.node)
+ * program order holds at once, so that the first step's blocks are
+ * reserved before it runs. */
 static remat_status expect_blocks(const plan_lowering *p, mem_arena *arena) {
   size_count *c = remat__calloc((size_t)p->nbufs + 1, sizeof *c);
   int32_t *left = remat__malloc(((size_t)p->nbufs + 1) * sizeof *left);
@@ -80,18 +83,18 @@ static remat_status expect_blocks(const plan_lowering *p, mem_arena *arena) {
       const plan_buffer *b = &p->bufs[kn->init[k]];
       if (b->persistent)
         continue;
-      size_count *sc = count_for(c, &n, rounded(b->bytes));
+      size_count *sc = count_for(c, &n, b);
       if (++sc->live > sc->high)
         sc->high = sc->live;
     }
     for (int k = 0; k < kn->ntouch; k++) {
       const plan_buffer *b = &p->bufs[kn->touch[k]];
       if (!b->persistent && --left[kn->touch[k]] == 0)
-        count_for(c, &n, rounded(b->bytes))->live--;
+        count_for(c, &n, b)->live--;
     }
   }
   for (int i = 0; s == REMAT_OK && i < n; i++)
-    s = mem_expect(arena, (size_t)c[i].bytes, c[i].high, 0);
+    s = mem_expect(arena, (size_t)c[i].bytes, c[i].high, c[i].home);
   free(c);
   free(left);
   return s;

@@ -40,7 +40,8 @@ remat_status persist_allocate(remat_step_plan *p) {
     plan_buffer *buf = &p->low.bufs[b];
     if (!buf->persistent)
       continue;
-    buf->data = mem_alloc(&p->arena, (size_t)buf->bytes, buf->cat, 0, false);
+    buf->data =
+        mem_alloc(&p->arena, (size_t)buf->bytes, buf->cat, buf->node, false);
     if (buf->data == NULL)
       return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                          "remat_compile: out of memory allocating %lld bytes",

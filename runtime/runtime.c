@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/files.h"
 #include "runtime/internal.h"
 #include "runtime/policy.h"
 
@@ -86,20 +87,6 @@ static remat_status create_topology(remat_runtime *rt,
   return s;
 }
 
-static const char *file_kind(mode_t mode) {
-  if (S_ISDIR(mode))
-    return "a directory";
-  if (S_ISCHR(mode))
-    return "a character device";
-  if (S_ISBLK(mode))
-    return "a block device";
-  if (S_ISFIFO(mode))
-    return "a FIFO";
-  if (S_ISSOCK(mode))
-    return "a socket";
-  return "not a regular file";
-}
-
 #define TRACE_ACCEPTED                                                        \
   "expected the path of a regular file that can be written (created if "     \
   "missing)"
@@ -130,7 +117,7 @@ static remat_status check_trace(const char *path, const char *what) {
     return REMAT_OK;
   return remat__fail(REMAT_ERR_CONFIG,
                      "%s='%s' is not valid: it is %s; " TRACE_ACCEPTED, what,
-                     path, file_kind(st.st_mode));
+                     path, remat__file_kind(st.st_mode));
 }
 
 /* The default policy must parse; "auto" needs no budget to parse. */

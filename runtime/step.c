@@ -48,6 +48,38 @@ static remat_status check_tensor(remat_graph *g, const remat_tensor *t,
   return REMAT_OK;
 }
 
+/* The vocabulary an int32 input indexes: the rows of the embedding table
+ * it feeds, or the classes of the cross-entropy it is the targets of (the
+ * smallest when several); 0 when it feeds neither. */
+static int64_t input_vocab(const remat_graph *g, const remat_tensor *input) {
+  int64_t vocab = 0;
+  for (int32_t o = 0; o < g->nops; o++) {
+    const op_desc *d = &g->ops[o].desc;
+    int64_t v = 0;
+    if (d->type == OP_EMBED && g->ops[o].in[0] == input->id)
+      v = d->in[1].dim[0];
+    else if (d->type == OP_CROSS_ENTROPY && g->ops[o].in[1] == input->id)
+      v = d->in[0].dim[d->in[0].ndim - 1];
+    if (v > 0 && (vocab == 0 || v < vocab))
+      vocab = v;
+  }
+  return vocab;
+}
+
+/* Every id in [0, vocab), else the first bad one with its position. */
+static remat_status check_ids(const remat_graph *g, const remat_tensor *input,
+                              const int32_t *ids, size_t n) {
+  int64_t vocab = input_vocab(g, input);
+  for (size_t i = 0; vocab > 0 && i < n; i++)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      return remat__fail(REMAT_ERR_INVALID_ARG,
+                         "remat_feed: '%s' holds id %d at position %zu, "
+                         "outside the vocabulary of %lld (ids 0 to %lld)",
+                         input->name, (int)ids[i], i, (long long)vocab,
+                         (long long)vocab - 1);
+  return REMAT_OK;
+}
+
 static remat_status do_feed(remat_graph *g, remat_tensor *input, const void *data,
                         size_t bytes) {
   remat_status s = check_tensor(g, input, bytes, "remat_feed");
@@ -58,6 +90,9 @@ static remat_status do_feed(remat_graph *g, remat_tensor *input, const void *dat
                        "remat_feed: '%s' is not an input", input->name);
   if (data == NULL)
     return remat__fail(REMAT_ERR_INVALID_ARG, "remat_feed: data is NULL");
+  if (input->dtype == OP_I32 &&
+      (s = check_ids(g, input, data, bytes / sizeof(int32_t))) != REMAT_OK)
+    return s;
   memcpy(g->plan->low.bufs[g->plan->low.value_buf[input->id]].data, data, bytes);
   return REMAT_OK;
 }
@@ -106,7 +141,9 @@ static remat_status do_write(remat_graph *g, remat_tensor *param, const float *s
                        "remat_write: '%s' is not a parameter", param->name);
   if (src == NULL)
     return remat__fail(REMAT_ERR_INVALID_ARG, "remat_write: src is NULL");
-  memcpy(g->plan->low.bufs[g->plan->low.value_buf[param->id]].data, src, bytes);
+  int32_t b = g->plan->low.value_buf[param->id];
+  memcpy(g->plan->low.bufs[b].data, src, bytes);
+  numa_refresh(g->plan, b, 0, 0, (int64_t)(bytes / sizeof *src));
   return REMAT_OK;
 }
 
@@ -151,6 +188,8 @@ static void fill_stats(remat_step_plan *p, remat_step_stats *st, double secs) {
     st->current[c] = atomic_load(&p->arena.current[c]);
   }
   st->tasks = sched_dag_num_tasks(p->dag);
+  st->remote_bytes = p->numa.remote_bytes;
+  st->remote_bytes_unplaced = p->numa.remote_bytes_unplaced;
 }
 
 /* A trace that could not be written after a step that succeeded: the

@@ -10,6 +10,7 @@ void step_plan_destroy(remat_graph *g) {
     return;
   if (p->dag != NULL)
     sched_dag_destroy(p->dag);
+  numa_plan_free(p);
   for (int32_t b = 0; b < p->low.nbufs; b++) {
     plan_buffer *buf = &p->low.bufs[b];
     if (buf->data != NULL)

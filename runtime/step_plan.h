@@ -1,11 +1,13 @@
 /* The compiled step that remat_compile leaves on a graph: the remat
- * decision, the lowering with its lifetimes, the task DAG, the memory arena
- * and the per-worker state that the task bodies use. */
+ * decision, the lowering with its lifetimes, the NUMA placement, the task
+ * DAG, the memory arena and the per-worker state that the task bodies
+ * use. */
 #ifndef REMAT_RUNTIME_STEP_PLAN_H
 #define REMAT_RUNTIME_STEP_PLAN_H
 
 #include "runtime/lowering.h"
 #include "runtime/memplan.h"
+#include "runtime/numa_place.h"
 #include "runtime/planner.h"
 
 /* The argument of one tile task. */
@@ -23,6 +25,7 @@ typedef struct remat_step_plan {
   remat_graph *g;
   remat_decision decision;   /* stage "plan remat" */
   plan_lowering low;         /* stages "lower" and "lifetimes" */
+  numa_plan numa;            /* stage "NUMA placement" */
   sched_dag *dag;            /* stage "DAG" */
   plan_tile *tiles;
   int64_t ntiles;

@@ -184,7 +184,8 @@ static const char *node_name(const plan_knode *kn) {
 
 /* Priority is program order, earliest first: one worker then runs the
  * nodes exactly in program order, the order memplan.c predicts, and more
- * workers never let a later node starve an earlier one. */
+ * workers never let a later node starve an earlier one. A tile's affinity
+ * is the one the NUMA placement stage gave it (numa_place.c). */
 static remat_status add_tasks(remat_step_plan *p) {
   int64_t ntiles = 0;
   for (int32_t i = 0; i < p->low.nknodes; i++)
@@ -206,7 +207,8 @@ static remat_status add_tasks(remat_step_plan *p) {
       plan_tile *tile = &p->tiles[next++];
       tile->kn = kn;
       tile->tile = t;
-      int32_t id = sched_dag_add(p->dag, tasks_tile, tile, -i, -1, name, cat);
+      int node = p->numa.affinity[next - 1];
+      int32_t id = sched_dag_add(p->dag, tasks_tile, tile, -i, node, name, cat);
       if (id < 0)
         return (remat_status)-id;
       remat_status s = sched_dag_edge(p->dag, kn->start_task, id);

@@ -1,6 +1,7 @@
-/* Task bodies (tasks.h): allocation at a buffer's first writer, one tile of
- * an op kernel or of the optimizer, and freeing after a buffer's last
- * user. */
+/* Task bodies (tasks.h): allocation at a buffer's first writer (in the
+ * home the NUMA placement gave it), one tile of an op kernel or of the
+ * optimizer (parameters read from the copy on the worker's node), and
+ * freeing after a buffer's last user. */
 #include <string.h>
 
 #include "runtime/optim.h"
@@ -32,14 +33,17 @@ static void bind_buffers(remat_step_plan *p, plan_knode *kn) {
     o->ws[k] = slot_data(p, kn, OP_SLOT_WS(k));
 }
 
+static int worker_node(const remat_step_plan *p, int worker) {
+  return sched_pool_placement(p->g->rt->pool)->worker_node[worker];
+}
+
 int tasks_start(void *arg, int worker) {
+  (void)worker;
   plan_knode *kn = arg;
   remat_step_plan *p = kn->plan;
-  const sched_placement *pl = sched_pool_placement(p->g->rt->pool);
   for (int i = 0; i < kn->ninit; i++) {
     plan_buffer *b = &p->low.bufs[kn->init[i]];
     if (!b->persistent) {
-      b->node = pl->worker_node[worker];
       b->data = mem_alloc(&p->arena, (size_t)b->bytes, b->cat, b->node, true);
       if (b->data == NULL)
         return REMAT_ERR_OUT_OF_MEMORY;
@@ -64,9 +68,11 @@ static int check_tile(remat_step_plan *p, const plan_knode *kn, int64_t tile) {
   return REMAT_OK;
 }
 
-/* Runs after the gate: nothing is written when any check failed. */
+/* Runs after the gate: nothing is written when any check failed. The
+ * worker's node's copy of the parameter is updated, then copied to the
+ * others. */
 static int update_tile(remat_step_plan *p, const plan_knode *kn,
-                       int64_t tile) {
+                       int64_t tile, int node) {
   if (atomic_load(&p->nonfinite))
     return REMAT_OK;
   const remat_tensor *t = p->g->tensors[kn->optim.param_tensor];
@@ -74,7 +80,7 @@ static int update_tile(remat_step_plan *p, const plan_knode *kn,
   optim_tile_range(param_numel(p, kn), tile, &lo, &hi);
   float *m = buf_data(p, kn->optim.adam_m), *v = buf_data(p, kn->optim.adam_v);
   optim_tile_args a = {
-      .param = buf_data(p, kn->optim.param) + lo,
+      .param = numa_data(p, kn->optim.param, node) + lo,
       .grad = buf_data(p, kn->optim.grad) + lo,
       .adam_m = m != NULL ? m + lo : NULL,
       .adam_v = v != NULL ? v + lo : NULL,
@@ -82,6 +88,7 @@ static int update_tile(remat_step_plan *p, const plan_knode *kn,
       .step = p->opt_step,
       .decay = t->shape.ndim >= 2 ? p->opt.weight_decay : 0.0f};
   optim_update(&p->opt, &a);
+  numa_refresh(p, kn->optim.param, node, lo, hi);
   return REMAT_OK;
 }
 
@@ -91,21 +98,40 @@ static int seed_tile(remat_step_plan *p, const plan_knode *kn) {
   return REMAT_OK;
 }
 
+/* The node's buffers as a worker on `node` reads them: parameters from
+ * its node's copy, when there are copies. */
+static const op_bufs *tile_bufs(const remat_step_plan *p, const plan_knode *kn,
+                                int node, op_bufs *local) {
+  if (p->numa.copies == NULL)
+    return &kn->bufs;
+  *local = kn->bufs;
+  for (int i = 0; i < OP_MAX_IN; i++) {
+    int32_t b = kn->slot_buf[plan_slot(OP_SLOT_IN(i))];
+    if (b >= 0)
+      local->in[i] = numa_data(p, b, node);
+  }
+  return local;
+}
+
 int tasks_tile(void *arg, int worker) {
   plan_tile *t = arg;
   plan_knode *kn = t->kn;
   remat_step_plan *p = kn->plan;
+  op_bufs local;
   switch (kn->kind) {
   case KNODE_SEED: return seed_tile(p, kn);
-  case KNODE_UPDATE: return update_tile(p, kn, t->tile);
+  case KNODE_UPDATE: return update_tile(p, kn, t->tile, worker_node(p, worker));
   case KNODE_CHECK: return check_tile(p, kn, t->tile);
   case KNODE_GATE: return REMAT_OK;
   case KNODE_RECOMPUTE:
     p->worker_recompute_flops[worker * 8] += kn->flops / (double)kn->tiles;
-    return kn->kernel->fn(kn->inst, &kn->bufs, t->tile, &p->workers[worker]);
+    break;
   default:
-    return kn->kernel->fn(kn->inst, &kn->bufs, t->tile, &p->workers[worker]);
+    break;
   }
+  return kn->kernel->fn(kn->inst,
+                        tile_bufs(p, kn, worker_node(p, worker), &local),
+                        t->tile, &p->workers[worker]);
 }
 
 int tasks_done(void *arg, int worker) {

@@ -194,6 +194,40 @@ static void test_cold_step(void **state) {
   every_allocation(step_phase, &c, 4);
 }
 
+/* Reservation: before a cold step's tasks run, the arena takes from the
+ * system every block the plan predicts on top of the persistent ones, so
+ * at one thread every tensor allocation of the step fails before any task
+ * runs ("reserving"); only the scheduler's own first-run arrays (3) are
+ * allocated inside the run. */
+static void test_cold_step_reserves_first(void **state) {
+  (void)state;
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY,
+                     .num_threads = 1,
+                     .policy = "nothing_saveable"};
+  int64_t made = 0, reserving = 0;
+  for (int64_t n = 1;; n++) {
+    fixture f;
+    assert_int_equal(fixture_open_config(&f, &tiny, &rc, &adamw), REMAT_OK);
+    remat__alloc_fail_after(n);
+    remat_status s = remat_step(f.g, NULL);
+    made = disarm();
+    if (s == REMAT_OK) {
+      fixture_close(&f);
+      break;
+    }
+    if (strcmp(remat_last_error(), "remat_step: out of memory reserving the "
+                                   "step's tensors") == 0) {
+      assert_int_equal(reserving, n - 1); /* the reserving ones come first */
+      reserving++;
+    }
+    fixture_close(&f);
+  }
+  if (reserving < made - 3)
+    fail_msg("%lld of the cold step's %lld allocations were reserved before "
+             "its tasks ran",
+             (long long)reserving, (long long)made);
+}
+
 /* In steady state a step asks the system for nothing: with every
  * allocation failing it still succeeds and updates. */
 static void test_warm_step_allocates_nothing(void **state) {
@@ -247,6 +281,7 @@ int main(void) {
       cmocka_unit_test(test_graph_building),
       cmocka_unit_test(test_compile),
       cmocka_unit_test(test_cold_step),
+      cmocka_unit_test(test_cold_step_reserves_first),
       cmocka_unit_test(test_warm_step_allocates_nothing),
       cmocka_unit_test(test_warm_traced_step),
       cmocka_unit_test(test_step_two_threads),

@@ -337,13 +337,14 @@ static void test_destroy_null_is_noop(void **state) {
 
 static void test_status_strings(void **state) {
   (void)state;
-  assert_string_equal(remat_status_string(REMAT_OK), "REMAT_OK");
-  assert_string_equal(remat_status_string(REMAT_ERR_INVALID_ARG),
-                      "REMAT_ERR_INVALID_ARG");
-  assert_string_equal(remat_status_string(REMAT_ERR_NUMERIC),
-                      "REMAT_ERR_NUMERIC");
-  assert_string_equal(remat_status_string(REMAT_ERR_POLICY),
-                      "REMAT_ERR_POLICY");
+  static const char *const names[] = {
+      "REMAT_OK",          "REMAT_ERR_INVALID_ARG", "REMAT_ERR_OUT_OF_MEMORY",
+      "REMAT_ERR_SHAPE",   "REMAT_ERR_CONFIG",      "REMAT_ERR_LIMIT",
+      "REMAT_ERR_CYCLE",   "REMAT_ERR_STATE",       "REMAT_ERR_BACKEND",
+      "REMAT_ERR_IO",      "REMAT_ERR_NUMERIC",     "REMAT_ERR_BUDGET",
+      "REMAT_ERR_POLICY"};
+  for (int s = REMAT_OK; s <= REMAT_ERR_POLICY; s++)
+    assert_string_equal(remat_status_string((remat_status)s), names[s]);
   assert_string_equal(remat_status_string((remat_status)99),
                       "REMAT_ERR_UNKNOWN");
 }
@@ -1006,6 +1007,69 @@ static void nonfinite_gradient_step(remat_runtime *rt, bool w1_first) {
   remat_graph_destroy(g);
 }
 
+/* AdamW's decoupled weight decay applies to matrices, not to vectors
+ * (biases, norm scales): with zero gradients (relu of very negative
+ * values), one step leaves the bias b bitwise unchanged and scales the
+ * matrix w by exactly (1 - lr * wd). */
+static void test_weight_decay_matrices_only(void **state) {
+  (void)state;
+  remat_runtime *rt = new_runtime(1);
+  remat_graph *g = new_graph(rt);
+  remat_tensor *x = input2(g, "x", REMAT_F32, 2, 4);
+  remat_tensor *w = param2(g, "w", 4, 4);
+  remat_tensor *b = param2(g, "b", 4, 0);
+  remat_tensor *loss =
+      remat_sum(g, remat_relu(g, remat_linear(g, x, w, b)));
+  remat_optimizer adam = {.kind = REMAT_OPT_ADAMW, .lr = 0.5f,
+                          .weight_decay = 0.25f};
+  assert_int_equal(remat_compile(g, loss, &adam), REMAT_OK);
+  float w0[16], b0[4] = {-100, -100, -100, -100}, w1[16], b1[4];
+  for (int i = 0; i < 16; i++)
+    w0[i] = 0.0625f * (float)(i % 4);
+  assert_int_equal(remat_write(g, w, w0, sizeof w0), REMAT_OK);
+  assert_int_equal(remat_write(g, b, b0, sizeof b0), REMAT_OK);
+  float xs[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  assert_int_equal(remat_feed(g, x, xs, sizeof xs), REMAT_OK);
+  assert_int_equal(remat_step(g, NULL), REMAT_OK);
+  assert_int_equal(remat_read(g, w, w1, sizeof w1), REMAT_OK);
+  assert_int_equal(remat_read(g, b, b1, sizeof b1), REMAT_OK);
+  assert_memory_equal(b1, b0, sizeof b0);
+  for (int i = 0; i < 16; i++)
+    assert_true(w1[i] == w0[i] - 0.5f * (0.25f * w0[i]));
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
+/* The NaN in the very last element of a gradient: w1 is [1,4], x's second
+ * row ends in -Inf, relu(-Inf) = 0 keeps the loss finite, and dW1[0][3] =
+ * 0 * -Inf is the only NaN. The check must read every element. */
+static void test_nonfinite_last_gradient_element(void **state) {
+  (void)state;
+  remat_runtime *rt = new_runtime(1);
+  remat_graph *g = new_graph(rt);
+  remat_tensor *x = input2(g, "x", REMAT_F32, 2, 4);
+  remat_tensor *w1 = param2(g, "w1", 1, 4);
+  remat_tensor *loss =
+      remat_sum(g, remat_relu(g, remat_linear(g, x, w1, NULL)));
+  remat_optimizer sgd = {.kind = REMAT_OPT_SGD, .lr = 0.01f};
+  assert_int_equal(remat_compile(g, loss, &sgd), REMAT_OK);
+  float ones[4] = {1, 1, 1, 1}, after[4], grad[4];
+  assert_int_equal(remat_write(g, w1, ones, sizeof ones), REMAT_OK);
+  float bad_x[8] = {1, 2, 3, 4, 0, 0, 0, -INFINITY};
+  assert_int_equal(remat_feed(g, x, bad_x, sizeof bad_x), REMAT_OK);
+  remat_step_stats st;
+  assert_int_equal(remat_step(g, &st), REMAT_ERR_NUMERIC);
+  assert_true(isfinite(st.loss));
+  assert_int_equal(remat_read_grad(g, w1, grad, sizeof grad), REMAT_OK);
+  for (int i = 0; i < 3; i++)
+    assert_true(isfinite(grad[i]));
+  assert_true(isnan(grad[3]));
+  assert_int_equal(remat_read(g, w1, after, sizeof after), REMAT_OK);
+  assert_memory_equal(after, ones, sizeof ones);
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
 /* A NaN gradient in one parameter with a finite loss: relu(-Inf) = 0
  * hides the Inf from the loss, and its backward gives 0 * -Inf = NaN in
  * w1's gradient. No parameter may change, w2 (finite gradient) included:
@@ -1092,6 +1156,8 @@ int main(void) {
       cmocka_unit_test(test_policies_in_regions),
       cmocka_unit_test(test_nonfinite_loss_leaves_params),
       cmocka_unit_test(test_nonfinite_gradient_updates_nothing),
+      cmocka_unit_test(test_nonfinite_last_gradient_element),
+      cmocka_unit_test(test_weight_decay_matrices_only),
       cmocka_unit_test(test_runtimes_and_graphs_coexist),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -114,6 +114,29 @@ static void test_duplicate_param_names(void **state) {
                       "name: parameter names must be unique (checkpoints "
                       "store parameters by name)");
   remat_graph_destroy(g);
+  /* renaming a parameter would make the same clash at save time */
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  remat_tensor *w = remat_param(g, "w", 1, d, REMAT_INIT_ZEROS, 0.0f);
+  remat_tensor *v = remat_param(g, "v", 1, d, REMAT_INIT_ZEROS, 0.0f);
+  assert_non_null(v);
+  assert_int_equal(remat_checkpoint_name(g, w, "v"), REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_graph_error(g),
+                      "remat_checkpoint_name: 'w' is a parameter: parameters "
+                      "keep the name given to remat_param (checkpoints store "
+                      "them by it); name op results");
+  assert_string_equal(remat_tensor_name(w), "w");
+  remat_graph_destroy(g);
+  /* and renaming after compile */
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  remat_tensor *x = remat_param(g, "x", 1, d, REMAT_INIT_ONES, 0.0f);
+  remat_tensor *y = remat_sum(g, x);
+  assert_int_equal(remat_compile(g, y, NULL), REMAT_OK);
+  assert_int_equal(remat_checkpoint_name(g, y, "loss"), REMAT_ERR_STATE);
+  assert_string_equal(remat_last_error(),
+                      "remat_checkpoint_name: the graph is already compiled");
+  assert_int_equal(remat_graph_status(g), REMAT_OK);
+  assert_string_equal(remat_tensor_name(y), "sum_0");
+  remat_graph_destroy(g);
   remat_runtime_destroy(rt);
 }
 
@@ -124,25 +147,33 @@ static void test_graph_busy(void **state) {
   fixture f;
   assert_int_equal(fixture_open(&f, &tiny, 1, "nothing_saveable", 0, NULL),
                    REMAT_OK);
+  char path[160];
+  snprintf(path, sizeof path, "%s/busy.safetensors", dir);
   atomic_store(&f.g->busy, 1); /* as if another thread were inside */
-  const char *what[] = {"remat_step", "remat_feed", "remat_read"};
+  const char *what[] = {"remat_step", "remat_feed", "remat_load_safetensors",
+                        "remat_save_safetensors", "remat_read"};
   float loss;
   size_t n = (size_t)tiny.batch * tiny.seq * sizeof(int32_t);
-  remat_status got[3] = {remat_step(f.g, NULL),
+  remat_status got[5] = {remat_step(f.g, NULL),
                          remat_feed(f.g, f.m.tokens, f.tokens, n),
+                         remat_load_safetensors(f.g, path),
+                         remat_save_safetensors(f.g, path),
                          remat_read(f.g, f.m.loss, &loss, sizeof loss)};
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 5; i++) {
     char want[256];
     snprintf(want, sizeof want,
              "%s: another thread is using this graph: a graph takes one call "
              "at a time (use one graph per thread, or serialize the calls)",
              what[i]);
     assert_int_equal(got[i], REMAT_ERR_STATE);
-    if (i == 2)
+    if (i == 4)
       assert_string_equal(remat_last_error(), want);
   }
+  assert_int_equal(access(path, F_OK), -1); /* the save wrote nothing */
   atomic_store(&f.g->busy, 0);
   assert_int_equal(remat_step(f.g, NULL), REMAT_OK);
+  assert_int_equal(remat_save_safetensors(f.g, path), REMAT_OK); /* nested */
+  assert_int_equal(remat_load_safetensors(f.g, path), REMAT_OK);
   fixture_close(&f);
 }
 

@@ -425,6 +425,11 @@ static void test_linear(void **state) {
   c = make_case(OP_LINEAR, ref_linear, 2, S2(257, 520), S2(20, 520));
   c.samples = 12;
   check_case(&c);
+  /* 1100 rows: dw and db in three chunks of 384, 384 and 332 rows, their
+   * partials summed by linear.dw_sum and linear.db_sum */
+  c = make_case(OP_LINEAR, ref_linear, 3, S3(4, 275, 24), S2(70, 24),
+                S1(70));
+  check_case(&c);
 }
 
 static void test_matmul(void **state) {

@@ -353,6 +353,41 @@ static void test_lookahead_edges(void **state) {
   unsetenv("REMAT_LOOKAHEAD");
 }
 
+/* The update gate, read from the DAG: every node but the updates finishes
+ * before the gate starts, and every update starts after the gate, so a
+ * NaN found by any check, or a failed allocation anywhere, comes before
+ * any parameter changes (whatever the timing). */
+static void test_gate_edges(void **state) {
+  (void)state;
+  remat_optimizer adam = {.kind = REMAT_OPT_ADAMW, .lr = 1e-3f};
+  fixture f;
+  assert_int_equal(fixture_open(&f, &two, 2, "nothing_saveable", 0, &adam),
+                   REMAT_OK);
+  const remat_step_plan *p = f.g->plan;
+  const plan_lowering *l = &p->low;
+  int32_t gate = -1;
+  for (int32_t i = 0; i < l->nknodes; i++)
+    if (l->knodes[i].kind == KNODE_GATE)
+      gate = i;
+  assert_true(gate >= 0);
+  int updates = 0;
+  for (int32_t i = 0; i < l->nknodes; i++) {
+    const plan_knode *kn = &l->knodes[i];
+    if (i == gate)
+      continue;
+    if (kn->kind == KNODE_UPDATE) {
+      updates++;
+      assert_true(has_edge(p->dag, l->knodes[gate].done_task, kn->start_task));
+      assert_false(has_edge(p->dag, kn->done_task, l->knodes[gate].start_task));
+    } else if (!has_edge(p->dag, kn->done_task, l->knodes[gate].start_task)) {
+      fail_msg("node %d (kind %d) does not finish before the gate", i,
+               (int)kn->kind);
+    }
+  }
+  assert_int_equal(updates, remat_num_params(f.g));
+  fixture_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_policy_saves_exactly),
@@ -360,6 +395,7 @@ int main(void) {
       cmocka_unit_test(test_budget_source),
       cmocka_unit_test(test_plan_of_errors),
       cmocka_unit_test(test_lookahead_edges),
+      cmocka_unit_test(test_gate_edges),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -233,8 +233,8 @@ static const char *json_string(const cJSON *object, const char *key) {
   return text;
 }
 
-/* Worker tracks name their node; slices carry the task's affinity, which
- * the runtime's tasks do not have (-1). */
+/* Worker tracks name their node; slices carry the task's affinity: -1, or
+ * the node of the worker that ran it (the tiles the NUMA placement pins). */
 static void check_step_trace(const char *path, remat_runtime *rt,
                              int64_t ntasks) {
   char *text = read_text(path);
@@ -242,7 +242,7 @@ static void check_step_trace(const char *path, remat_runtime *rt,
   free(text);
   assert_non_null(root);
   int nthreads = 0;
-  int64_t nslices = 0;
+  int64_t nslices = 0, npinned = 0;
   const cJSON *e;
   cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
     const char *ph = json_string(e, "ph");
@@ -255,10 +255,14 @@ static void check_step_trace(const char *path, remat_runtime *rt,
       assert_string_equal(json_string(args, "name"), name);
       nthreads++;
     } else {
-      assert_int_equal(json_int(args, "node"), -1);
+      int node = json_int(args, "node");
+      if (node != -1)
+        assert_int_equal(node, remat_runtime_worker_node(rt, tid));
+      npinned += node != -1;
       nslices++;
     }
   }
+  assert_true(npinned > 0);
   assert_int_equal(nthreads, 2);
   assert_int_equal(nslices, ntasks);
   cJSON_Delete(root);

@@ -1,8 +1,10 @@
 /* remat-train, the command-line trainer: builds the GPT-style model for the
- * chosen data, trains it with AdamW (warm-up, cosine decay) while drawing a
- * progress bar, then reports held-out results and sample completions, and
- * saves or loads weights as safetensors. */
+ * chosen data, trains it (AdamW or SGD, warm-up then a schedule) while
+ * drawing a progress bar, writes a checkpoint if asked (at the end, every
+ * N steps, and when a signal stops the run), then reports held-out results
+ * and sample completions. */
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -16,8 +18,11 @@ typedef struct trainer {
   remat_runtime *rt;
   remat_graph *g;
   remat_gpt m;
+  eval_model *eval;
   int32_t *tokens, *targets;
   int64_t peak_bytes;
+  int first_step; /* steps done before this run (--resume) */
+  int tty;        /* the progress line is redrawn in place */
 } trainer;
 
 static double now(void) {
@@ -31,15 +36,9 @@ static int fail(const char *what) {
   return EXIT_RUNTIME;
 }
 
-static float lr_at(const train_options *o, int step) {
-  int warmup = o->steps / 10 < 100 ? o->steps / 10 : 100;
-  if (step < warmup)
-    return o->lr * (float)(step + 1) / (float)(warmup + 1);
-  double progress = (double)(step - warmup) / (double)(o->steps - warmup);
-  return o->lr * (float)(0.1 + 0.9 * 0.5 * (1.0 + cos(M_PI * progress)));
-}
-
-/* Runtime, graph, compile, optional --load. */
+/* Runtime, graph, compile, optional --load, then the evaluation graph:
+ * every graph is compiled (and checked against --budget) before the first
+ * step. */
 static int open_model(trainer *t) {
   const train_options *o = &t->o;
   remat_config rc = {.set = REMAT_SET_MEMORY_BUDGET, .memory_budget = o->budget};
@@ -55,8 +54,8 @@ static int open_model(trainer *t) {
     rc.set |= REMAT_SET_TRACE;
     rc.trace_path = o->trace_path;
   }
-  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = o->lr,
-                         .weight_decay = 0.01f};
+  remat_optimizer opt = {.kind = o->optimizer, .lr = o->lr,
+                         .weight_decay = o->wd};
   if (remat_runtime_create(&rc, &t->rt) != REMAT_OK ||
       remat_graph_create(t->rt, &t->g) != REMAT_OK ||
       remat_graph_seed(t->g, o->seed) != REMAT_OK ||
@@ -65,6 +64,11 @@ static int open_model(trainer *t) {
     return fail("");
   if (o->load_path != NULL && remat_load_safetensors(t->g, o->load_path))
     return fail("");
+  if (o->resume_path != NULL &&
+      checkpoint_resume(t->g, o, t->data, &t->first_step) != 0)
+    return EXIT_RUNTIME;
+  if (evaluator_open(t->rt, o, t->data, &t->eval) != REMAT_OK)
+    return fail("evaluation: ");
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   t->tokens = malloc(n * sizeof *t->tokens);
   t->targets = malloc(n * sizeof *t->targets);
@@ -82,43 +86,72 @@ static void format_bytes(char *buf, size_t len, int64_t bytes) {
     snprintf(buf, len, "%.1f MiB", (double)bytes / (double)(1 << 20));
 }
 
-/* "step 120/1000 [=====>      ] loss 1.234 | 52.1k tok/s | peak 12.3 MiB |
- * ETA 1m05s", redrawn in place on a terminal, every tenth of the run
- * otherwise. */
+/* The progress line on stderr: redrawn in place on a terminal, one line
+ * per tenth of the run otherwise. */
 static void progress(const trainer *t, int step, float loss, double elapsed,
                      int tty) {
   int steps = t->o.steps, every = steps / 10 > 0 ? steps / 10 : 1;
   if (!tty && step % every != 0 && step != steps)
     return;
-  char bar[31], peak[32];
-  int fill = (int)(30.0 * step / steps);
-  for (int i = 0; i < 30; i++)
-    bar[i] = i < fill ? '=' : i == fill ? '>' : ' ';
-  bar[30] = '\0';
+  char peak[32], line[128];
   format_bytes(peak, sizeof peak, t->peak_bytes);
-  double tok_s = (double)step * t->o.cfg.batch * t->o.cfg.seq / elapsed;
-  int eta = (int)(elapsed / step * (steps - step) + 0.5);
-  fprintf(stderr, "%sstep %d/%d [%s] loss %.4f | %.1fk tok/s | peak %s | "
-                  "ETA %dm%02ds%s",
-          tty ? "\r" : "", step, steps, bar, loss, tok_s / 1000.0, peak,
-          eta / 60, eta % 60, tty && step < steps ? "" : "\n");
+  int here = step - t->first_step; /* steps of this run */
+  progress_fields f = {
+      .step = step, .steps = steps, .loss = loss, .peak = peak,
+      .tokens_per_s = (double)here * t->o.cfg.batch * t->o.cfg.seq / elapsed,
+      .eta_s = (int)(elapsed / here * (steps - step) + 0.5)};
+  progress_format(line, sizeof line, progress_width(STDERR_FILENO), &f);
+  /* \033[K clears what a longer line left */
+  fprintf(stderr, "%s%s%s", tty ? "\r" : "", line,
+          tty ? (step < steps ? "\033[K" : "\033[K\n") : "\n");
   fflush(stderr);
+}
+
+/* One step on the next batch at the schedule's learning rate. */
+static int train_step(trainer *t, int step, remat_step_stats *st) {
+  const train_options *o = &t->o;
+  size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
+  dataset_batch(t->data, o->cfg.batch, o->cfg.seq, t->tokens, t->targets);
+  return remat_feed(t->g, t->m.tokens, t->tokens, n * sizeof *t->tokens) ||
+         remat_feed(t->g, t->m.targets, t->targets, n * sizeof *t->targets) ||
+         remat_set_lr(t->g, train_lr_at(o, step)) || remat_step(t->g, st);
+}
+
+/* After a step: a checkpoint every --save-every steps, and the stop that
+ * a signal asked for (with a last checkpoint). Returns 0 to go on. */
+static int after_step(trainer *t, int done) {
+  const train_options *o = &t->o;
+  int sig = signals_stop();
+  if (sig == 0 && (o->save_every == 0 || done % o->save_every != 0 ||
+                   done == o->steps))
+    return 0;
+  if (o->save_path != NULL &&
+      checkpoint_save(t->g, o->save_path, done, t->data) != REMAT_OK)
+    return fail("");
+  if (sig == 0)
+    return 0;
+  if (t->tty)
+    fputc('\n', stderr); /* end the progress line first */
+  fprintf(stderr, "remat-train: stopped by %s after step %d%s%s\n",
+          sig == SIGINT ? "SIGINT" : "SIGTERM", done,
+          o->save_path != NULL ? "; checkpoint written to " : "",
+          o->save_path != NULL ? o->save_path : "");
+  return EXIT_SIGNAL;
 }
 
 static int train(trainer *t) {
   const train_options *o = &t->o;
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
-  int tty = isatty(STDERR_FILENO) && !o->json;
+  int tty = t->tty = isatty(STDERR_FILENO) && !o->json, rc = 0;
   double start = now(), last_draw = 0.0;
-  for (int step = 0; step < o->steps; step++) {
-    dataset_batch(t->data, o->cfg.batch, o->cfg.seq, t->tokens, t->targets);
+  signals_catch(1);
+  for (int step = t->first_step; step < o->steps && rc == 0; step++) {
     remat_step_stats st;
-    if (remat_feed(t->g, t->m.tokens, t->tokens, n * sizeof *t->tokens) ||
-        remat_feed(t->g, t->m.targets, t->targets, n * sizeof *t->targets) ||
-        remat_set_lr(t->g, lr_at(o, step)) || remat_step(t->g, &st)) {
-      if (tty && step > 0)
+    if (train_step(t, step, &st)) {
+      if (tty && step > t->first_step)
         fputc('\n', stderr); /* end the progress line first */
-      return fail("");
+      rc = fail("");
+      break;
     }
     if (st.peak_bytes > t->peak_bytes)
       t->peak_bytes = st.peak_bytes;
@@ -127,41 +160,48 @@ static int train(trainer *t) {
       printf("{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"step_s\": %.6f, "
              "\"tokens_per_s\": %.1f, \"peak_bytes\": %lld, "
              "\"elapsed_s\": %.3f}\n",
-             step + 1, st.loss, lr_at(o, step), st.seconds,
+             step + 1, st.loss, train_lr_at(o, step), st.seconds,
              st.seconds > 0.0 ? (double)n / st.seconds : 0.0,
              (long long)st.peak_bytes, elapsed);
+    if (o->json)
+      fflush(stdout); /* a line as soon as its step is done */
     else if (!tty || elapsed - last_draw > 0.1 || step + 1 == o->steps) {
       progress(t, step + 1, st.loss, elapsed, tty);
       last_draw = elapsed;
     }
+    rc = after_step(t, step + 1);
   }
-  return 0;
+  signals_catch(0);
+  return rc;
 }
 
+/* The results on stdout: completions, then held-out loss and accuracy
+ * (a JSON object with --json, accuracy null for a text file). */
 static int report(trainer *t, double wall) {
   const train_options *o = &t->o;
   eval_result r;
-  if (evaluate(t->rt, t->g, o, t->data, o->json ? NULL : stderr, &r))
+  if (evaluate(t->eval, t->g, t->data, o->json ? NULL : stdout, &r))
     return fail("evaluation: ");
-  char peak[32];
+  char peak[32], accuracy[32] = "null";
   format_bytes(peak, sizeof peak, t->peak_bytes);
+  if (r.accuracy >= 0.0)
+    snprintf(accuracy, sizeof accuracy, "%.6f", r.accuracy);
   if (o->json) {
     printf("{\"done\": true, \"steps\": %d, \"heldout_loss\": %.6f, "
-           "\"accuracy\": %.6f, \"peak_bytes\": %lld, \"wall_s\": %.3f}\n",
-           o->steps, r.heldout_loss, r.accuracy, (long long)t->peak_bytes,
-           wall);
+           "\"accuracy\": %s, \"peak_bytes\": %lld, \"wall_s\": %.3f}\n",
+           o->steps, r.heldout_loss, accuracy, (long long)t->peak_bytes, wall);
     return 0;
   }
-  fprintf(stderr, "held-out loss %.4f", r.heldout_loss);
+  printf("held-out loss %.4f", r.heldout_loss);
   if (r.accuracy >= 0.0)
-    fprintf(stderr, ", exact-match accuracy %.1f%% (%d problems)",
-            100.0 * r.accuracy, r.problems);
-  fprintf(stderr, "; %d steps in %.1f s, peak memory %s\n", o->steps, wall,
-          peak);
+    printf(", exact-match accuracy %.1f%% (%d problems)", 100.0 * r.accuracy,
+           r.problems);
+  printf("; %d steps in %.1f s, peak memory %s\n", o->steps, wall, peak);
   return 0;
 }
 
 static void close_trainer(trainer *t) {
+  evaluator_close(t->eval);
   remat_graph_destroy(t->g);
   remat_runtime_destroy(t->rt);
   dataset_destroy(t->data);
@@ -183,11 +223,12 @@ static int run(trainer *t) {
   int rc = open_model(t);
   if (rc == 0)
     rc = train(t);
+  /* Saved before evaluating, so that no later error loses the training. */
+  if (rc == 0 && o->save_path != NULL &&
+      checkpoint_save(t->g, o->save_path, o->steps, t->data) != REMAT_OK)
+    rc = fail("");
   if (rc == 0)
     rc = report(t, now() - start);
-  if (rc == 0 && o->save_path != NULL &&
-      remat_save_safetensors(t->g, o->save_path) != REMAT_OK)
-    rc = fail("");
   return rc;
 }
 

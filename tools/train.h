@@ -12,6 +12,14 @@
 /* Exit codes: 2 for a bad command line, 1 for a failure while running. */
 #define EXIT_USAGE 2
 #define EXIT_RUNTIME 1
+/* Stopped by SIGINT or SIGTERM (128 + SIGINT, as a shell reports it). */
+#define EXIT_SIGNAL 130
+
+typedef enum train_schedule {
+  SCHEDULE_COSINE = 0,
+  SCHEDULE_LINEAR = 1,
+  SCHEDULE_CONSTANT = 2
+} train_schedule;
 
 typedef struct train_options {
   remat_gpt_config cfg; /* vocab comes from the data source */
@@ -23,7 +31,21 @@ typedef struct train_options {
   int64_t budget;       /* bytes; 0: none */
   const char *save_path, *load_path, *trace_path;
   int json;
+  /* optimizer and learning-rate schedule */
+  remat_optimizer_kind optimizer;
+  train_schedule schedule;
+  int warmup;           /* steps; -1: the schedule's default */
+  float lr_min;         /* -1: a tenth of --lr */
+  float wd;             /* AdamW's weight decay */
+  /* checkpoints */
+  const char *resume_path;
+  int save_every;       /* steps; 0: only at the end */
 } train_options;
+
+/* The learning rate of step `step` (from 0): linear warm-up, then the
+ * schedule; it depends on the step and the options only, so a resumed run
+ * follows the same curve. */
+float train_lr_at(const train_options *o, int step);
 
 /* Fills `o` from argv. Returns 0 on success, -1 after --help (printed to
  * stdout), EXIT_USAGE after printing a one-line error to stderr. */
@@ -64,6 +86,37 @@ void dataset_batch(dataset *d, int batch, int seq, int32_t *tokens,
 /* The text of token `tok` for printing ("\\n" for a newline). */
 const char *dataset_token_text(const dataset *d, int32_t tok, char buf[8]);
 
+/* ---- checkpoints and signals (train_state.c) ---- */
+
+/* Writes the checkpoint of `g` after `step` steps with the data's state. */
+remat_status checkpoint_save(remat_graph *g, const char *path, int step,
+                             const dataset *d);
+/* Restores --resume into `g` and `d` and sets *step to the steps done;
+ * returns 0, or EXIT_RUNTIME after printing the reason. */
+int checkpoint_resume(remat_graph *g, const train_options *o, dataset *d,
+                      int *step);
+/* Catches SIGINT and SIGTERM (on 1) or restores their default (on 0). */
+void signals_catch(int on);
+/* The signal that asked the run to stop, 0 if none. */
+int signals_stop(void);
+
+/* ---- the progress line (train_progress.c) ---- */
+
+typedef struct progress_fields {
+  int step, steps;
+  float loss;
+  double tokens_per_s;
+  const char *peak; /* "12.3 MiB" */
+  int eta_s;
+} progress_fields;
+
+/* The columns a progress line may use on `fd`: COLUMNS when set, else the
+ * terminal's width, else 80; never more than 80. */
+int progress_width(int fd);
+/* The line, at most width - 1 characters. */
+void progress_format(char *out, size_t len, int width,
+                     const progress_fields *f);
+
 /* ---- evaluation (train_eval.c) ---- */
 
 typedef struct eval_result {
@@ -72,11 +125,19 @@ typedef struct eval_result {
   int problems;
 } eval_result;
 
-/* Copies the weights of `train` into a forward-only graph and reports
+/* The forward-only graph that evaluation runs on. */
+typedef struct eval_model eval_model;
+
+/* Builds and compiles the evaluation graph in `rt` (under its memory
+ * budget); run before training, so that a budget too small for it fails
+ * before any step. *out is set even on failure, for evaluator_close. */
+remat_status evaluator_open(remat_runtime *rt, const train_options *o,
+                            const dataset *d, eval_model **out);
+/* Copies the weights of `train` into the evaluation graph and reports
  * held-out loss and accuracy; prints a few greedy completions to `out`.
  * Returns the first failing status. */
-remat_status evaluate(remat_runtime *rt, remat_graph *train,
-                      const train_options *o, dataset *d, FILE *out,
-                      eval_result *r);
+remat_status evaluate(eval_model *e, remat_graph *train, dataset *d,
+                      FILE *out, eval_result *r);
+void evaluator_close(eval_model *e);
 
 #endif

@@ -2,10 +2,16 @@
  * (generated here, with a held-out set of problems never trained on) and
  * byte-level language modelling on a text file. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "tools/train.h"
+
+enum { BINARY_CHECK = 1 << 16 }; /* bytes looked at to tell a text file */
+#define DATA_MAX ((size_t)1 << 30) /* the most --data reads */
 
 /* splitmix64: the data's random numbers, reproducible from --seed. */
 uint64_t dataset_next(uint64_t *state) {
@@ -52,7 +58,7 @@ dataset *dataset_addition(uint64_t seed) {
 }
 
 static int looks_binary(const unsigned char *p, int64_t n) {
-  int64_t check = n < 65536 ? n : 65536, control = 0;
+  int64_t check = n < BINARY_CHECK ? n : BINARY_CHECK, control = 0;
   for (int64_t i = 0; i < check; i++) {
     if (p[i] == 0)
       return 1;
@@ -61,30 +67,81 @@ static int looks_binary(const unsigned char *p, int64_t n) {
   return control * 10 > check;
 }
 
-static unsigned char *slurp(const char *path, int64_t *len, char *err,
-                            size_t err_len) {
-  FILE *f = fopen(path, "rb");
-  if (f == NULL) {
+static const char *file_kind(mode_t mode) {
+  if (S_ISDIR(mode))
+    return "a directory";
+  if (S_ISCHR(mode))
+    return "a character device";
+  if (S_ISBLK(mode))
+    return "a block device";
+  if (S_ISFIFO(mode))
+    return "a FIFO";
+  if (S_ISSOCK(mode))
+    return "a socket";
+  return "a special file";
+}
+
+/* Opens --data: a regular file of at most DATA_MAX bytes, or "-" for
+ * standard input. Returns -1 after putting a message in `err`. */
+static int open_data(const char *path, char *err, size_t err_len) {
+  if (strcmp(path, "-") == 0)
+    return STDIN_FILENO;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* no FIFO wait */
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
     snprintf(err, err_len, "--data '%s': %s", path, strerror(errno));
-    return NULL;
+  } else if (!S_ISREG(st.st_mode)) {
+    snprintf(err, err_len, "--data '%s' is %s: --data takes a regular file "
+             "(or - for standard input)", path, file_kind(st.st_mode));
+  } else if ((uint64_t)st.st_size > DATA_MAX) {
+    snprintf(err, err_len, "--data '%s' has %lld bytes, more than the limit "
+             "of 1 GiB", path, (long long)st.st_size);
+  } else {
+    return fd;
   }
-  size_t cap = 1 << 16, n = 0;
+  if (fd >= 0)
+    close(fd);
+  return -1;
+}
+
+/* Reads until the end, at most DATA_MAX bytes; stops as soon as the first
+ * BINARY_CHECK bytes look binary (standard input may be /dev/zero). Sets
+ * `err` and returns NULL on failure. */
+static unsigned char *read_data(int fd, const char *path, int64_t *len,
+                                char *err, size_t err_len) {
+  size_t cap = BINARY_CHECK, n = 0;
   unsigned char *buf = malloc(cap);
-  while (buf != NULL) {
-    n += fread(buf + n, 1, cap - n, f);
-    if (n < cap)
+  int bad = 0;
+  while (!bad) {
+    if (buf != NULL && n == cap) {
+      cap = cap * 2 > DATA_MAX + 1 ? DATA_MAX + 1 : cap * 2;
+      unsigned char *grown = realloc(buf, cap);
+      if (grown == NULL)
+        free(buf);
+      buf = grown;
+    }
+    if (buf == NULL) {
+      snprintf(err, err_len, "--data '%s': out of memory", path);
+      return NULL;
+    }
+    ssize_t got = read(fd, buf + n, cap - n);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got == 0)
       break;
-    unsigned char *grown = realloc(buf, cap * 2);
-    if (grown == NULL)
-      free(buf);
-    buf = grown;
-    cap *= 2;
+    size_t before = n;
+    n += got > 0 ? (size_t)got : 0;
+    if ((bad = got < 0))
+      snprintf(err, err_len, "--data '%s': %s", path, strerror(errno));
+    else if ((bad = before < BINARY_CHECK && n >= BINARY_CHECK &&
+                    looks_binary(buf, (int64_t)n)))
+      snprintf(err, err_len, "--data '%s' looks binary (NUL or control "
+               "bytes): --data takes a text file", path);
+    else if ((bad = n > DATA_MAX))
+      snprintf(err, err_len, "--data '%s' has more than the limit of 1 GiB",
+               path);
   }
-  int bad = ferror(f);
-  fclose(f);
-  if (buf == NULL || bad) {
-    snprintf(err, err_len, "--data '%s': %s", path,
-             buf == NULL ? "out of memory" : "read error");
+  if (bad) {
     free(buf);
     return NULL;
   }
@@ -94,7 +151,12 @@ static unsigned char *slurp(const char *path, int64_t *len, char *err,
 
 dataset *dataset_text(const char *path, int seq, char *err, size_t err_len) {
   int64_t len = 0;
-  unsigned char *text = slurp(path, &len, err, err_len);
+  int fd = open_data(path, err, err_len);
+  if (fd < 0)
+    return NULL;
+  unsigned char *text = read_data(fd, path, &len, err, err_len);
+  if (fd != STDIN_FILENO)
+    close(fd);
   if (text == NULL)
     return NULL;
   const char *why = NULL;

@@ -1,27 +1,31 @@
 /* Evaluation for remat-train: a forward-only copy of the model (compiled
- * with loss NULL and the logits kept) gets the trained weights; it scores
- * held-out data and completes prompts by greedy decoding, feeding padded
- * sequences of the fixed [batch, seq] shape one new token at a time. */
+ * with loss NULL and the logits kept, before training so that a budget too
+ * small for it fails first) gets the trained weights; it scores held-out
+ * data and completes prompts by greedy decoding, feeding padded sequences
+ * of the fixed [batch, seq] shape one new token at a time. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tools/train.h"
 
-typedef struct eval_model {
+struct eval_model {
   remat_graph *g;
   remat_gpt m;
   int batch, seq, vocab;
   int32_t *tokens;    /* [batch, seq] */
   int32_t *zeros;     /* [batch, seq]: unused targets */
   float *logits;      /* [batch, seq, vocab] */
-} eval_model;
+};
 
-static void eval_close(eval_model *e) {
+void evaluator_close(eval_model *e) {
+  if (e == NULL)
+    return;
   remat_graph_destroy(e->g);
   free(e->tokens);
   free(e->zeros);
   free(e->logits);
+  free(e);
 }
 
 static remat_status copy_weights(remat_graph *from, remat_graph *to) {
@@ -40,9 +44,10 @@ static remat_status copy_weights(remat_graph *from, remat_graph *to) {
   return s;
 }
 
+/* Builds and compiles the forward-only graph with `batch` rows; the unused
+ * targets are fed once. */
 static remat_status eval_open(eval_model *e, remat_runtime *rt,
-                              remat_graph *train, const train_options *o,
-                              int batch) {
+                              const train_options *o, int batch) {
   memset(e, 0, sizeof *e);
   remat_gpt_config c = o->cfg;
   c.batch = batch;
@@ -62,8 +67,6 @@ static remat_status eval_open(eval_model *e, remat_runtime *rt,
     s = remat_keep(e->g, e->m.logits);
   if (s == REMAT_OK)
     s = remat_compile(e->g, NULL, NULL);
-  if (s == REMAT_OK)
-    s = copy_weights(train, e->g);
   if (s == REMAT_OK)
     s = remat_feed(e->g, e->m.targets, e->zeros, n * sizeof *e->zeros);
   return s;
@@ -233,20 +236,25 @@ static remat_status text_sample(eval_model *e, const dataset *d, FILE *out) {
   return s;
 }
 
-remat_status evaluate(remat_runtime *rt, remat_graph *train,
-                      const train_options *o, dataset *d, FILE *out,
-                      eval_result *r) {
-  eval_model e;
+remat_status evaluator_open(remat_runtime *rt, const train_options *o,
+                            const dataset *d, eval_model **out) {
+  *out = malloc(sizeof **out);
+  if (*out == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  return eval_open(*out, rt, o, d->addition ? 64 : 8);
+}
+
+remat_status evaluate(eval_model *e, remat_graph *train, dataset *d,
+                      FILE *out, eval_result *r) {
   memset(r, 0, sizeof *r);
   r->accuracy = -1.0;
-  remat_status s = eval_open(&e, rt, train, o, d->addition ? 64 : 8);
+  remat_status s = copy_weights(train, e->g);
   if (s == REMAT_OK && d->addition)
-    s = eval_addition(&e, d, out, r);
+    s = eval_addition(e, d, out, r);
   else if (s == REMAT_OK) {
-    s = text_loss(&e, d, &r->heldout_loss);
+    s = text_loss(e, d, &r->heldout_loss);
     if (s == REMAT_OK && out != NULL)
-      s = text_sample(&e, d, out);
+      s = text_sample(e, d, out);
   }
-  eval_close(&e);
   return s;
 }

@@ -4,8 +4,9 @@
  * with or without an optimizer, or forward-only) and, when that succeeds,
  * fed zeros and run once. Nothing may crash; every failure must leave a
  * status and a message, and a graph that failed to build must fail to
- * compile with the same status. One runtime (one worker) serves every
- * input. */
+ * compile with the same status. Huge and wrapping dims must fail when
+ * built (REMAT_ERR_LIMIT or REMAT_ERR_SHAPE), never reach compile. One
+ * runtime (one worker) serves every input. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -46,7 +47,14 @@ static void push(builder *b, remat_tensor *t) {
     b->t[b->n++] = t;
 }
 
-/* 1 to 4 dims of 1 to MAX_DIM each; sometimes a bad ndim or dim. */
+/* Dims whose products wrap int64 or pass the 2^34-element limit of one
+ * tensor, alone or through an op's output (attention's [B,H,T,T]). */
+static const int64_t huge_dims[] = {INT64_C(1) << 31, (INT64_C(1) << 31) - 1,
+                                    INT64_C(1) << 30, 3 * (INT64_C(1) << 29),
+                                    (INT64_C(1) << 17) + 1};
+
+/* 1 to 4 dims of 1 to MAX_DIM each; sometimes a bad ndim or dim, or a
+ * huge one (bytes 250 to 254). */
 static int read_dims(builder *b, int64_t *dims) {
   unsigned code = fuzz_byte(&b->in);
   int ndim = (int)(code % 4) + 1;
@@ -54,9 +62,23 @@ static int read_dims(builder *b, int64_t *dims) {
     ndim = 5;
   for (int i = 0; i < 4; i++) {
     unsigned d = fuzz_byte(&b->in);
-    dims[i] = d == 255 ? 0 : (int64_t)(d % MAX_DIM) + 1;
+    dims[i] = d == 255   ? 0
+              : d >= 250 ? huge_dims[d - 250]
+                         : (int64_t)(d % MAX_DIM) + 1;
   }
   return ndim;
+}
+
+/* Every tensor that exists has 1 to 2^34 elements (huge shapes fail when
+ * built); returns whether the graph is small enough to compile and run. */
+static bool sizes_checked(const builder *b) {
+  int64_t total = 0;
+  for (int i = 0; i < remat_num_tensors(b->g); i++) {
+    int64_t n = remat_tensor_numel(remat_tensor_at(b->g, i));
+    FUZZ_CHECK(n >= 1 && n <= (INT64_C(1) << 34));
+    total += n;
+  }
+  return total <= (INT64_C(1) << 22);
 }
 
 static remat_policy *read_policy(builder *b) {
@@ -218,7 +240,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (remat_graph_status(b.g) != REMAT_OK)
       FUZZ_CHECK(remat_graph_error(b.g)[0] != '\0');
   }
-  compile_and_run(&b);
+  if (sizes_checked(&b))
+    compile_and_run(&b);
   remat_graph_destroy(b.g);
   return 0;
 }

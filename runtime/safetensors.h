@@ -1,0 +1,65 @@
+/* The safetensors engine that the weights-only saves and loads
+ * (safetensors.c) and the training checkpoints (checkpoint.c) share: a
+ * list of named F32 tensors of a compiled graph, saved whole or not at all,
+ * and loaded with every check made before any tensor changes. */
+#ifndef REMAT_RUNTIME_SAFETENSORS_H
+#define REMAT_RUNTIME_SAFETENSORS_H
+
+#include <cjson/cJSON.h>
+
+#include "runtime/internal.h"
+
+/* A checkpoint holds AdamW's moments of parameter P as "adam_m:P" and
+ * "adam_v:P", and marks itself with this __metadata__ key; a weights-only
+ * load of a checkpoint skips the moments. */
+#define SAFET_ADAM_M "adam_m:"
+#define SAFET_ADAM_V "adam_v:"
+#define SAFET_CHECKPOINT_KEY "remat.checkpoint"
+
+/* One tensor of a file: its name, the parameter whose shape it has, and
+ * its values in the compiled step. */
+typedef struct safet_item {
+  char name[REMAT__NAME_MAX + 8];
+  const remat_tensor *param;
+  float *data;
+} safet_item;
+
+/* One __metadata__ entry (safetensors metadata values are strings). */
+typedef struct safet_meta {
+  const char *key;
+  char value[32];
+} safet_meta;
+
+/* What a load reads and how it treats the metadata. */
+typedef struct safet_load_req {
+  const char *what;   /* the public call, for messages */
+  safet_item *items;
+  int nitems;
+  bool weights_only;  /* skip a checkpoint's optimizer state */
+  /* Checks __metadata__ (NULL when the file has none) before any tensor
+   * entry; NULL: any metadata is accepted. */
+  remat_status (*check_meta)(void *ctx, const cJSON *meta, const char *path);
+  void (*commit)(void *ctx); /* after the items are written; may be NULL */
+  void *ctx;
+} safet_load_req;
+
+/* Checks the arguments and enters the compiled graph for the whole call
+ * (so no step of another thread lands between a load's checks and its
+ * writes); safet_release leaves it. */
+remat_status safet_hold(remat_graph *g, const char *path, const char *what);
+void safet_release(remat_graph *g);
+/* The parameters in creation order (their values, or their gradients),
+ * in a new array with room for `extra` more items; *n is set to the
+ * number of parameters. */
+remat_status safet_params(remat_graph *g, bool grads, int extra,
+                          safet_item **items, int *n, const char *what);
+/* Writes the items (names unique and not "__metadata__", checked first)
+ * and the metadata to a new file that replaces `path`. */
+remat_status safet_save(remat_graph *g, const char *path,
+                        const safet_item *items, int nitems,
+                        const safet_meta *meta, int nmeta, const char *what);
+/* Loads the file at `path` into the request's items. */
+remat_status safet_load(remat_graph *g, const char *path,
+                        const safet_load_req *req);
+
+#endif

@@ -1,0 +1,62 @@
+/* Sleeping and waking of idle workers, per NUMA node, with a sleeper count
+ * checked Dekker-style so that no wakeup is lost; and the clock. Both the
+ * pool (between runs) and the run loop (inside a run) use these. */
+#include <time.h>
+
+#include "sched/sched_internal.h"
+
+int64_t sched_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+bool sched_run_over(const sched_worker *w) {
+  return atomic_load(&w->pool->finished) == w->dag->ntasks;
+}
+
+/* Whether a sleeping worker should get up. The loads are seq_cst: with the
+ * seq_cst increment of the sleeper count before them and the seq_cst size
+ * store and sleeper-count load of a pusher, either the pusher sees the
+ * sleeper or the sleeper sees the task. */
+static bool has_work(const sched_worker *w) {
+  sched_pool *pool = w->pool;
+  if (sched_run_over(w) || atomic_load(&pool->nodes[w->node].inbox.size) > 0 ||
+      atomic_load(&pool->root_cursor) < w->dag->nroots)
+    return true;
+  for (int v = 0; v < pool->nworkers; v++)
+    if (atomic_load(&pool->workers[v].ready.size) > 0)
+      return true;
+  return false;
+}
+
+void sched_sleep_until_work(sched_worker *w) {
+  sched_node *node = &w->pool->nodes[w->node];
+  pthread_mutex_lock(&node->mutex);
+  atomic_fetch_add(&node->sleepers, 1);
+  while (!has_work(w))
+    pthread_cond_wait(&node->cond, &node->mutex);
+  atomic_fetch_sub(&node->sleepers, 1);
+  pthread_mutex_unlock(&node->mutex);
+}
+
+/* Wakes one sleeper of `node`, if it has any. Callers have just stored a
+ * queue size seq_cst; this load is seq_cst too (see has_work). */
+void sched_wake_node(sched_pool *pool, int node) {
+  sched_node *n = &pool->nodes[node];
+  if (atomic_load(&n->sleepers) == 0)
+    return;
+  pthread_mutex_lock(&n->mutex);
+  pthread_cond_signal(&n->cond);
+  pthread_mutex_unlock(&n->mutex);
+}
+
+/* Wakes every worker: a run starts or ends, or the pool stops. */
+void sched_wake_all(sched_pool *pool) {
+  for (int n = 0; n < pool->place.nnodes; n++) {
+    pthread_mutex_lock(&pool->nodes[n].mutex);
+    pthread_cond_broadcast(&pool->nodes[n].cond);
+    pthread_mutex_unlock(&pool->nodes[n].mutex);
+  }
+}
+

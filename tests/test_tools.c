@@ -1,0 +1,74 @@
+/* Tests of remat-train's pieces that its output does not show: option
+ * defaults (batch and seq with and without --data) and the text data's
+ * split (training windows never read held-out bytes; held-out evaluation
+ * starts where training ends). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tmpdir.h"
+#include "tools/train.h"
+
+static int parse(train_options *o, int argc, const char **argv) {
+  return options_parse(argc, (char **)argv, o);
+}
+
+static void test_batch_and_seq_defaults(void **state) {
+  (void)state;
+  train_options o;
+  const char *none[] = {"remat-train"};
+  assert_int_equal(parse(&o, 1, none), 0);
+  assert_int_equal(o.cfg.batch, 64);
+  assert_int_equal(o.cfg.seq, 16);
+  const char *text[] = {"remat-train", "--data", "f"};
+  assert_int_equal(parse(&o, 3, text), 0);
+  assert_int_equal(o.cfg.batch, 16);
+  assert_int_equal(o.cfg.seq, 128);
+  const char *given[] = {"remat-train", "--data", "f", "--batch", "4"};
+  assert_int_equal(parse(&o, 5, given), 0);
+  assert_int_equal(o.cfg.batch, 4);
+  assert_int_equal(o.cfg.seq, 128);
+}
+
+/* Writes `n` bytes: `a` copies of 'a', then 'b's. */
+static void write_text(const char *path, int n, int a) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  for (int i = 0; i < n; i++)
+    fputc(i < a ? 'a' : 'b', f);
+  fclose(f);
+}
+
+static void test_text_split(void **state) {
+  (void)state;
+  char path[128], err[256];
+  snprintf(path, sizeof path, "%s/text.txt", dir);
+  write_text(path, 1000, 900);
+  dataset *d = dataset_text(path, 16, err, sizeof err);
+  assert_non_null(d);
+  assert_int_equal(d->train_len, 900);
+  assert_int_equal(d->heldout_start, 900);
+  /* Windows of 99 tokens over 900 training bytes: no token or target may
+   * be a held-out 'b'. */
+  int32_t tokens[8 * 99], targets[8 * 99];
+  for (int round = 0; round < 1000; round++) {
+    dataset_batch(d, 8, 99, tokens, targets);
+    for (int i = 0; i < 8 * 99; i++)
+      if (tokens[i] == 'b' || targets[i] == 'b')
+        fail_msg("round %d: position %d reads a held-out byte", round, i);
+  }
+  dataset_destroy(d);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_batch_and_seq_defaults),
+      cmocka_unit_test(test_text_split),
+  };
+  return cmocka_run_group_tests(tests, make_dir, remove_dir);
+}
