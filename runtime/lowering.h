@@ -50,6 +50,8 @@ typedef struct knode_optim_bufs {
   int32_t param_tensor;      /* tensor id of the parameter */
   int32_t param, grad;       /* check reads grad; update writes param */
   int32_t adam_m, adam_v;    /* AdamW's moments, written by the update */
+  int64_t check_tile0;       /* check: its first tile's index among the
+                                step's check tiles (their sums of squares) */
 } knode_optim_bufs;
 
 /* One kernel of one op (or a seed, check, gate or update), lowered to a
@@ -93,6 +95,7 @@ typedef struct plan_lowering {
   int32_t *grad_buf;   /* [ntensors] gradient buffer, -1 none */
   int32_t *recomp_buf; /* [ntensors] recomputed buffer, -1 none */
   double flops, recompute_flops;
+  int64_t ncheck_tiles; /* tiles of all check nodes together */
 } plan_lowering;
 
 /* Lowers the graph with the request's decision into `out` (zeroed first).
