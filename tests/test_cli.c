@@ -5,6 +5,7 @@
  * with a checkpoint (exit 130). The binary's path comes from REMAT_TRAIN
  * (set by tests/meson.build). */
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <time.h>
 #include <setjmp.h>
@@ -621,6 +622,43 @@ static void test_schedules(void **state) {
                       "0.00317157 0.00230448");
 }
 
+/* --accum 2 of --batch 4 trains as --batch 8 (the same rows, drawn in
+ * order); --clip bounds the update, and grad_norm is in the JSON. */
+static void test_accum_clip(void **state) {
+  (void)state;
+#define ACCUM_ARGS TINY, "--optimizer", "sgd", "--schedule", "constant", \
+    "--warmup", "0", "--lr", "0.1", "--steps", "5", "--json"
+  result one, acc;
+  run(&one, ACCUM_ARGS, NULL);
+  run(&acc, ACCUM_ARGS, "--batch", "4", "--accum", "2", NULL);
+  assert_int_equal(one.code, 0);
+  assert_int_equal(acc.code, 0);
+  for (const char *key = "\"loss\": "; key != NULL;
+       key = key[1] == 'l' ? "\"grad_norm\": " : NULL) {
+    double a = json_number(strstr(one.out, "{\"step\": 5, "), key);
+    double b = json_number(strstr(acc.out, "{\"step\": 5, "), key);
+    if (fabs(a - b) > 1e-5 * fabs(a) || a == 0.0)
+      fail_msg("%s %.9g with --batch 8, %.9g with --accum 2", key, a, b);
+  }
+  double h1 = json_number(strstr(one.out, "{\"done\""), "\"heldout_loss\": ");
+  double h2 = json_number(strstr(acc.out, "{\"done\""), "\"heldout_loss\": ");
+  assert_true(fabs(h1 - h2) < 1e-5 * h1);
+  /* A clip far below the norm: the weights hardly move, so the held-out
+   * loss stays at the untrained model's. */
+  result clipped, untrained;
+  run(&clipped, ACCUM_ARGS, "--clip", "1e-6", NULL);
+  run(&untrained, TINY, "--steps", "0", "--json", NULL);
+  double hc = json_number(strstr(clipped.out, "{\"done\""), "\"heldout_loss\": ");
+  double h0 = json_number(strstr(untrained.out, "{\"done\""), "\"heldout_loss\": ");
+  assert_true(fabs(hc - h0) < 1e-5 * h0 && fabs(h1 - h0) > 1e-3 * h0);
+  run(&clipped, ACCUM_ARGS, "--clip", "0", NULL);
+  expect(&clipped, 2, "--clip '0': expected a number > 0");
+  run(&clipped, ACCUM_ARGS, "--accum", "0", NULL);
+  expect(&clipped, 2,
+         "--accum '0': expected a whole number from 1 to 1000000");
+#undef ACCUM_ARGS
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_usage_errors),
@@ -637,6 +675,7 @@ int main(void) {
       cmocka_unit_test(test_output_streams),
       cmocka_unit_test(test_progress_terminal),
       cmocka_unit_test(test_schedules),
+      cmocka_unit_test(test_accum_clip),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

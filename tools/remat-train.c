@@ -60,7 +60,8 @@ static int open_model(trainer *t) {
       remat_graph_create(t->rt, &t->g) != REMAT_OK ||
       remat_graph_seed(t->g, o->seed) != REMAT_OK ||
       remat_gpt_build(t->g, &o->cfg, &t->m) != REMAT_OK ||
-      remat_compile(t->g, t->m.loss, &opt) != REMAT_OK)
+      remat_compile(t->g, t->m.loss, &opt) != REMAT_OK ||
+      remat_set_clip(t->g, o->clip) != REMAT_OK)
     return fail("");
   if (o->load_path != NULL && remat_load_safetensors(t->g, o->load_path))
     return fail("");
@@ -98,7 +99,8 @@ static void progress(const trainer *t, int step, float loss, double elapsed,
   int here = step - t->first_step; /* steps of this run */
   progress_fields f = {
       .step = step, .steps = steps, .loss = loss, .peak = peak,
-      .tokens_per_s = (double)here * t->o.cfg.batch * t->o.cfg.seq / elapsed,
+      .tokens_per_s = (double)here * t->o.accum * t->o.cfg.batch *
+                      t->o.cfg.seq / elapsed,
       .eta_s = (int)(elapsed / here * (steps - step) + 0.5)};
   progress_format(line, sizeof line, progress_width(STDERR_FILENO), &f);
   /* \033[K clears what a longer line left */
@@ -107,14 +109,30 @@ static void progress(const trainer *t, int step, float loss, double elapsed,
   fflush(stderr);
 }
 
-/* One step on the next batch at the schedule's learning rate. */
+/* One step at the schedule's learning rate: --accum micro-batches, the
+ * last of which updates; st gets the last one's stats with the mean loss,
+ * the summed time and the highest peak. */
 static int train_step(trainer *t, int step, remat_step_stats *st) {
   const train_options *o = &t->o;
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
-  dataset_batch(t->data, o->cfg.batch, o->cfg.seq, t->tokens, t->targets);
-  return remat_feed(t->g, t->m.tokens, t->tokens, n * sizeof *t->tokens) ||
-         remat_feed(t->g, t->m.targets, t->targets, n * sizeof *t->targets) ||
-         remat_set_lr(t->g, train_lr_at(o, step)) || remat_step(t->g, st);
+  double loss = 0.0, seconds = 0.0;
+  int64_t peak = 0;
+  for (int k = 0; k < o->accum; k++) {
+    dataset_batch(t->data, o->cfg.batch, o->cfg.seq, t->tokens, t->targets);
+    int last = k == o->accum - 1;
+    if (remat_feed(t->g, t->m.tokens, t->tokens, n * sizeof *t->tokens) ||
+        remat_feed(t->g, t->m.targets, t->targets, n * sizeof *t->targets) ||
+        remat_set_lr(t->g, train_lr_at(o, step)) ||
+        (last ? remat_step(t->g, st) : remat_accumulate(t->g, st)))
+      return 1;
+    loss += st->loss;
+    seconds += st->seconds;
+    peak = st->peak_bytes > peak ? st->peak_bytes : peak;
+  }
+  st->loss = (float)(loss / o->accum);
+  st->seconds = seconds;
+  st->peak_bytes = peak;
+  return 0;
 }
 
 /* After a step: a checkpoint every --save-every steps, and the stop that
@@ -141,7 +159,7 @@ static int after_step(trainer *t, int done) {
 
 static int train(trainer *t) {
   const train_options *o = &t->o;
-  size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
+  size_t n = (size_t)o->accum * (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   int tty = t->tty = isatty(STDERR_FILENO) && !o->json, rc = 0;
   double start = now(), last_draw = 0.0;
   signals_catch(1);
@@ -159,10 +177,10 @@ static int train(trainer *t) {
     if (o->json)
       printf("{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"step_s\": %.6f, "
              "\"tokens_per_s\": %.1f, \"peak_bytes\": %lld, "
-             "\"elapsed_s\": %.3f}\n",
+             "\"grad_norm\": %.6g, \"elapsed_s\": %.3f}\n",
              step + 1, st.loss, train_lr_at(o, step), st.seconds,
              st.seconds > 0.0 ? (double)n / st.seconds : 0.0,
-             (long long)st.peak_bytes, elapsed);
+             (long long)st.peak_bytes, st.grad_norm, elapsed);
     if (o->json)
       fflush(stdout); /* a line as soon as its step is done */
     else if (!tty || elapsed - last_draw > 0.1 || step + 1 == o->steps) {

@@ -37,6 +37,8 @@ typedef struct train_options {
   int warmup;           /* steps; -1: the schedule's default */
   float lr_min;         /* -1: a tenth of --lr */
   float wd;             /* AdamW's weight decay */
+  int accum;            /* micro-batches of --batch rows per update */
+  float clip;           /* max global gradient norm; 0: none */
   /* checkpoints */
   const char *resume_path;
   int save_every;       /* steps; 0: only at the end */

@@ -32,6 +32,11 @@ static void usage(FILE *f) {
 "  --lr-min X       learning rate at the end of the decay (default --lr/10)\n"
 "  --optimizer O    adamw or sgd (default adamw)\n"
 "  --wd X           AdamW's weight decay of matrices (default 0.01)\n"
+"  --accum K        gradient accumulation: each step sums the gradients of K\n"
+"                   micro-batches of --batch sequences, then updates once\n"
+"                   (as a batch of K x --batch, with one micro-batch's\n"
+"                   activation memory; default 1)\n"
+"  --clip X         clip the gradient to global L2 norm X (default: off)\n"
 "  --policy P       remat policy of every block, e.g. nothing_saveable,\n"
 "                   dots_saveable, everything_saveable, auto\n"
 "  --budget BYTES   budget for the step's peak memory, e.g. 64MiB; the\n"
@@ -138,7 +143,7 @@ enum { OPT_DATA = 256, OPT_LAYERS, OPT_DMODEL, OPT_HEADS, OPT_SEQ, OPT_BATCH,
        OPT_STEPS, OPT_LR, OPT_POLICY, OPT_BUDGET, OPT_THREADS, OPT_SEED,
        OPT_SAVE, OPT_LOAD, OPT_TRACE, OPT_JSON, OPT_HELP,
        OPT_SCHEDULE, OPT_WARMUP, OPT_LR_MIN, OPT_OPTIMIZER, OPT_WD,
-       OPT_RESUME, OPT_SAVE_EVERY };
+       OPT_RESUME, OPT_SAVE_EVERY, OPT_ACCUM, OPT_CLIP };
 
 static const struct option longopts[] = {
     {"data", 1, 0, OPT_DATA},       {"layers", 1, 0, OPT_LAYERS},
@@ -154,6 +159,7 @@ static const struct option longopts[] = {
     {"lr-min", 1, 0, OPT_LR_MIN},       {"optimizer", 1, 0, OPT_OPTIMIZER},
     {"wd", 1, 0, OPT_WD},               {"resume", 1, 0, OPT_RESUME},
     {"save-every", 1, 0, OPT_SAVE_EVERY},
+    {"accum", 1, 0, OPT_ACCUM},         {"clip", 1, 0, OPT_CLIP},
     {0, 0, 0, 0}};
 
 static int apply_training(int c, const char *arg, const char *raw,
@@ -208,6 +214,8 @@ static int apply_training(int c, const char *arg, const char *raw,
   case OPT_WD: return parse_nonneg("--wd", arg, &o->wd);
   case OPT_RESUME: o->resume_path = arg; return 0;
   case OPT_SAVE_EVERY: return parse_int("--save-every", arg, 1, &o->save_every);
+  case OPT_ACCUM: return parse_int("--accum", arg, 1, &o->accum);
+  case OPT_CLIP: return parse_float("--clip", arg, &o->clip);
   case ':': return bad("%s needs a value%s", raw, "");
   default: return bad("unknown option '%s' (see --help)%s", raw, "");
   }
@@ -233,7 +241,7 @@ int options_parse(int argc, char **argv, train_options *o) {
                                .seq = 16, .batch = 64},
                        .steps = 2000, .lr = 3e-3f, .seed = 1,
                        .optimizer = REMAT_OPT_ADAMW, .warmup = -1,
-                       .lr_min = -1.0f, .wd = 0.01f};
+                       .lr_min = -1.0f, .wd = 0.01f, .accum = 1};
   int seq_set = 0, batch_set = 0, c;
   opterr = 0;
   optind = 1;
