@@ -20,6 +20,7 @@ typedef struct options {
   const char *policy;
   int64_t budget;
   int json;
+  int accum; /* micro-batches of --batch rows per update */
 } options;
 
 static double now(void) {
@@ -125,8 +126,10 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: bench_train [--layers L] [--d-model D] [--heads H] [--seq T]\n"
           "                   [--batch B] [--vocab V] [--steps S] [--threads N]\n"
-          "                   [--policy P] [--budget BYTES] [--json]\n"
-          "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n");
+          "                   [--policy P] [--budget BYTES] [--accum K] [--json]\n"
+          "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
+          "--accum K: a step is K micro-batches of B rows (remat_accumulate)\n"
+          "and one update; step time and tokens count all K (default 1)\n");
 }
 
 static int parse_int(const char *opt, const char *v, int *out) {
@@ -146,10 +149,12 @@ static int parse_args(int argc, char **argv, options *o) {
       {"seq", 1, 0, 'T'},    {"batch", 1, 0, 'B'},   {"vocab", 1, 0, 'V'},
       {"steps", 1, 0, 'S'},  {"threads", 1, 0, 'N'}, {"policy", 1, 0, 'P'},
       {"budget", 1, 0, 'M'}, {"json", 0, 0, 'j'},    {"help", 0, 0, 'h'},
+      {"accum", 1, 0, 'K'},
       {0, 0, 0, 0}};
   *o = (options){.cfg = {.layers = 8, .d_model = 512, .heads = 8, .seq = 256,
                          .batch = 8, .vocab = 256},
-                 .steps = 6, .threads = 2, .policy = "everything_saveable"};
+                 .steps = 6, .threads = 2, .policy = "everything_saveable",
+                 .accum = 1};
   int c;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
     int ok = 1;
@@ -161,6 +166,7 @@ static int parse_args(int argc, char **argv, options *o) {
     case 'B': ok = parse_int("--batch", optarg, &o->cfg.batch); break;
     case 'V': ok = parse_int("--vocab", optarg, &o->cfg.vocab); break;
     case 'S': ok = parse_int("--steps", optarg, &o->steps); break;
+    case 'K': ok = parse_int("--accum", optarg, &o->accum); break;
     case 'N': ok = parse_int("--threads", optarg, &o->threads); break;
     case 'P': o->policy = optarg; break;
     case 'M':
@@ -214,6 +220,27 @@ static void fill_batch(const remat_gpt_config *c, int32_t *tok, int32_t *tgt) {
     tgt[i] = (tok[i] * 7 + 3) % c->vocab;
 }
 
+/* One update from `accum` micro-batches (the same fed batch each time):
+ * st gets the last one's stats with the summed time and the highest
+ * peaks. */
+static remat_status accum_step(remat_graph *g, int accum, remat_step_stats *st) {
+  double seconds = 0.0;
+  int64_t peak = 0, act_peak = 0;
+  for (int k = 0; k < accum; k++) {
+    remat_status s = k + 1 < accum ? remat_accumulate(g, st) : remat_step(g, st);
+    if (s != REMAT_OK)
+      return s;
+    seconds += st->seconds;
+    peak = st->peak_bytes > peak ? st->peak_bytes : peak;
+    if (st->activation_peak_bytes > act_peak)
+      act_peak = st->activation_peak_bytes;
+  }
+  st->seconds = seconds;
+  st->peak_bytes = peak;
+  st->activation_peak_bytes = act_peak;
+  return REMAT_OK;
+}
+
 static int fail(const char *what) {
   fprintf(stderr, "bench_train: %s: %s\n", what, remat_last_error());
   return 1;
@@ -255,7 +282,7 @@ int main(int argc, char **argv) {
   uint64_t checksum = 0;
   int64_t peak = 0, act_peak = 0;
   for (int s = 0; s <= o.steps; s++) { /* step 0 is the warm-up */
-    if (remat_step(g, &st) != REMAT_OK)
+    if (accum_step(g, o.accum, &st) != REMAT_OK)
       return fail("step");
     if (s == 0) {
       checksum = grad_checksum(g);
@@ -272,13 +299,13 @@ int main(int argc, char **argv) {
   }
   double step_s = median(times, o.steps);
   double roofline = median(roofs, o.steps);
-  double flops = remat_gpt_flops(&o.cfg);
+  double flops = remat_gpt_flops(&o.cfg) * o.accum;
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   double mfu = flops / step_s * 1e-9 / roofline;
   printf("{\"policy\": \"%s\", \"layers\": %d, \"d_model\": %d, \"heads\": %d, "
          "\"seq\": %d, \"batch\": %d, \"vocab\": %d, \"threads\": %d, "
-         "\"steps\": %d, \"step_s_median\": %.6f, \"tokens_per_s\": %.1f, "
+         "\"accum\": %d, \"steps\": %d, \"step_s_median\": %.6f, \"tokens_per_s\": %.1f, "
          "\"loss\": %.6f, \"first_loss\": %.6f, \"grad_checksum\": \"%016llx\", "
          "\"peak_bytes\": %lld, \"activation_peak_bytes\": %lld, "
          "\"predicted_peak_bytes\": %lld, \"peak_rss_bytes\": %lld, "
@@ -286,8 +313,8 @@ int main(int argc, char **argv) {
          "\"matmul_roofline_gflops\": %.2f, \"mfu\": %.4f, "
          "\"remote_bytes\": %lld, \"remote_bytes_unplaced\": %lld}\n",
          o.policy, o.cfg.layers, o.cfg.d_model, o.cfg.heads, o.cfg.seq,
-         o.cfg.batch, o.cfg.vocab, o.threads, o.steps, step_s,
-         (double)n / step_s, st.loss, first.loss,
+         o.cfg.batch, o.cfg.vocab, o.threads, o.accum, o.steps, step_s,
+         (double)n * o.accum / step_s, st.loss, first.loss,
          (unsigned long long)checksum, (long long)peak, (long long)act_peak,
          (long long)st.predicted_peak_bytes, (long long)ru.ru_maxrss * 1024,
          flops, st.recompute_flops, roofline, mfu, (long long)st.remote_bytes,
