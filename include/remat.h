@@ -265,6 +265,10 @@ REMAT_API remat_status remat_policy_format(const remat_policy *policy,
 REMAT_API remat_status remat_region_begin(remat_graph *g,
                                           const remat_policy *policy);
 REMAT_API remat_status remat_region_end(remat_graph *g);
+/* Names the innermost open region (e.g. "h3" for a transformer block):
+ * traces and plan reports name its tensors "h3.qkv", "h3.attn_probs".
+ * Names follow the rules of checkpoint names above. */
+REMAT_API remat_status remat_region_name(remat_graph *g, const char *name);
 /* Names an activation for the name-based policies. */
 REMAT_API remat_status remat_checkpoint_name(remat_graph *g, remat_tensor *t,
                                              const char *name);
@@ -360,6 +364,22 @@ REMAT_API remat_status remat_accumulate(remat_graph *g, remat_step_stats *stats)
  * each update uses gradient * max_norm / (n + 1e-6). 0 turns it off (the
  * default). Needs an optimizer. */
 REMAT_API remat_status remat_set_clip(remat_graph *g, float max_norm);
+/* Writes a Chrome trace (Perfetto, chrome://tracing) of the next `steps`
+ * runs of g (remat_step, remat_accumulate or remat_forward) to PATH,
+ * rewritten after each of them so that it always holds the runs traced so
+ * far as one JSON document. For this graph it takes the place of
+ * REMAT_TRACE while steps remain; 0 stops. The trace has a thread per
+ * worker and one "X" event per task, named by layer and tensor
+ * ("h3.attn_probs recompute", "h3.ffn_in dW", with regions named by
+ * remat_region_name), a "steps" thread with one event per run, and a
+ * "live bytes" counter ("C") of parameters, optimizer state, gradients,
+ * activations saved, activations not saved (freed in forward),
+ * recomputed, activation gradients and scratch, wherever it changes.
+ * PATH must be a regular file or a new name (REMAT_ERR_IO). A trace that
+ * cannot be written after a step does not fail the step: see
+ * remat_step_stats.trace_status. */
+REMAT_API remat_status remat_trace_steps(remat_graph *g, const char *path,
+                                         int steps);
 /* Forward only (for serving): no backward, no update. */
 REMAT_API remat_status remat_forward(remat_graph *g, remat_step_stats *stats);
 

@@ -1,10 +1,12 @@
 /* Running a compiled step: feeds and reads, remat_step, remat_accumulate
  * and remat_forward (resetting the per-step counters, reserving the step's blocks, running
  * the task DAG, and reporting its statistics). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "base/alloc.h"
@@ -159,6 +161,33 @@ static remat_status do_set_clip(remat_graph *g, float max_norm) {
   return REMAT_OK;
 }
 
+static remat_status do_trace_steps(remat_graph *g, const char *path,
+                                   int steps) {
+  step_trace *t = &g->plan->trace;
+  if (steps < 0 || (steps > 0 && (path == NULL || path[0] == '\0')))
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_trace_steps: expected a file and steps >= 1, "
+                       "or steps 0 to stop tracing");
+  if (steps > 0 && strlen(path) >= sizeof t->path)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_trace_steps: the path is longer than %zu bytes",
+                       sizeof t->path - 1);
+  struct stat st;
+  if (steps > 0 && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+    return remat__fail(REMAT_ERR_IO,
+                       "remat_trace_steps: '%s' is not a regular file", path);
+  FILE *f = steps > 0 ? fopen(path, "a") : NULL;
+  if (steps > 0 && f == NULL)
+    return remat__fail(REMAT_ERR_IO, "remat_trace_steps: cannot write '%s': %s",
+                       path, strerror(errno));
+  if (f != NULL)
+    fclose(f);
+  snprintf(t->path, sizeof t->path, "%s", steps > 0 ? path : "");
+  t->steps_left = steps;
+  t->nsteps = 0;
+  return REMAT_OK;
+}
+
 static remat_status do_set_lr(remat_graph *g, float lr) {
   if (!g->plan->has_opt || !isfinite(lr) || lr <= 0.0f)
     return remat__fail(REMAT_ERR_INVALID_ARG,
@@ -209,12 +238,13 @@ static void fill_stats(remat_step_plan *p, remat_step_stats *st, double secs) {
 /* A trace that could not be written after a step that succeeded: the
  * step's updates are applied, so the step still succeeds; stats say so and
  * remat_last_error() has the words. */
-static void note_trace(const sched_trace_result *traced, remat_step_stats *st,
+static void note_trace(remat_step_plan *p, remat_step_stats *st,
                        const char *what) {
-  st->trace_status = traced->status;
-  if (traced->status != REMAT_OK)
-    remat__fail(traced->status, "%s: the step succeeded but its trace was "
-                "not written: %s", what, traced->err);
+  char err[SCHED_ERRMSG_MAX];
+  st->trace_status = step_trace_end(p, err, sizeof err);
+  if (st->trace_status != REMAT_OK)
+    remat__fail(st->trace_status, "%s: the step succeeded but its trace was "
+                "not written: %s", what, err);
 }
 
 static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
@@ -229,12 +259,17 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
   int64_t updates = p->accumulating ? 0 : 1;
   p->opt_step += updates;
   p->grad_norm = 0.0;
-  sched_trace_result traced;
-  sched_run_opts opts = {.trace_path = g->rt->config.trace_path,
-                         .trace_result = &traced};
+  sched_run_opts opts = {0};
   char err[SCHED_ERRMSG_MAX];
   double t0 = now_seconds();
+  if (step_trace_begin(p, g->rt->config.trace_path, &opts.records) !=
+      REMAT_OK) {
+    p->opt_step -= updates;
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
+                       "%s: out of memory for the trace", what);
+  }
   if (mem_reserve(&p->arena) != REMAT_OK) {
+    step_trace_cancel(p);
     p->opt_step -= updates;
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "%s: out of memory reserving the step's tensors", what);
@@ -242,6 +277,7 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
   remat_status s = sched_run(g->rt->pool, p->dag, &opts, err);
   double secs = now_seconds() - t0;
   if (s != REMAT_OK) {
+    step_trace_cancel(p);
     release_transients(p);
     p->opt_step -= updates;
     return remat__fail(s, "%s: %s", what,
@@ -251,6 +287,7 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
   if (!p->last.nonfinite && !p->forward_only)
     p->accum_count = p->accumulating ? p->accum_count + 1 : 0;
   if (p->last.nonfinite) {
+    step_trace_cancel(p);
     p->opt_step -= updates; /* no update was applied */
     s = remat__fail(REMAT_ERR_NUMERIC,
                     "%s: the loss or a gradient is NaN or Inf; the updates "
@@ -258,7 +295,7 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
                     what);
   }
   if (s == REMAT_OK)
-    note_trace(&traced, &p->last, what);
+    note_trace(p, &p->last, what);
   if (stats != NULL)
     *stats = p->last;
   return s;
@@ -397,6 +434,15 @@ remat_status remat_set_clip(remat_graph *g, float max_norm) {
   if (s != REMAT_OK)
     return s;
   s = do_set_clip(g, max_norm);
+  graph_leave(g);
+  return s;
+}
+
+remat_status remat_trace_steps(remat_graph *g, const char *path, int steps) {
+  remat_status s = enter(g, "remat_trace_steps");
+  if (s != REMAT_OK)
+    return s;
+  s = do_trace_steps(g, path, steps);
   graph_leave(g);
   return s;
 }

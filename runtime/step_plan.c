@@ -24,6 +24,8 @@ void step_plan_destroy(remat_graph *g) {
                grad->node, false);
     }
   free(p->accum);
+  free(p->task_names);
+  step_trace_free(&p->trace);
   free(p->check_sumsq);
   if (p->scratch != NULL)
     mem_free(&p->arena, p->scratch, p->scratch_bytes * (size_t)g->rt->nworkers,

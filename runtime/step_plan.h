@@ -9,6 +9,7 @@
 #include "runtime/memplan.h"
 #include "runtime/numa_place.h"
 #include "runtime/planner.h"
+#include "runtime/step_trace.h"
 
 /* The argument of one tile task. */
 typedef struct plan_tile {
@@ -59,6 +60,8 @@ typedef struct remat_step_plan {
                                 at the first remat_accumulate */
   int64_t accum_bytes;
   int64_t accum_count;       /* micro-steps summed in accum */
+  char *task_names;          /* [nknodes * TASK_NAME_MAX] (task_names.h) */
+  step_trace trace;          /* step_trace.h */
 } remat_step_plan;
 
 /* Frees g's compiled step, if any, and everything it holds. */

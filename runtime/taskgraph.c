@@ -8,6 +8,7 @@
 
 #include "base/alloc.h"
 #include "runtime/step_plan.h"
+#include "runtime/task_names.h"
 #include "runtime/taskgraph.h"
 #include "runtime/tasks.h"
 
@@ -171,22 +172,14 @@ static const char *node_category(const plan_knode *kn) {
   }
 }
 
-static const char *node_name(const plan_knode *kn) {
-  if (kn->kernel != NULL)
-    return kn->kernel->name;
-  switch (kn->kind) {
-  case KNODE_SEED: return "loss.seed";
-  case KNODE_CHECK: return "optimizer.check";
-  case KNODE_GATE: return "optimizer.gate";
-  default: return "optimizer.update";
-  }
-}
-
 /* Priority is program order, earliest first: one worker then runs the
  * nodes exactly in program order, the order memplan.c predicts, and more
  * workers never let a later node starve an earlier one. A tile's affinity
  * is the one the NUMA placement stage gave it (numa_place.c). */
 static remat_status add_tasks(remat_step_plan *p) {
+  p->task_names = task_names_build(p->g, &p->low);
+  if (p->task_names == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
   int64_t ntiles = 0;
   for (int32_t i = 0; i < p->low.nknodes; i++)
     ntiles += p->low.knodes[i].tiles;
@@ -198,7 +191,8 @@ static remat_status add_tasks(remat_step_plan *p) {
   for (int32_t i = 0; i < p->low.nknodes; i++) {
     plan_knode *kn = &p->low.knodes[i];
     kn->plan = p;
-    const char *name = node_name(kn), *cat = node_category(kn);
+    const char *name = p->task_names + (size_t)i * TASK_NAME_MAX;
+    const char *cat = node_category(kn);
     kn->start_task = sched_dag_add(p->dag, tasks_start, kn, -i, -1, name, cat);
     kn->done_task = sched_dag_add(p->dag, tasks_done, kn, -i, -1, name, cat);
     if (kn->start_task < 0 || kn->done_task < 0)

@@ -50,10 +50,6 @@ static int open_model(trainer *t) {
     rc.set |= REMAT_SET_POLICY;
     rc.policy = o->policy;
   }
-  if (o->trace_path != NULL) {
-    rc.set |= REMAT_SET_TRACE;
-    rc.trace_path = o->trace_path;
-  }
   remat_optimizer opt = {.kind = o->optimizer, .lr = o->lr,
                          .weight_decay = o->wd};
   if (remat_runtime_create(&rc, &t->rt) != REMAT_OK ||
@@ -61,7 +57,9 @@ static int open_model(trainer *t) {
       remat_graph_seed(t->g, o->seed) != REMAT_OK ||
       remat_gpt_build(t->g, &o->cfg, &t->m) != REMAT_OK ||
       remat_compile(t->g, t->m.loss, &opt) != REMAT_OK ||
-      remat_set_clip(t->g, o->clip) != REMAT_OK)
+      remat_set_clip(t->g, o->clip) != REMAT_OK ||
+      (o->trace_path != NULL &&
+       remat_trace_steps(t->g, o->trace_path, o->trace_steps) != REMAT_OK))
     return fail("");
   if (o->load_path != NULL && remat_load_safetensors(t->g, o->load_path))
     return fail("");

@@ -39,6 +39,7 @@ typedef struct train_options {
   float wd;             /* AdamW's weight decay */
   int accum;            /* micro-batches of --batch rows per update */
   float clip;           /* max global gradient norm; 0: none */
+  int trace_steps;      /* training steps (runs) --trace records */
   /* checkpoints */
   const char *resume_path;
   int save_every;       /* steps; 0: only at the end */

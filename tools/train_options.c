@@ -53,7 +53,11 @@ static void usage(FILE *f) {
 "                   checkpoint), with a fresh optimizer\n"
 "  --resume FILE    continue the training saved in checkpoint FILE up to\n"
 "                   --steps (the total), with the same options\n"
-"  --trace FILE     write a Chrome trace (REMAT_TRACE) to FILE\n"
+"  --trace FILE     write a Chrome trace of the first training steps to\n"
+"                   FILE (Perfetto): tasks by layer and tensor, live bytes\n"
+"                   by category\n"
+"  --trace-steps N  steps --trace records, each micro-batch of --accum\n"
+"                   counting as one (default 1)\n"
 "  --json           one JSON object per step, and one at the end, on stdout\n"
 "  --help           this text\n"
 "\n"
@@ -143,7 +147,7 @@ enum { OPT_DATA = 256, OPT_LAYERS, OPT_DMODEL, OPT_HEADS, OPT_SEQ, OPT_BATCH,
        OPT_STEPS, OPT_LR, OPT_POLICY, OPT_BUDGET, OPT_THREADS, OPT_SEED,
        OPT_SAVE, OPT_LOAD, OPT_TRACE, OPT_JSON, OPT_HELP,
        OPT_SCHEDULE, OPT_WARMUP, OPT_LR_MIN, OPT_OPTIMIZER, OPT_WD,
-       OPT_RESUME, OPT_SAVE_EVERY, OPT_ACCUM, OPT_CLIP };
+       OPT_RESUME, OPT_SAVE_EVERY, OPT_ACCUM, OPT_CLIP, OPT_TRACE_STEPS };
 
 static const struct option longopts[] = {
     {"data", 1, 0, OPT_DATA},       {"layers", 1, 0, OPT_LAYERS},
@@ -160,6 +164,7 @@ static const struct option longopts[] = {
     {"wd", 1, 0, OPT_WD},               {"resume", 1, 0, OPT_RESUME},
     {"save-every", 1, 0, OPT_SAVE_EVERY},
     {"accum", 1, 0, OPT_ACCUM},         {"clip", 1, 0, OPT_CLIP},
+    {"trace-steps", 1, 0, OPT_TRACE_STEPS},
     {0, 0, 0, 0}};
 
 static int apply_training(int c, const char *arg, const char *raw,
@@ -216,6 +221,8 @@ static int apply_training(int c, const char *arg, const char *raw,
   case OPT_SAVE_EVERY: return parse_int("--save-every", arg, 1, &o->save_every);
   case OPT_ACCUM: return parse_int("--accum", arg, 1, &o->accum);
   case OPT_CLIP: return parse_float("--clip", arg, &o->clip);
+  case OPT_TRACE_STEPS:
+    return parse_int("--trace-steps", arg, 1, &o->trace_steps);
   case ':': return bad("%s needs a value%s", raw, "");
   default: return bad("unknown option '%s' (see --help)%s", raw, "");
   }
@@ -241,7 +248,8 @@ int options_parse(int argc, char **argv, train_options *o) {
                                .seq = 16, .batch = 64},
                        .steps = 2000, .lr = 3e-3f, .seed = 1,
                        .optimizer = REMAT_OPT_ADAMW, .warmup = -1,
-                       .lr_min = -1.0f, .wd = 0.01f, .accum = 1};
+                       .lr_min = -1.0f, .wd = 0.01f, .accum = 1,
+                       .trace_steps = 1};
   int seq_set = 0, batch_set = 0, c;
   opterr = 0;
   optind = 1;
