@@ -62,7 +62,7 @@ static bool reserve(remat_step_plan *p) {
   step_trace *t = &p->trace;
   size_t ntasks = (size_t)sched_dag_num_tasks(p->dag);
   size_t nbufs = (size_t)p->low.nbufs;
-  if (t->task_knode == NULL) {
+  if (t->events == NULL) { /* the last of the three: all or none usable */
     if (!grow((void **)&t->task_knode, sizeof *t->task_knode, ntasks) ||
         !grow((void **)&t->free_ns, sizeof *t->free_ns, nbufs) ||
         !grow((void **)&t->events, sizeof *t->events, 2 * nbufs))
