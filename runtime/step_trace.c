@@ -79,7 +79,7 @@ static bool reserve(remat_step_plan *p) {
   bool ok = grow((void **)&t->records, sizeof *t->records, cap * ntasks) &&
             grow((void **)&t->origin_ns, sizeof *t->origin_ns, cap) &&
             grow((void **)&t->end_ns, sizeof *t->end_ns, cap) &&
-            grow((void **)&t->accumulating, sizeof *t->accumulating, cap) &&
+            grow((void **)&t->run_name, sizeof *t->run_name, cap) &&
             grow((void **)&t->base, sizeof *t->base, cap * TRACE_NUM_COUNTERS);
   if (ok)
     t->cap_steps = (int)cap;
@@ -105,7 +105,9 @@ remat_status step_trace_begin(remat_step_plan *p, const char *config_path,
   for (int c = 0; c < REMAT_MEM_NUM_CATEGORIES; c++)
     base[counter_of(p, (remat_mem_category)c, -1)] +=
         atomic_load(&p->arena.current[c]);
-  t->accumulating[s] = p->accumulating;
+  t->run_name[s] = p->forward_only   ? "remat_forward"
+                   : p->accumulating ? "remat_accumulate"
+                                     : "remat_step";
   t->origin_ns[s] = sched_now_ns();
   *records = t->records + (size_t)s * (size_t)sched_dag_num_tasks(p->dag);
   return REMAT_OK;
@@ -250,7 +252,7 @@ static void write_steps(FILE *f, const remat_step_plan *p) {
     fprintf(f,
             ",\n{\"name\":\"step %d (%s)\",\"cat\":\"step\",\"ph\":\"X\","
             "\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%d}",
-            s + 1, t->accumulating[s] ? "remat_accumulate" : "remat_step",
+            s + 1, t->run_name[s],
             from_origin(t, t->origin_ns[s]),
             (double)(t->end_ns[s] - t->origin_ns[s]) / 1e3, p->g->rt->nworkers);
     write_tasks(f, p, s);
@@ -298,7 +300,7 @@ void step_trace_free(step_trace *t) {
   free(t->records);
   free(t->origin_ns);
   free(t->end_ns);
-  free(t->accumulating);
+  free(t->run_name);
   free(t->base);
   free(t->task_knode);
   free(t->free_ns);

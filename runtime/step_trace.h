@@ -22,7 +22,7 @@ typedef struct step_trace {
   int nsteps, cap_steps;       /* steps held in the arrays below */
   sched_trace_record *records; /* [cap_steps * ntasks] */
   int64_t *origin_ns, *end_ns; /* [cap_steps] */
-  bool *accumulating;          /* [cap_steps]: remat_accumulate's runs */
+  const char **run_name;       /* [cap_steps]: "remat_step", ... */
   int64_t *base;               /* [cap_steps * TRACE_NUM_COUNTERS] bytes at
                                   each step's start */
   int32_t *task_knode;         /* [ntasks] */

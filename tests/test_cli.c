@@ -659,6 +659,39 @@ static void test_accum_clip(void **state) {
 #undef ACCUM_ARGS
 }
 
+static int count(const char *text, const char *what) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, what)) != NULL; p += strlen(what))
+    n++;
+  return n;
+}
+
+/* --trace records the training steps asked for, not the evaluation. */
+static void test_trace_steps(void **state) {
+  (void)state;
+  char path[160];
+  static char text[1 << 21];
+  snprintf(path, sizeof path, "%s/train-trace.json", dir);
+  result r;
+  run(&r, TINY, "--steps", "3", "--accum", "2", "--trace", path,
+      "--trace-steps", "3", "--json", NULL);
+  assert_int_equal(r.code, 0);
+  slurp(path, text, sizeof text);
+  assert_int_equal(count(text, "\"cat\":\"step\""), 3);
+  assert_int_equal(count(text, "(remat_accumulate)"), 2);
+  assert_int_equal(count(text, "(remat_step)"), 1);
+  assert_int_equal(count(text, "remat_forward"), 0);
+  assert_true(count(text, "\"name\":\"h0.ffn_in dW\"") > 0);
+  assert_true(count(text, "\"name\":\"live bytes\",\"ph\":\"C\"") > 10);
+  run(&r, TINY, "--steps", "1", "--trace", dir, NULL);
+  char want[256];
+  snprintf(want, sizeof want, "remat_trace_steps: '%s' is not a regular file",
+           dir);
+  expect(&r, 1, want);
+  run(&r, TINY, "--trace-steps", "0", NULL);
+  expect(&r, 2, "--trace-steps '0': expected a whole number from 1 to 1000000");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_usage_errors),
@@ -676,6 +709,7 @@ int main(void) {
       cmocka_unit_test(test_progress_terminal),
       cmocka_unit_test(test_schedules),
       cmocka_unit_test(test_accum_clip),
+      cmocka_unit_test(test_trace_steps),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

@@ -18,7 +18,7 @@
 #include "tmpdir.h"
 
 static const remat_gpt_config tiny = {
-    .layers = 2, .d_model = 16, .heads = 2, .seq = 8, .batch = 2, .vocab = 7};
+    .layers = 2, .d_model = 16, .heads = 2, .seq = 5, .batch = 3, .vocab = 7};
 
 static cJSON *read_trace(const char *path) {
   FILE *f = fopen(path, "rb");
