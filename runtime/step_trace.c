@@ -2,7 +2,7 @@
  * scheduler an array of records (worker, start, end per task); after the
  * run the whole file is rewritten with every step traced into it so far:
  * a thread per worker, one complete ("X") event per task named by layer
- * and tensor (task_names.h), an event per step on a "steps" thread, and a
+ * and tensor (task_names.h) with its NUMA affinity ("node", -1 none), an event per step on a "steps" thread, and a
  * counter ("C") event of live bytes by category wherever they change.
  * Bytes are rebuilt from the records: a buffer is allocated when the start
  * task of its first writer starts and freed when the last done task of the
@@ -64,13 +64,18 @@ static bool reserve(remat_step_plan *p) {
   size_t nbufs = (size_t)p->low.nbufs;
   if (t->events == NULL) { /* the last of the three: all or none usable */
     if (!grow((void **)&t->task_knode, sizeof *t->task_knode, ntasks) ||
+        !grow((void **)&t->task_node, sizeof *t->task_node, ntasks) ||
         !grow((void **)&t->free_ns, sizeof *t->free_ns, nbufs) ||
         !grow((void **)&t->events, sizeof *t->events, 2 * nbufs))
       return false;
+    int64_t tile = 0; /* tiles in program order, as taskgraph.c adds them */
     for (int32_t i = 0; i < p->low.nknodes; i++) {
       const plan_knode *kn = &p->low.knodes[i];
-      for (int64_t k = 0; k < kn->tiles + 2; k++)
+      for (int64_t k = 0; k < kn->tiles + 2; k++) {
         t->task_knode[kn->start_task + k] = i;
+        t->task_node[kn->start_task + k] =
+            k < 2 ? -1 : p->numa.affinity[tile++];
+      }
     }
   }
   if (t->nsteps < t->cap_steps)
@@ -171,11 +176,11 @@ static void write_tasks(FILE *f, const remat_step_plan *p, int s) {
     write_escaped(f, p->task_names + (size_t)t->task_knode[task] * TASK_NAME_MAX);
     fprintf(f,
             "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
-            "\"pid\":1,\"tid\":%d,\"args\":{\"step\":%d,\"kernel\":\"%s\","
-            "\"part\":",
+            "\"pid\":1,\"tid\":%d,\"args\":{\"step\":%d,\"node\":%d,"
+            "\"kernel\":\"%s\",\"part\":",
             kind_name(kn->kind), from_origin(t, rec[task].start_ns),
             (double)(rec[task].end_ns - rec[task].start_ns) / 1e3,
-            (int)rec[task].worker, s + 1,
+            (int)rec[task].worker, s + 1, (int)t->task_node[task],
             kn->kernel != NULL ? kn->kernel->name : "");
     if (part >= 2)
       fprintf(f, "\"tile %lld\"}}", (long long)(part - 2));
@@ -303,6 +308,7 @@ void step_trace_free(step_trace *t) {
   free(t->run_name);
   free(t->base);
   free(t->task_knode);
+  free(t->task_node);
   free(t->free_ns);
   free(t->events);
   memset(t, 0, sizeof *t);

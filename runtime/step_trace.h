@@ -26,6 +26,7 @@ typedef struct step_trace {
   int64_t *base;               /* [cap_steps * TRACE_NUM_COUNTERS] bytes at
                                   each step's start */
   int32_t *task_knode;         /* [ntasks] */
+  int32_t *task_node;          /* [ntasks]: NUMA affinity, -1 none */
   int64_t *free_ns;            /* [nbufs]: scratch of the writer */
   struct trace_event *events;  /* [2 * nbufs]: scratch of the writer */
 } step_trace;
