@@ -2,7 +2,8 @@
  * scheduler an array of records (worker, start, end per task); after the
  * run the whole file is rewritten with every step traced into it so far:
  * a thread per worker, one complete ("X") event per task named by layer
- * and tensor (task_names.h) with its NUMA affinity ("node", -1 none), an event per step on a "steps" thread, and a
+ * and tensor (task_names.h) with its id and NUMA affinity ("node", -1
+ * none), an event per step on a "steps" thread, and a
  * counter ("C") event of live bytes by category wherever they change.
  * Bytes are rebuilt from the records: a buffer is allocated when the start
  * task of its first writer starts and freed when the last done task of the
@@ -176,11 +177,11 @@ static void write_tasks(FILE *f, const remat_step_plan *p, int s) {
     write_escaped(f, p->task_names + (size_t)t->task_knode[task] * TASK_NAME_MAX);
     fprintf(f,
             "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
-            "\"pid\":1,\"tid\":%d,\"args\":{\"step\":%d,\"node\":%d,"
-            "\"kernel\":\"%s\",\"part\":",
+            "\"pid\":1,\"tid\":%d,\"args\":{\"step\":%d,\"id\":%d,"
+            "\"node\":%d,\"kernel\":\"%s\",\"part\":",
             kind_name(kn->kind), from_origin(t, rec[task].start_ns),
             (double)(rec[task].end_ns - rec[task].start_ns) / 1e3,
-            (int)rec[task].worker, s + 1, (int)t->task_node[task],
+            (int)rec[task].worker, s + 1, (int)task, (int)t->task_node[task],
             kn->kernel != NULL ? kn->kernel->name : "");
     if (part >= 2)
       fprintf(f, "\"tile %lld\"}}", (long long)(part - 2));

@@ -172,6 +172,17 @@ static const char *node_category(const plan_knode *kn) {
   }
 }
 
+static const char *node_name(const plan_knode *kn) {
+  if (kn->kernel != NULL)
+    return kn->kernel->name;
+  switch (kn->kind) {
+  case KNODE_SEED: return "loss.seed";
+  case KNODE_CHECK: return "optimizer.check";
+  case KNODE_GATE: return "optimizer.gate";
+  default: return "optimizer.update";
+  }
+}
+
 /* Priority is program order, earliest first: one worker then runs the
  * nodes exactly in program order, the order memplan.c predicts, and more
  * workers never let a later node starve an earlier one. A tile's affinity
@@ -191,8 +202,9 @@ static remat_status add_tasks(remat_step_plan *p) {
   for (int32_t i = 0; i < p->low.nknodes; i++) {
     plan_knode *kn = &p->low.knodes[i];
     kn->plan = p;
-    const char *name = p->task_names + (size_t)i * TASK_NAME_MAX;
-    const char *cat = node_category(kn);
+    /* kernel names ("linear.fwd"): the scheduler's messages and the
+     * simulator's cost groups; traces use p->task_names */
+    const char *name = node_name(kn), *cat = node_category(kn);
     kn->start_task = sched_dag_add(p->dag, tasks_start, kn, -i, -1, name, cat);
     kn->done_task = sched_dag_add(p->dag, tasks_done, kn, -i, -1, name, cat);
     if (kn->start_task < 0 || kn->done_task < 0)
