@@ -25,22 +25,33 @@ typedef struct trace_event {
 } trace_event;
 
 static const char *const counter_names[TRACE_NUM_COUNTERS] = {
-    "parameters",  "optimizer state", "gradients",
-    "activations saved", "activations not saved", "recomputed",
-    "activation gradients", "scratch"};
+    "parameters",
+    "optimizer state",
+    "gradients",
+    "activations saved",
+    "activations not saved",
+    "recomputed",
+    "activation gradients",
+    "scratch"};
 
 /* A category's counter; activations split by the remat decision. */
 static int counter_of(const remat_step_plan *p, remat_mem_category cat,
                       int32_t tensor) {
   switch (cat) {
-  case REMAT_MEM_PARAMS: return 0;
-  case REMAT_MEM_OPTIMIZER: return 1;
-  case REMAT_MEM_GRADS: return 2;
+  case REMAT_MEM_PARAMS:
+    return 0;
+  case REMAT_MEM_OPTIMIZER:
+    return 1;
+  case REMAT_MEM_GRADS:
+    return 2;
   case REMAT_MEM_ACTIVATIONS:
     return tensor >= 0 && !p->decision.saved[tensor] ? 4 : 3;
-  case REMAT_MEM_RECOMPUTED: return 5;
-  case REMAT_MEM_ACT_GRADS: return 6;
-  default: return 7;
+  case REMAT_MEM_RECOMPUTED:
+    return 5;
+  case REMAT_MEM_ACT_GRADS:
+    return 6;
+  default:
+    return 7;
   }
 }
 
@@ -137,11 +148,16 @@ static void write_escaped(FILE *f, const char *s) {
 
 static const char *kind_name(knode_kind kind) {
   switch (kind) {
-  case KNODE_FORWARD: return "forward";
-  case KNODE_SEED: return "seed";
-  case KNODE_BACKWARD: return "backward";
-  case KNODE_RECOMPUTE: return "recompute";
-  default: return "optimizer";
+  case KNODE_FORWARD:
+    return "forward";
+  case KNODE_SEED:
+    return "seed";
+  case KNODE_BACKWARD:
+    return "backward";
+  case KNODE_RECOMPUTE:
+    return "recompute";
+  default:
+    return "optimizer";
   }
 }
 
@@ -174,7 +190,8 @@ static void write_tasks(FILE *f, const remat_step_plan *p, int s) {
     const plan_knode *kn = &p->low.knodes[t->task_knode[task]];
     int64_t part = task - kn->start_task; /* 0 start, 1 done, 2.. tiles */
     fputs(",\n{\"name\":\"", f);
-    write_escaped(f, p->task_names + (size_t)t->task_knode[task] * TASK_NAME_MAX);
+    write_escaped(f,
+                  p->task_names + (size_t)t->task_knode[task] * TASK_NAME_MAX);
     fprintf(f,
             "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
             "\"pid\":1,\"tid\":%d,\"args\":{\"step\":%d,\"id\":%d,"
@@ -215,9 +232,9 @@ static size_t step_events(const remat_step_plan *p, int s) {
     for (int k = 0; k < kn->ninit; k++) {
       const plan_buffer *b = &p->low.bufs[kn->init[k]];
       if (!b->persistent)
-        t->events[n++] = (trace_event){rec[kn->start_task].start_ns,
-                                       block_bytes(b->bytes),
-                                       counter_of(p, b->cat, b->tensor)};
+        t->events[n++] =
+            (trace_event){rec[kn->start_task].start_ns, block_bytes(b->bytes),
+                          counter_of(p, b->cat, b->tensor)};
     }
   }
   for (int32_t b = 0; b < p->low.nbufs; b++) {
@@ -231,8 +248,10 @@ static size_t step_events(const remat_step_plan *p, int s) {
 }
 
 static void write_counter(FILE *f, double ts, const int64_t *live) {
-  fprintf(f, ",\n{\"name\":\"live bytes\",\"ph\":\"C\",\"ts\":%.3f,"
-             "\"pid\":1,\"args\":{", ts);
+  fprintf(f,
+          ",\n{\"name\":\"live bytes\",\"ph\":\"C\",\"ts\":%.3f,"
+          "\"pid\":1,\"args\":{",
+          ts);
   for (int c = 0; c < TRACE_NUM_COUNTERS; c++)
     fprintf(f, "%s\"%s\":%lld", c ? "," : "", counter_names[c],
             (long long)live[c]);
@@ -258,8 +277,7 @@ static void write_steps(FILE *f, const remat_step_plan *p) {
     fprintf(f,
             ",\n{\"name\":\"step %d (%s)\",\"cat\":\"step\",\"ph\":\"X\","
             "\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%d}",
-            s + 1, t->run_name[s],
-            from_origin(t, t->origin_ns[s]),
+            s + 1, t->run_name[s], from_origin(t, t->origin_ns[s]),
             (double)(t->end_ns[s] - t->origin_ns[s]) / 1e3, p->g->rt->nworkers);
     write_tasks(f, p, s);
     write_counters(f, p, s);

@@ -35,7 +35,8 @@ typedef struct step_trace {
  * the scheduler fills (*records, NULL when not traced). Everything the
  * writer needs is allocated here, so a traced run fails for memory before
  * any task runs. */
-remat_status step_trace_begin(struct remat_step_plan *p, const char *config_path,
+remat_status step_trace_begin(struct remat_step_plan *p,
+                              const char *config_path,
                               sched_trace_record **records);
 /* After a run that succeeded: writes the file (all the steps traced into
  * it so far). A failed write gives REMAT_ERR_IO and a message in `err`. */

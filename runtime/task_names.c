@@ -34,13 +34,26 @@ static void node_name(const remat_graph *g, const plan_knode *kn, char *out) {
   const remat_tensor *t = NULL;
   const char *what = "";
   switch (kn->kind) {
-  case KNODE_SEED: snprintf(out, TASK_NAME_MAX, "loss seed"); return;
-  case KNODE_GATE: snprintf(out, TASK_NAME_MAX, "optimizer gate"); return;
-  case KNODE_CHECK: what = " check"; break;
-  case KNODE_UPDATE: what = " update"; break;
-  case KNODE_RECOMPUTE: what = " recompute"; break;
-  case KNODE_BACKWARD: what = NULL; break;
-  default: break;
+  case KNODE_SEED:
+    snprintf(out, TASK_NAME_MAX, "loss seed");
+    return;
+  case KNODE_GATE:
+    snprintf(out, TASK_NAME_MAX, "optimizer gate");
+    return;
+  case KNODE_CHECK:
+    what = " check";
+    break;
+  case KNODE_UPDATE:
+    what = " update";
+    break;
+  case KNODE_RECOMPUTE:
+    what = " recompute";
+    break;
+  case KNODE_BACKWARD:
+    what = NULL;
+    break;
+  default:
+    break;
   }
   if (kn->kind == KNODE_CHECK || kn->kind == KNODE_UPDATE)
     t = g->tensors[kn->optim.param_tensor];
@@ -48,7 +61,8 @@ static void node_name(const remat_graph *g, const plan_knode *kn, char *out) {
     t = g->tensors[g->ops[kn->op].out];
   const char *layer = t->kind == TENSOR_ACT ? region_name(g, t->region) : "";
   size_t n = strlen(layer);
-  bool prefixed = n == 0 || (strncmp(t->name, layer, n) == 0 && t->name[n] == '.');
+  bool prefixed =
+      n == 0 || (strncmp(t->name, layer, n) == 0 && t->name[n] == '.');
   snprintf(out, TASK_NAME_MAX, "%s%s%s%s%s", prefixed ? "" : layer,
            prefixed ? "" : ".", t->name, what != NULL ? what : " ",
            what != NULL ? "" : backward_what(kn->kernel->name));

@@ -18,8 +18,12 @@
 #define K 3     /* micro-batches per update */
 
 static remat_gpt_config config(int batch) {
-  remat_gpt_config c = {.layers = 2, .d_model = 16, .heads = 2, .seq = 8,
-                        .batch = batch, .vocab = 7};
+  remat_gpt_config c = {.layers = 2,
+                        .d_model = 16,
+                        .heads = 2,
+                        .seq = 8,
+                        .batch = batch,
+                        .vocab = 7};
   return c;
 }
 
@@ -31,12 +35,12 @@ typedef struct rows {
 
 static void feed_rows(fixture *f, const rows *r, int first, int count) {
   size_t n = (size_t)count * (size_t)f->cfg.seq, off = (size_t)first * 8;
-  assert_int_equal(remat_feed(f->g, f->m.tokens, r->tokens + off,
-                              n * sizeof(int32_t)),
-                   REMAT_OK);
-  assert_int_equal(remat_feed(f->g, f->m.targets, r->targets + off,
-                              n * sizeof(int32_t)),
-                   REMAT_OK);
+  assert_int_equal(
+      remat_feed(f->g, f->m.tokens, r->tokens + off, n * sizeof(int32_t)),
+      REMAT_OK);
+  assert_int_equal(
+      remat_feed(f->g, f->m.targets, r->targets + off, n * sizeof(int32_t)),
+      REMAT_OK);
 }
 
 /* One update from micro-batches 0..K-1: K-1 accumulations, one step. The
@@ -83,7 +87,8 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 }
 
 static void accumulation_matches_big_batch(remat_optimizer_kind kind) {
-  remat_optimizer opt = {.kind = kind, .lr = kind == REMAT_OPT_SGD ? 0.5f : 1e-2f,
+  remat_optimizer opt = {.kind = kind,
+                         .lr = kind == REMAT_OPT_SGD ? 0.5f : 1e-2f,
                          .weight_decay = 0.01f};
   remat_gpt_config big_cfg = config(K * MICRO), micro_cfg = config(MICRO);
   /* SGD's update is the gradient times lr; AdamW's, at its first steps,
@@ -181,8 +186,7 @@ static void test_accumulation_peak(void **state) {
   assert_int_equal(acc.predicted_peak_bytes,
                    one.predicted_peak_bytes + one.peak[REMAT_MEM_GRADS]);
   assert_int_equal(last.peak_bytes, acc.peak_bytes);
-  assert_int_equal(acc.peak_bytes,
-                   one.peak_bytes + one.peak[REMAT_MEM_GRADS]);
+  assert_int_equal(acc.peak_bytes, one.peak_bytes + one.peak[REMAT_MEM_GRADS]);
   fixture_close(&f);
 }
 
@@ -231,7 +235,8 @@ static void test_failed_micro_step(void **state) {
       assert_int_equal(remat_step(hit.g, &st), REMAT_OK);
     assert_int_equal(st.accumulated, k + 1);
   }
-  float *want = fixture_snapshot(clean.g, &n), *got = fixture_snapshot(hit.g, &n);
+  float *want = fixture_snapshot(clean.g, &n),
+        *got = fixture_snapshot(hit.g, &n);
   assert_memory_equal(want, got, n * sizeof *want);
   free(before);
   free(after);

@@ -50,12 +50,12 @@ static int64_t arg(const cJSON *e, const char *key) {
 
 /* What the test reads from one step of a trace. */
 typedef struct step_view {
-  double start, end;        /* of the step's event */
-  int64_t tasks;            /* task events */
+  double start, end; /* of the step's event */
+  int64_t tasks;     /* task events */
   int64_t peak_total, peak_recomputed, peak_act_grads, peak_activations;
   int64_t first_total, last_total;
-  double last_forward_end;  /* end of the last forward task */
-  double first_recompute;   /* ts of the first counter with recompute */
+  double last_forward_end;    /* end of the last forward task */
+  double first_recompute;     /* ts of the first counter with recompute */
   int64_t act_at_forward_end; /* activations then */
   int found_probs_recompute, found_ffn_dw, found_qkv_forward;
 } step_view;
@@ -63,8 +63,8 @@ typedef struct step_view {
 static int64_t total(const cJSON *c) {
   int64_t sum = 0;
   const cJSON *v;
-  cJSON_ArrayForEach(v, cJSON_GetObjectItemCaseSensitive(c, "args"))
-    sum += (int64_t)v->valuedouble;
+  cJSON_ArrayForEach(v, cJSON_GetObjectItemCaseSensitive(c, "args")) sum +=
+      (int64_t)v->valuedouble;
   return sum;
 }
 
@@ -86,12 +86,12 @@ static void view_tasks(const cJSON *events, int step, step_view *v) {
       v->last_forward_end = end;
     v->found_probs_recompute += strcmp(name, "h1.attn_probs recompute") == 0 &&
                                 strcmp(cat, "recompute") == 0;
-    v->found_ffn_dw += strcmp(name, "h0.ffn_in dW") == 0 &&
-                       strcmp(cat, "backward") == 0 &&
-                       strcmp(str(cJSON_GetObjectItemCaseSensitive(e, "args"),
-                                  "kernel"), "linear.dw") == 0;
-    v->found_qkv_forward += strcmp(name, "h1.qkv") == 0 &&
-                            strcmp(cat, "forward") == 0;
+    v->found_ffn_dw +=
+        strcmp(name, "h0.ffn_in dW") == 0 && strcmp(cat, "backward") == 0 &&
+        strcmp(str(cJSON_GetObjectItemCaseSensitive(e, "args"), "kernel"),
+               "linear.dw") == 0;
+    v->found_qkv_forward +=
+        strcmp(name, "h1.qkv") == 0 && strcmp(cat, "forward") == 0;
   }
 }
 
