@@ -227,10 +227,33 @@ static void test_trace_accumulation_and_errors(void **state) {
   fixture_close(&f);
 }
 
+static void test_region_name_errors(void **state) {
+  (void)state;
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS, .num_threads = 1};
+  remat_runtime *rt;
+  remat_graph *g;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  assert_int_equal(remat_region_name(g, "h0"), REMAT_ERR_STATE);
+  assert_string_equal(remat_last_error(),
+                      "remat_region_name: no checkpoint region is open");
+  remat_graph_destroy(g);
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  assert_int_equal(remat_region_begin(g, NULL), REMAT_OK);
+  assert_int_equal(remat_region_name(g, "block one"), REMAT_ERR_INVALID_ARG);
+  assert_non_null(strstr(remat_last_error(),
+                         "remat_region_name: name 'block one' is not valid: "));
+  assert_int_equal(remat_graph_status(g), REMAT_ERR_INVALID_ARG); /* sticky */
+  remat_graph_destroy(g);
+  assert_int_equal(remat_region_name(NULL, "h0"), REMAT_ERR_INVALID_ARG);
+  remat_runtime_destroy(rt);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_trace_training_steps),
       cmocka_unit_test(test_trace_accumulation_and_errors),
+      cmocka_unit_test(test_region_name_errors),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
