@@ -354,11 +354,59 @@ static void test_clip_global_norm(void **state) {
   free(w0);
 }
 
+/* Two accumulated, clipped updates: the same bits on 1 worker, on 3, and
+ * on 4 workers of two NUMA nodes (with per-node parameter copies). */
+static float *accumulated_bits(int threads, const char *topology, double *norm,
+                               size_t *n) {
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-2f};
+  remat_gpt_config cfg = config(MICRO), big_cfg = config(K * MICRO);
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
+                            REMAT_SET_TRACE | REMAT_SET_TOPOLOGY,
+                     .num_threads = threads,
+                     .policy = "dots_saveable",
+                     .topology = topology};
+  rows r;
+  fixture_batch(&big_cfg, r.tokens, r.targets, 9);
+  fixture f;
+  assert_int_equal(fixture_open_config(&f, &cfg, &rc, &opt), REMAT_OK);
+  assert_int_equal(remat_set_clip(f.g, 0.5f), REMAT_OK);
+  float loss;
+  int64_t peak;
+  for (int update = 0; update < 2; update++)
+    accumulated_update(&f, &r, update, &loss, &peak);
+  remat_step_stats st;
+  feed_rows(&f, &r, 0, MICRO);
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  *norm = st.grad_norm;
+  assert_true(st.grad_norm > 0.5); /* so the clip acted */
+  float *bits = fixture_snapshot(f.g, n);
+  fixture_close(&f);
+  return bits;
+}
+
+static void test_accumulation_bitwise(void **state) {
+  (void)state;
+  double n1, n3, n4;
+  size_t n, n2, n3_;
+  float *one = accumulated_bits(1, NULL, &n1, &n);
+  float *three = accumulated_bits(3, NULL, &n3, &n2);
+  float *numa = accumulated_bits(4, "package:2 numa:1 core:2 pu:1", &n4, &n3_);
+  assert_true(n > 0 && n == n2 && n == n3_);
+  assert_memory_equal(one, three, n * sizeof *one);
+  assert_memory_equal(one, numa, n * sizeof *one);
+  assert_memory_equal(&n1, &n3, sizeof n1);
+  assert_memory_equal(&n1, &n4, sizeof n1);
+  free(one);
+  free(three);
+  free(numa);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_accumulation_sgd),
       cmocka_unit_test(test_accumulation_adamw),
       cmocka_unit_test(test_accumulation_peak),
+      cmocka_unit_test(test_accumulation_bitwise),
       cmocka_unit_test(test_failed_micro_step),
       cmocka_unit_test(test_accumulate_misuse),
       cmocka_unit_test(test_clip_global_norm),
