@@ -11,6 +11,7 @@
 #include <spawn.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,7 +157,7 @@ static void test_data_errors(void **state) {
   run(&r, "--data", binary, NULL);
   snprintf(want, sizeof want,
            "--data '%s' looks binary (NUL or control bytes): --data takes a "
-           "text file", binary);
+           "text file, or token ids with --data-format u16", binary);
   expect(&r, 1, want);
   const char *small = tmp_path("small.txt");
   char text[100];
@@ -167,6 +168,131 @@ static void test_data_errors(void **state) {
            "--seq 128 is longer than the data: '%s' has 100 bytes, at least "
            "129 are needed", small);
   expect(&r, 1, want);
+  /* 100 bytes hold a training window of 17 but not a held-out one */
+  run(&r, "--data", small, "--seq", "16", NULL);
+  snprintf(want, sizeof want,
+           "--data '%s' has 100 bytes, too few for a held-out split: its "
+           "last tenth must hold --seq + 1 = 17, so at least 170 are needed",
+           small);
+  expect(&r, 1, want);
+}
+
+/* Writes `n` uint16 ids, little-endian, from ids[i % period] + shift. */
+static void write_ids(const char *path, const uint16_t *ids, int period,
+                      size_t n, int shift) {
+  static unsigned char buf[1 << 16];
+  assert_true(2 * n <= sizeof buf);
+  for (size_t i = 0; i < n; i++) {
+    unsigned id = ids[i % period] + (unsigned)shift;
+    buf[2 * i] = (unsigned char)(id & 0xff);
+    buf[2 * i + 1] = (unsigned char)(id >> 8);
+  }
+  write_file(path, buf, 2 * n);
+}
+
+/* Token files: every kind of bad file or option gets its message. */
+static void test_token_file_errors(void **state) {
+  (void)state;
+  result r;
+  char want[512];
+  char odd[160], ids[160]; /* tmp_path's buffers are reused by run */
+  snprintf(odd, sizeof odd, "%s/odd.bin", dir);
+  snprintf(ids, sizeof ids, "%s/ids.bin", dir);
+  write_file(odd, "abc", 3);
+  run(&r, "--data", odd, "--data-format", "u16", NULL);
+  snprintf(want, sizeof want, "--data '%s' has 3 bytes, an odd number: "
+           "--data-format u16 takes 2-byte tokens", odd);
+  expect(&r, 1, want);
+  write_file(odd, "", 0);
+  run(&r, "--data", odd, "--data-format", "u16", NULL);
+  snprintf(want, sizeof want, "--data '%s' is empty", odd);
+  expect(&r, 1, want);
+  /* ids 0, 1, ..., 299, 0, 1, ...: the first id at or above --vocab is
+   * named, with its position */
+  uint16_t seq300[300];
+  for (int i = 0; i < 300; i++)
+    seq300[i] = (uint16_t)i;
+  write_ids(ids, seq300, 300, 2000, 0);
+  run(&r, "--data", ids, "--data-format", "u16", "--vocab", "299", NULL);
+  snprintf(want, sizeof want, "--data '%s': token id 299 at position 299 is "
+           "outside --vocab 299 (ids 0 to 298)", ids);
+  expect(&r, 1, want);
+  write_ids(ids, seq300, 300, 169, 0);
+  run(&r, "--data", ids, "--data-format", "u16", "--seq", "16", NULL);
+  snprintf(want, sizeof want, "--data '%s' has 169 tokens, too few for a "
+           "held-out split: its last tenth must hold --seq + 1 = 17, so at "
+           "least 170 are needed", ids);
+  expect(&r, 1, want);
+  run(&r, "--data", ids, "--data-format", "u16", "--seq", "169", NULL);
+  snprintf(want, sizeof want, "--seq 169 is longer than the data: '%s' has "
+           "169 tokens, at least 170 are needed", ids);
+  expect(&r, 1, want);
+  run(&r, "--data-format", "u8", NULL);
+  expect(&r, 2, "--data-format 'u8': expected bytes or u16");
+  run(&r, "--data-format", "u16", NULL);
+  expect(&r, 2, "--data-format u16 needs --data FILE");
+  run(&r, "--data", ids, "--vocab", "300", NULL);
+  expect(&r, 2, "--vocab needs --data-format u16 (the vocabulary of bytes is "
+                "256, that of the addition task 14)");
+  run(&r, "--data", ids, "--data-format", "u16", "--vocab", "65537", NULL);
+  expect(&r, 2, "--vocab 65537 is above 65536: u16 token ids are 0 to 65535");
+  run(&r, "--data", ids, "--data-format", "u16", "--vocab", "0", NULL);
+  expect(&r, 2, "--vocab '0': expected a whole number from 1 to 1000000");
+}
+
+/* A token file whose ids are a text's bytes, with --vocab 256, trains
+ * exactly like the text (the same losses at every step and held out); the
+ * default vocabulary is the largest id + 1. */
+static void test_token_file_trains(void **state) {
+  (void)state;
+  char text[160], ids[160], shifted[160], w[160];
+  snprintf(text, sizeof text, "%s/fox.txt", dir);
+  snprintf(ids, sizeof ids, "%s/fox.bin", dir);
+  snprintf(shifted, sizeof shifted, "%s/shifted.bin", dir);
+  snprintf(w, sizeof w, "%s/shifted.ckpt", dir);
+  static const char fox[] = "the quick brown fox jumps over the lazy dog\n";
+  uint16_t fox_ids[44];
+  char buf[2000];
+  for (int i = 0; i < 44; i++)
+    fox_ids[i] = (uint16_t)fox[i];
+  for (size_t i = 0; i < sizeof buf; i++)
+    buf[i] = fox[i % 44];
+  write_file(text, buf, sizeof buf);
+  write_ids(ids, fox_ids, 44, sizeof buf, 0);
+  result a, b;
+  run(&a, TINY, "--seq", "32", "--steps", "3", "--json", "--data", text,
+      NULL);
+  run(&b, TINY, "--seq", "32", "--steps", "3", "--json", "--data", ids,
+      "--data-format", "u16", "--vocab", "256", NULL);
+  assert_int_equal(a.code, 0);
+  assert_int_equal(b.code, 0);
+  assert_string_equal(b.err, "");
+  for (const char *pa = a.out, *pb = b.out;
+       (pa = strstr(pa, "\"loss\": ")) != NULL; pa++, pb++) {
+    pb = strstr(pb, "\"loss\": ");
+    assert_non_null(pb);
+    assert_float_equal(json_number(pa, "\"loss\": "),
+                       json_number(pb, "\"loss\": "), 0.0);
+  }
+  assert_float_equal(json_number(strstr(b.out, "{\"done\""),
+                                 "\"heldout_loss\": "),
+                     json_number(strstr(a.out, "{\"done\""),
+                                 "\"heldout_loss\": "),
+                     0.0);
+  /* Shifted to ids 1000 + byte, read from standard input: the default
+   * vocabulary is 1000 + 'z' + 1, as the saved embedding's shape shows. */
+  write_ids(shifted, fox_ids, 44, sizeof buf, 1000);
+  run_stdin(&b, shifted, TINY, "--seq", "32", "--steps", "2", "--data", "-",
+            "--data-format", "u16", "--save", w, NULL);
+  assert_int_equal(b.code, 0);
+  assert_non_null(strstr(b.out, "sample (prompt, then greedy completion):\n"
+                                "  1100 1111 1103 1010 "));
+  run(&b, TINY, "--seq", "32", "--steps", "0", "--data", shifted,
+      "--data-format", "u16", "--vocab", "1124", "--load", w, NULL);
+  char want[512];
+  snprintf(want, sizeof want, "remat_load_safetensors: '%s': tensor 'wte' "
+           "has shape [1123,16] in the file but [1124,16] in the model", w);
+  expect(&b, 1, want);
 }
 
 /* --data reads only a regular file of at most 1 GiB, or standard input up
@@ -202,7 +328,7 @@ static void test_data_not_a_file(void **state) {
   /* Standard input that never ends stops at its first 64 KiB. */
   run_stdin(&r, "/dev/zero", "--data", "-", NULL);
   expect(&r, 1, "--data '-' looks binary (NUL or control bytes): --data "
-                "takes a text file");
+                "takes a text file, or token ids with --data-format u16");
 }
 
 /* Text on standard input trains like the same file. */
@@ -627,6 +753,8 @@ int main(void) {
       cmocka_unit_test(test_data_errors),
       cmocka_unit_test(test_data_not_a_file),
       cmocka_unit_test(test_data_stdin),
+      cmocka_unit_test(test_token_file_errors),
+      cmocka_unit_test(test_token_file_trains),
       cmocka_unit_test(test_budget_infeasible),
       cmocka_unit_test(test_budget_evaluation),
       cmocka_unit_test(test_save_load),

@@ -212,10 +212,9 @@ static void close_trainer(trainer *t) {
 static int run(trainer *t) {
   train_options *o = &t->o;
   char err[512];
-  t->data = o->data_path ? dataset_text(o->data_path, o->cfg.seq, err, sizeof err)
-                         : dataset_addition(o->seed);
+  t->data = dataset_open(o, err, sizeof err);
   if (t->data == NULL) {
-    fprintf(stderr, "remat-train: %s\n", o->data_path ? err : "out of memory");
+    fprintf(stderr, "remat-train: %s\n", err);
     return EXIT_RUNTIME;
   }
   o->cfg.vocab = dataset_vocab(t->data);

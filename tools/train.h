@@ -24,6 +24,8 @@ typedef enum train_schedule {
 typedef struct train_options {
   remat_gpt_config cfg; /* vocab comes from the data source */
   const char *data_path; /* NULL: the built-in addition task */
+  int data_u16;          /* --data-format u16: little-endian uint16 ids */
+  int vocab;             /* --vocab; 0: the largest id in the file + 1 */
   int steps, threads;
   float lr;
   uint64_t seed;
@@ -59,10 +61,13 @@ enum { TOK_PLUS = 10, TOK_EQUALS = 11, TOK_END = 12, TOK_PAD = 13,
        ADD_HELDOUT = 512 };
 
 typedef struct dataset {
-  int addition;          /* 1: the addition task, 0: a text file */
+  int addition;          /* 1: the addition task, 0: a file */
   uint64_t rng;
-  /* text: train on bytes [0, train_len), hold out [heldout_start, len) */
+  /* a file: bytes (text) or uint16 token ids (ids), one of them set; train
+   * on tokens [0, train_len), hold out [heldout_start, len) */
   unsigned char *text;
+  uint16_t *ids;
+  int vocab;
   int64_t len, train_len, heldout_start;
   /* addition: held-out problems (a, b) */
   int heldout_a[ADD_HELDOUT], heldout_b[ADD_HELDOUT];
@@ -75,7 +80,19 @@ dataset *dataset_addition(uint64_t seed);
  * a one-line message in `err` (missing, empty or binary file, or shorter
  * than seq + 1 bytes). */
 dataset *dataset_text(const char *path, int seq, char *err, size_t err_len);
+/* A token file as nanoGPT and llm.c write them: little-endian uint16 ids,
+ * all below `vocab` (0: the vocabulary is the largest id + 1). Returns NULL
+ * after putting a one-line message in `err` (an odd size, an id outside
+ * the vocabulary, too few tokens for a training and a held-out window). */
+dataset *dataset_u16(const char *path, int seq, int vocab, char *err,
+                     size_t err_len);
+/* The data that the options name (--data, --data-format, --vocab). */
+dataset *dataset_open(const train_options *o, char *err, size_t err_len);
 void dataset_destroy(dataset *d);
+/* Token `i` of a file's data. */
+static inline int32_t dataset_at(const dataset *d, int64_t i) {
+  return d->ids != NULL ? d->ids[i] : d->text[i];
+}
 int dataset_vocab(const dataset *d);
 uint64_t dataset_next(uint64_t *state);
 /* The 13 tokens of "aaa+bbb=ssss\n". */
@@ -83,7 +100,8 @@ void addition_tokens(int a, int b, int32_t out[ADD_LEN]);
 /* A training batch: tokens[b][t] and next-token targets[b][t]. */
 void dataset_batch(dataset *d, int batch, int seq, int32_t *tokens,
                    int32_t *targets);
-/* The text of token `tok` for printing ("\\n" for a newline). */
+/* The text of token `tok` for printing ("\\n" for a newline, the id of a
+ * token file's token). */
 const char *dataset_token_text(const dataset *d, int32_t tok, char buf[8]);
 
 /* ---- checkpoints and signals (train_state.c) ---- */

@@ -190,13 +190,14 @@ static remat_status text_loss(eval_model *e, const dataset *d, double *loss) {
     for (int r = 0; r < e->batch; r++) {
       int64_t start = d->heldout_start + span * (w + r) / TEXT_WINDOWS;
       for (int t = 0; t < e->seq; t++)
-        e->tokens[(size_t)r * e->seq + t] = d->text[start + t];
+        e->tokens[(size_t)r * e->seq + t] = dataset_at(d, start + t);
     }
     s = eval_forward(e);
     for (int r = 0; r < e->batch && s == REMAT_OK; r++) {
       int64_t start = d->heldout_start + span * (w + r) / TEXT_WINDOWS;
       for (int t = 0; t < e->seq; t++, tokens++)
-        sum += nll(logits_at(e, r, t), e->vocab, d->text[start + t + 1]);
+        sum += nll(logits_at(e, r, t), e->vocab,
+                   dataset_at(d, start + t + 1));
     }
   }
   *loss = sum / (double)(tokens ? tokens : 1);
@@ -213,13 +214,13 @@ static remat_status text_sample(eval_model *e, const dataset *d, FILE *out) {
   if (seqbuf == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   for (int t = 0; t < prompt; t++)
-    seqbuf[t] = d->text[d->heldout_start + t];
+    seqbuf[t] = dataset_at(d, d->heldout_start + t);
   remat_status s = REMAT_OK;
   int len = prompt;
   for (; len < prompt + GENERATE && s == REMAT_OK; len++) {
     int start = len > e->seq ? len - e->seq : 0, n = len - start;
     for (int t = 0; t < e->seq; t++)
-      e->tokens[t] = t < n ? seqbuf[start + t] : ' ';
+      e->tokens[t] = t < n ? seqbuf[start + t] : 0; /* causal: unread */
     s = eval_forward(e);
     if (s == REMAT_OK)
       seqbuf[len] = argmax(logits_at(e, 0, n - 1), e->vocab);
@@ -229,6 +230,8 @@ static remat_status text_sample(eval_model *e, const dataset *d, FILE *out) {
   for (int t = 0; t < len; t++) {
     if (t == prompt)
       fputs(" >>> ", out);
+    else if (t > 0 && d->ids != NULL)
+      fputc(' ', out); /* token ids */
     fputs(dataset_token_text(d, seqbuf[t], buf), out);
   }
   fputc('\n', out);

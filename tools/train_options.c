@@ -17,7 +17,12 @@ static void usage(FILE *f) {
 "language model of FILE.\n"
 "\n"
 "  --data FILE      train on the bytes of a text file: a regular file of\n"
-"                   at most 1 GiB, or - for standard input (same limit)\n"
+"                   at most 1 GiB, or - for standard input (same limit);\n"
+"                   its last tenth is held out for evaluation\n"
+"  --data-format F  bytes (a text file, default) or u16: a token file of\n"
+"                   little-endian uint16 ids, as nanoGPT and llm.c write\n"
+"  --vocab N        vocabulary of a u16 file, at most 65536 (default: its\n"
+"                   largest id + 1); every id must be below it\n"
 "  --layers N       transformer blocks (default 2)\n"
 "  --d-model N      model width (default 128)\n"
 "  --heads N        attention heads; must divide --d-model (default 4)\n"
@@ -139,6 +144,8 @@ enum { OPT_DATA = 256, OPT_LAYERS, OPT_DMODEL, OPT_HEADS, OPT_SEQ, OPT_BATCH,
        OPT_SAVE, OPT_LOAD, OPT_TRACE, OPT_JSON, OPT_HELP,
        OPT_SCHEDULE, OPT_WARMUP, OPT_LR_MIN, OPT_OPTIMIZER, OPT_WD,
        OPT_RESUME, OPT_SAVE_EVERY };
+/* data, evaluation and sampling (apply_run) */
+enum { OPT_DATA_FORMAT = 512, OPT_VOCAB };
 
 static const struct option longopts[] = {
     {"data", 1, 0, OPT_DATA},       {"layers", 1, 0, OPT_LAYERS},
@@ -154,10 +161,41 @@ static const struct option longopts[] = {
     {"lr-min", 1, 0, OPT_LR_MIN},       {"optimizer", 1, 0, OPT_OPTIMIZER},
     {"wd", 1, 0, OPT_WD},               {"resume", 1, 0, OPT_RESUME},
     {"save-every", 1, 0, OPT_SAVE_EVERY},
+    {"data-format", 1, 0, OPT_DATA_FORMAT}, {"vocab", 1, 0, OPT_VOCAB},
     {0, 0, 0, 0}};
 
 static int apply_training(int c, const char *arg, const char *raw,
                           train_options *o);
+
+/* The options of the data, evaluation and sampling; the rest go on to
+ * apply_training. */
+static int apply_run(int c, const char *arg, const char *raw,
+                     train_options *o) {
+  static const char *const formats[] = {"bytes", "u16", NULL};
+  switch (c) {
+  case OPT_DATA_FORMAT:
+    return parse_name("--data-format", arg, formats, "bytes or u16",
+                      &o->data_u16);
+  case OPT_VOCAB: return parse_int("--vocab", arg, 1, &o->vocab);
+  default: return apply_training(c, arg, raw, o);
+  }
+}
+
+/* --data-format and --vocab. */
+static int check_run(const train_options *o) {
+  char why[160] = "";
+  if (o->data_u16 && o->data_path == NULL)
+    snprintf(why, sizeof why, "--data-format u16 needs --data FILE");
+  else if (o->vocab > 0 && !o->data_u16)
+    snprintf(why, sizeof why, "--vocab needs --data-format u16 (the "
+             "vocabulary of bytes is 256, that of the addition task 14)");
+  else if (o->vocab > 65536)
+    snprintf(why, sizeof why, "--vocab %d is above 65536: u16 token ids are "
+             "0 to 65535", o->vocab);
+  if (why[0] != '\0')
+    fprintf(stderr, "remat-train: %s\n", why);
+  return why[0] != '\0';
+}
 
 /* One option; returns 0, -1 for --help, or EXIT_USAGE. */
 static int apply(int c, const char *arg, const char *raw, train_options *o,
@@ -182,7 +220,7 @@ static int apply(int c, const char *arg, const char *raw, train_options *o,
   case OPT_TRACE: o->trace_path = arg; return 0;
   case OPT_JSON: o->json = 1; return 0;
   case OPT_HELP: usage(stdout); return -1;
-  default: return apply_training(c, arg, raw, o);
+  default: return apply_run(c, arg, raw, o);
   }
 }
 
@@ -254,7 +292,7 @@ int options_parse(int argc, char **argv, train_options *o) {
             o->cfg.d_model, o->cfg.heads);
     return EXIT_USAGE;
   }
-  if (check_training(o) != 0)
+  if (check_training(o) != 0 || check_run(o) != 0)
     return EXIT_USAGE;
   if (o->data_path == NULL && o->cfg.seq < ADD_LEN) {
     fprintf(stderr, "remat-train: --seq %d is shorter than an addition "
