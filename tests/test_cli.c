@@ -706,6 +706,113 @@ static void test_progress_terminal(void **state) {
   assert_non_null(strstr(text, "step 20/20 ["));
 }
 
+/* The line of `text` that starts with `head`, without its newline. */
+static void copy_line(const char *text, const char *head, char *buf,
+                      size_t len) {
+  const char *p = strstr(text, head);
+  assert_non_null(p);
+  snprintf(buf, len, "%.*s", (int)strcspn(p, "\n"), p);
+}
+
+/* The evaluation lines of a --json run: their steps and held-out losses;
+ * returns how many. Each comes right after its step's line. */
+static int eval_lines(const char *out, int *steps, double *losses, int max) {
+  int n = 0;
+  for (const char *p = out; (p = strstr(p, "{\"eval_step\": ")) != NULL;
+       p++) {
+    assert_true(n < max);
+    steps[n] = atoi(p + 14);
+    losses[n] = json_number(p, "\"heldout_loss\": ");
+    char before[64];
+    snprintf(before, sizeof before, "{\"step\": %d, ", steps[n]);
+    assert_true(p > out); /* not the first line */
+    const char *line = p - 1; /* the newline that ends the line before */
+    while (line > out && line[-1] != '\n')
+      line--;
+    assert_memory_equal(line, before, strlen(before));
+    n++;
+  }
+  return n;
+}
+
+/* --eval-every: a JSON line after every N steps with the held-out loss of
+ * the weights of that step (a 10-step run ends with the 20-step run's
+ * evaluation at step 10), the training unchanged by it, the best step in
+ * the summary, the figures in the progress line. */
+static void test_eval_every(void **state) {
+  (void)state;
+  result a, b, c;
+  int steps[8];
+  double losses[8];
+#define EVAL_ARGS TINY, "--schedule", "constant", "--json"
+  run(&a, EVAL_ARGS, "--steps", "20", "--eval-every", "5", NULL);
+  run(&b, EVAL_ARGS, "--steps", "20", NULL);
+  run(&c, EVAL_ARGS, "--steps", "10", NULL);
+#undef EVAL_ARGS
+  assert_int_equal(a.code, 0);
+  assert_string_equal(a.err, "");
+  assert_int_equal(eval_lines(a.out, steps, losses, 8), 4);
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(steps[i], 5 * (i + 1));
+  assert_null(strstr(b.out, "eval_step"));
+  assert_non_null(strstr(a.out, "{\"eval_step\": 5, \"heldout_loss\": "));
+  assert_non_null(strstr(a.out, ", \"accuracy\": 0."));
+  for (int step = 1; step <= 20; step++) {
+    char key[32];
+    snprintf(key, sizeof key, "{\"step\": %d, ", step);
+    assert_float_equal(json_number(strstr(a.out, key), "\"loss\": "),
+                       json_number(strstr(b.out, key), "\"loss\": "), 0.0);
+  }
+  const char *done = strstr(a.out, "{\"done\"");
+  assert_float_equal(losses[1],
+                     json_number(strstr(c.out, "{\"done\""),
+                                 "\"heldout_loss\": "), 0.0);
+  assert_float_equal(losses[3], json_number(done, "\"heldout_loss\": "), 0.0);
+  int best = 0;
+  for (int i = 1; i < 4; i++)
+    best = losses[i] < losses[best] ? i : best;
+  assert_int_equal((int)json_number(done, "\"best_step\": "), steps[best]);
+  assert_float_equal(json_number(done, "\"best_heldout_loss\": "),
+                     losses[best], 0.0);
+  /* Trained on "abab...", held out on "cdcd...": the held-out loss rises
+   * again as the model learns its training text, so the best step is not
+   * the last; a text file has no accuracy. */
+  char ab[160];
+  static char text[2000];
+  snprintf(ab, sizeof ab, "%s/ab.txt", dir);
+  for (int i = 0; i < 2000; i++)
+    text[i] = (char)((i < 1800 ? 'a' : 'c') + i % 2);
+  write_file(ab, text, sizeof text);
+  run(&a, TINY, "--data", ab, "--seq", "16", "--steps", "20", "--json",
+      "--eval-every", "5", NULL);
+  assert_int_equal(eval_lines(a.out, steps, losses, 8), 4);
+  assert_non_null(strstr(a.out, "{\"eval_step\": 10, \"heldout_loss\": "));
+  assert_null(strstr(a.out, "\"accuracy\": 0"));
+  best = 0;
+  for (int i = 1; i < 4; i++)
+    best = losses[i] < losses[best] ? i : best;
+  assert_true(best < 3);
+  done = strstr(a.out, "{\"done\"");
+  assert_int_equal((int)json_number(done, "\"best_step\": "), steps[best]);
+  /* Without --json: the figures in the progress line, within 79 columns,
+   * and the best step in the summary. */
+  unsetenv("COLUMNS");
+  run(&a, TINY, "--data", ab, "--seq", "16", "--steps", "20",
+      "--eval-every", "5", NULL);
+  assert_int_equal(progress_lines(a.err, 79), 10);
+  char line[96], want[96];
+  copy_line(a.err, "step  4/20 [", line, sizeof line); /* no evaluation yet */
+  assert_null(strstr(line, "val"));
+  copy_line(a.err, "step  6/20 [", line, sizeof line);
+  snprintf(want, sizeof want, " | val %.4f |", losses[0]);
+  assert_non_null(strstr(line, want));
+  snprintf(want, sizeof want, "\nbest held-out loss %.4f at step %d "
+           "(evaluated every 5 steps)\n", losses[best], steps[best]);
+  assert_non_null(strstr(a.out, want));
+  run(&a, TINY, "--eval-every", "0", NULL);
+  expect(&a, 2, "--eval-every '0': expected a whole number from 1 to 1000000");
+}
+
 /* The "lr" of each JSON step line, joined by ' '. */
 static void lr_list(const char *out, char *buf, size_t len) {
   buf[0] = '\0';
@@ -765,6 +872,7 @@ int main(void) {
       cmocka_unit_test(test_output_streams),
       cmocka_unit_test(test_progress_terminal),
       cmocka_unit_test(test_schedules),
+      cmocka_unit_test(test_eval_every),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

@@ -42,6 +42,7 @@ typedef struct train_options {
   /* checkpoints */
   const char *resume_path;
   int save_every;       /* steps; 0: only at the end */
+  int eval_every;       /* steps between held-out evaluations; 0: at the end */
 } train_options;
 
 /* The learning rate of step `step` (from 0): linear warm-up, then the
@@ -126,6 +127,9 @@ typedef struct progress_fields {
   double tokens_per_s;
   const char *peak; /* "12.3 MiB" */
   int eta_s;
+  int evaluated;       /* 1: show the latest held-out evaluation */
+  double heldout_loss; /* its loss, and accuracy (< 0: none) */
+  double accuracy;
 } progress_fields;
 
 /* The columns a progress line may use on `fd`: COLUMNS when set, else the

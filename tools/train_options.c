@@ -54,7 +54,10 @@ static void usage(FILE *f) {
 "  --resume FILE    continue the training saved in checkpoint FILE up to\n"
 "                   --steps (the total), with the same options\n"
 "  --trace FILE     write a Chrome trace (REMAT_TRACE) to FILE\n"
-"  --json           one JSON object per step, and one at the end, on stdout\n"
+"  --eval-every N   held-out loss (and accuracy) every N steps, in the\n"
+"                   progress line and the JSON; the summary names the best\n"
+"  --json           one JSON object per step, one per evaluation\n"
+"                   ({\"eval_step\": ...}) and one at the end, on stdout\n"
 "  --help           this text\n"
 "\n"
 "Exit status: 0 done, 1 failure while running (data, files, memory\n"
@@ -145,7 +148,7 @@ enum { OPT_DATA = 256, OPT_LAYERS, OPT_DMODEL, OPT_HEADS, OPT_SEQ, OPT_BATCH,
        OPT_SCHEDULE, OPT_WARMUP, OPT_LR_MIN, OPT_OPTIMIZER, OPT_WD,
        OPT_RESUME, OPT_SAVE_EVERY };
 /* data, evaluation and sampling (apply_run) */
-enum { OPT_DATA_FORMAT = 512, OPT_VOCAB };
+enum { OPT_DATA_FORMAT = 512, OPT_VOCAB, OPT_EVAL_EVERY };
 
 static const struct option longopts[] = {
     {"data", 1, 0, OPT_DATA},       {"layers", 1, 0, OPT_LAYERS},
@@ -162,6 +165,7 @@ static const struct option longopts[] = {
     {"wd", 1, 0, OPT_WD},               {"resume", 1, 0, OPT_RESUME},
     {"save-every", 1, 0, OPT_SAVE_EVERY},
     {"data-format", 1, 0, OPT_DATA_FORMAT}, {"vocab", 1, 0, OPT_VOCAB},
+    {"eval-every", 1, 0, OPT_EVAL_EVERY},
     {0, 0, 0, 0}};
 
 static int apply_training(int c, const char *arg, const char *raw,
@@ -177,6 +181,8 @@ static int apply_run(int c, const char *arg, const char *raw,
     return parse_name("--data-format", arg, formats, "bytes or u16",
                       &o->data_u16);
   case OPT_VOCAB: return parse_int("--vocab", arg, 1, &o->vocab);
+  case OPT_EVAL_EVERY:
+    return parse_int("--eval-every", arg, 1, &o->eval_every);
   default: return apply_training(c, arg, raw, o);
   }
 }
