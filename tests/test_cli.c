@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "remat.h"
 #include "tmpdir.h"
 
 extern char **environ;
@@ -813,6 +814,128 @@ static void test_eval_every(void **state) {
   expect(&a, 2, "--eval-every '0': expected a whole number from 1 to 1000000");
 }
 
+/* Greedy decoding through the library alone: a forward-only GPT of one
+ * row with the weights of `path`, fed the last cfg->seq tokens of the
+ * context and padded with 'x' (remat-train pads with 0: a causal model
+ * must not see it); returns prompt + `tokens` new bytes in `out`. */
+static void library_greedy(const char *path, const remat_gpt_config *cfg,
+                           const char *prompt, int tokens, char *out) {
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS, .num_threads = 1};
+  remat_runtime *rt;
+  remat_graph *g;
+  remat_gpt m;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  assert_int_equal(remat_gpt_build(g, cfg, &m), REMAT_OK);
+  assert_int_equal(remat_keep(g, m.logits), REMAT_OK);
+  assert_int_equal(remat_compile(g, NULL, NULL), REMAT_OK);
+  assert_int_equal(remat_load_safetensors(g, path), REMAT_OK);
+  int32_t window[64] = {0}, vocab = cfg->vocab, seq = cfg->seq;
+  static float logits[64 * 256];
+  assert_true(seq <= 64 && vocab <= 256);
+  assert_int_equal(remat_feed(g, m.targets, window, seq * sizeof *window),
+                   REMAT_OK);
+  int n = (int)strlen(prompt);
+  memcpy(out, prompt, (size_t)n);
+  for (; n < (int)strlen(prompt) + tokens; n++) {
+    int start = n > seq ? n - seq : 0;
+    for (int t = 0; t < seq; t++)
+      window[t] = t < n - start ? (unsigned char)out[start + t] : 'x';
+    assert_int_equal(remat_feed(g, m.tokens, window, seq * sizeof *window),
+                     REMAT_OK);
+    assert_int_equal(remat_forward(g, NULL), REMAT_OK);
+    assert_int_equal(remat_read(g, m.logits, logits,
+                                (size_t)seq * vocab * sizeof *logits),
+                     REMAT_OK);
+    const float *at = logits + (size_t)(n - start - 1) * vocab;
+    int best = 0;
+    for (int i = 1; i < vocab; i++)
+      best = at[i] > at[best] ? i : best;
+    out[n] = (char)best;
+  }
+  out[n] = '\0';
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
+/* --prompt: greedy text is the library's argmax decoding, through a
+ * window that slides past --seq; a seed gives the same draws, another
+ * seed others; --top-k 1 is greedy at any temperature. */
+static void test_sample(void **state) {
+  (void)state;
+  char text[160], w[160];
+  snprintf(text, sizeof text, "%s/fox.txt", dir);
+  snprintf(w, sizeof w, "%s/fox.ckpt", dir);
+  static const char fox[] = "the quick brown fox jumps over the lazy dog\n";
+  static char buf[2000];
+  for (size_t i = 0; i < sizeof buf; i++)
+    buf[i] = fox[i % 44];
+  write_file(text, buf, sizeof buf);
+  result r, greedy, again;
+#define FOX TINY, "--seq", "16", "--data", text
+  run(&r, FOX, "--steps", "60", "--save", w, NULL);
+  assert_int_equal(r.code, 0);
+  run(&greedy, FOX, "--load", w, "--prompt", "the quick", "--tokens", "30",
+      "--temperature", "0", NULL);
+  assert_int_equal(greedy.code, 0);
+  assert_string_equal(greedy.err, "");
+  char want[64];
+  remat_gpt_config cfg = {.layers = 1, .d_model = 16, .heads = 2, .seq = 16,
+                          .batch = 1, .vocab = 256};
+  library_greedy(w, &cfg, "the quick", 30, want);
+  strcat(want, "\n");
+  assert_string_equal(greedy.out, want);
+  print_message("greedy: %s", greedy.out);
+  /* temperature 1: a seed's draws, repeatable; another seed's differ */
+  run(&r, FOX, "--load", w, "--prompt", "the quick", "--tokens", "30",
+      "--seed", "7", NULL);
+  run(&again, FOX, "--load", w, "--prompt", "the quick", "--tokens", "30",
+      "--seed", "7", NULL);
+  assert_int_equal(r.code, 0);
+  assert_string_equal(r.out, again.out);
+  assert_memory_equal(r.out, "the quick", 9);
+  assert_int_equal(strlen(r.out), 9 + 30 + 1);
+  assert_string_not_equal(r.out, greedy.out);
+  run(&again, FOX, "--load", w, "--prompt", "the quick", "--tokens", "30",
+      "--seed", "8", NULL);
+  assert_string_not_equal(r.out, again.out);
+  run(&r, FOX, "--load", w, "--prompt", "the quick", "--tokens", "30",
+      "--seed", "8", "--top-k", "1", "--temperature", "2", NULL);
+  assert_string_equal(r.out, greedy.out);
+  /* a temperature near 0 sharpens the draws onto the most likely token */
+  run(&r, FOX, "--load", w, "--prompt", "the quick", "--tokens", "30",
+      "--seed", "7", "--temperature", "0.0001", NULL);
+  assert_string_equal(r.out, greedy.out);
+  /* errors */
+  run(&r, FOX, "--prompt", "the", NULL);
+  expect(&r, 2, "--prompt needs --load FILE: the weights to sample from");
+  run(&r, FOX, "--top-k", "3", NULL);
+  expect(&r, 2, "--top-k needs --prompt TEXT");
+  run(&r, FOX, "--load", w, "--prompt", "the", "--steps", "5", NULL);
+  expect(&r, 2, "--steps does not apply to --prompt, which samples from the "
+                "weights of --load without training");
+  run(&r, FOX, "--load", w, "--prompt", "", NULL);
+  expect(&r, 2, "--prompt is empty: give at least one token");
+  run(&r, FOX, "--load", w, "--prompt", "a", "--temperature", "-1", NULL);
+  expect(&r, 2, "--temperature '-1': expected a number >= 0");
+  run(&r, FOX, "--load", w, "--prompt", "a", "--top-k", "0", NULL);
+  expect(&r, 2, "--top-k '0': expected a whole number from 1 to 1000000");
+#undef FOX
+  run(&r, TINY, "--load", w, "--prompt", "12a", NULL);
+  expect(&r, 2, "--prompt '12a': 'a' is not a token of the addition task "
+                "(digits, + and =)");
+  char ids[160];
+  uint16_t fox_ids[44];
+  for (int i = 0; i < 44; i++)
+    fox_ids[i] = (uint16_t)fox[i];
+  snprintf(ids, sizeof ids, "%s/fox.bin", dir);
+  write_ids(ids, fox_ids, 44, sizeof buf, 0);
+  run(&r, TINY, "--seq", "16", "--data", ids, "--data-format", "u16",
+      "--load", w, "--prompt", "116, 104 x", NULL);
+  expect(&r, 2, "--prompt '116, 104 x': expected token ids 0 to 122 "
+                "separated by spaces or commas");
+}
+
 /* The "lr" of each JSON step line, joined by ' '. */
 static void lr_list(const char *out, char *buf, size_t len) {
   buf[0] = '\0';
@@ -873,6 +996,7 @@ int main(void) {
       cmocka_unit_test(test_progress_terminal),
       cmocka_unit_test(test_schedules),
       cmocka_unit_test(test_eval_every),
+      cmocka_unit_test(test_sample),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

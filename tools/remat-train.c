@@ -2,7 +2,8 @@
  * chosen data, trains it (AdamW or SGD, warm-up then a schedule) while
  * drawing a progress bar, writes a checkpoint if asked (at the end, every
  * N steps, and when a signal stops the run), then reports held-out results
- * and sample completions. */
+ * and sample completions; with --prompt it samples from --load's weights
+ * instead (train_sample.c). */
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -279,6 +280,8 @@ static int run(trainer *t) {
     return EXIT_RUNTIME;
   }
   o->cfg.vocab = dataset_vocab(t->data);
+  if (o->prompt != NULL)
+    return sample_run(o, t->data);
   double start = now();
   int rc = open_model(t);
   if (rc == 0)

@@ -43,6 +43,12 @@ typedef struct train_options {
   const char *resume_path;
   int save_every;       /* steps; 0: only at the end */
   int eval_every;       /* steps between held-out evaluations; 0: at the end */
+  /* sampling instead of training (--prompt), from the weights of --load */
+  const char *prompt;
+  int sample_tokens;    /* --tokens; 0: 100 */
+  float temperature;    /* 0: greedy */
+  int top_k;            /* 0: every token */
+  const char *sample_opt; /* the last of --tokens, --temperature, --top-k */
 } train_options;
 
 /* The learning rate of step `step` (from 0): linear warm-up, then the
@@ -161,5 +167,21 @@ remat_status evaluator_open(remat_runtime *rt, const train_options *o,
 remat_status evaluate(eval_model *e, remat_graph *train, dataset *d,
                       FILE *out, eval_result *r);
 void evaluator_close(eval_model *e);
+/* The same graph with `rows` sequences, for sampling (one row). */
+remat_status evaluator_open_rows(remat_runtime *rt, const train_options *o,
+                                 int rows, eval_model **out);
+/* Loads the weights of a safetensors file or checkpoint. */
+remat_status evaluator_load(eval_model *e, const char *path);
+/* The logits [vocab] of the token after context[0..n), n >= 1, seen
+ * through the last --seq tokens (in row 0); valid until the next call. */
+remat_status evaluator_next(eval_model *e, const int32_t *context, int n,
+                            const float **logits);
+
+/* ---- sampling (train_sample.c) ---- */
+
+/* --prompt: continues the prompt by --tokens tokens with the weights of
+ * --load and prints it on stdout; returns an exit status after printing
+ * the reason of a failure. */
+int sample_run(const train_options *o, const dataset *d);
 
 #endif

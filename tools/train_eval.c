@@ -239,12 +239,31 @@ static remat_status text_sample(eval_model *e, const dataset *d, FILE *out) {
   return s;
 }
 
-remat_status evaluator_open(remat_runtime *rt, const train_options *o,
-                            const dataset *d, eval_model **out) {
+remat_status evaluator_open_rows(remat_runtime *rt, const train_options *o,
+                                 int rows, eval_model **out) {
   *out = malloc(sizeof **out);
   if (*out == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
-  return eval_open(*out, rt, o, d->addition ? 64 : 8);
+  return eval_open(*out, rt, o, rows);
+}
+
+remat_status evaluator_open(remat_runtime *rt, const train_options *o,
+                            const dataset *d, eval_model **out) {
+  return evaluator_open_rows(rt, o, d->addition ? 64 : 8, out);
+}
+
+remat_status evaluator_load(eval_model *e, const char *path) {
+  return remat_load_safetensors(e->g, path);
+}
+
+remat_status evaluator_next(eval_model *e, const int32_t *context, int n,
+                            const float **logits) {
+  int start = n > e->seq ? n - e->seq : 0, len = n - start;
+  for (int t = 0; t < e->seq; t++)
+    e->tokens[t] = t < len ? context[start + t] : 0; /* causal: unread */
+  remat_status s = eval_forward(e);
+  *logits = logits_at(e, 0, len - 1);
+  return s;
 }
 
 remat_status evaluate(eval_model *e, remat_graph *train, dataset *d,

@@ -43,7 +43,8 @@ static void usage(FILE *f) {
 "                   evaluation graph must fit it too (checked before the\n"
 "                   first step)\n"
 "  --threads N      worker threads (default: REMAT_NUM_THREADS or cores)\n"
-"  --seed N         seed of the weights and of the data (default 1)\n"
+"  --seed N         seed of the weights, the data and the draws of\n"
+"                   --prompt (default 1)\n"
 "  --save FILE      write a checkpoint (safetensors: the weights, the\n"
 "                   optimizer state, the step and the data position) after\n"
 "                   training, before evaluation, and on SIGINT or SIGTERM;\n"
@@ -58,6 +59,14 @@ static void usage(FILE *f) {
 "                   progress line and the JSON; the summary names the best\n"
 "  --json           one JSON object per step, one per evaluation\n"
 "                   ({\"eval_step\": ...}) and one at the end, on stdout\n"
+"  --prompt TEXT    sample instead of training: continue TEXT with the\n"
+"                   weights of --load (and the options they were trained\n"
+"                   with) on stdout; TEXT is bytes, token ids separated by\n"
+"                   spaces or commas (u16), or digits, + and = (addition)\n"
+"  --tokens N       tokens to generate (default 100)\n"
+"  --temperature T  0: the most likely token; else drawn from\n"
+"                   softmax(logits / T) (default 1)\n"
+"  --top-k K        draw among the K most likely tokens (default all)\n"
 "  --help           this text\n"
 "\n"
 "Exit status: 0 done, 1 failure while running (data, files, memory\n"
@@ -148,7 +157,8 @@ enum { OPT_DATA = 256, OPT_LAYERS, OPT_DMODEL, OPT_HEADS, OPT_SEQ, OPT_BATCH,
        OPT_SCHEDULE, OPT_WARMUP, OPT_LR_MIN, OPT_OPTIMIZER, OPT_WD,
        OPT_RESUME, OPT_SAVE_EVERY };
 /* data, evaluation and sampling (apply_run) */
-enum { OPT_DATA_FORMAT = 512, OPT_VOCAB, OPT_EVAL_EVERY };
+enum { OPT_DATA_FORMAT = 512, OPT_VOCAB, OPT_EVAL_EVERY, OPT_PROMPT,
+       OPT_TOKENS, OPT_TEMPERATURE, OPT_TOP_K };
 
 static const struct option longopts[] = {
     {"data", 1, 0, OPT_DATA},       {"layers", 1, 0, OPT_LAYERS},
@@ -165,7 +175,9 @@ static const struct option longopts[] = {
     {"wd", 1, 0, OPT_WD},               {"resume", 1, 0, OPT_RESUME},
     {"save-every", 1, 0, OPT_SAVE_EVERY},
     {"data-format", 1, 0, OPT_DATA_FORMAT}, {"vocab", 1, 0, OPT_VOCAB},
-    {"eval-every", 1, 0, OPT_EVAL_EVERY},
+    {"eval-every", 1, 0, OPT_EVAL_EVERY}, {"prompt", 1, 0, OPT_PROMPT},
+    {"tokens", 1, 0, OPT_TOKENS}, {"temperature", 1, 0, OPT_TEMPERATURE},
+    {"top-k", 1, 0, OPT_TOP_K},
     {0, 0, 0, 0}};
 
 static int apply_training(int c, const char *arg, const char *raw,
@@ -183,14 +195,33 @@ static int apply_run(int c, const char *arg, const char *raw,
   case OPT_VOCAB: return parse_int("--vocab", arg, 1, &o->vocab);
   case OPT_EVAL_EVERY:
     return parse_int("--eval-every", arg, 1, &o->eval_every);
+  case OPT_PROMPT: o->prompt = arg; return 0;
+  case OPT_TOKENS:
+    o->sample_opt = "--tokens";
+    return parse_int("--tokens", arg, 1, &o->sample_tokens);
+  case OPT_TEMPERATURE:
+    o->sample_opt = "--temperature";
+    return parse_nonneg("--temperature", arg, &o->temperature);
+  case OPT_TOP_K:
+    o->sample_opt = "--top-k";
+    return parse_int("--top-k", arg, 1, &o->top_k);
   default: return apply_training(c, arg, raw, o);
   }
 }
 
-/* --data-format and --vocab. */
-static int check_run(const train_options *o) {
+/* --data-format, --vocab and sampling; `trains` names the last option
+ * given that only training takes. */
+static int check_run(const train_options *o, const char *trains) {
   char why[160] = "";
-  if (o->data_u16 && o->data_path == NULL)
+  if (o->prompt == NULL && o->sample_opt != NULL)
+    snprintf(why, sizeof why, "%s needs --prompt TEXT", o->sample_opt);
+  else if (o->prompt != NULL && o->load_path == NULL)
+    snprintf(why, sizeof why, "--prompt needs --load FILE: the weights to "
+             "sample from");
+  else if (o->prompt != NULL && trains != NULL)
+    snprintf(why, sizeof why, "--%s does not apply to --prompt, which "
+             "samples from the weights of --load without training", trains);
+  else if (o->data_u16 && o->data_path == NULL)
     snprintf(why, sizeof why, "--data-format u16 needs --data FILE");
   else if (o->vocab > 0 && !o->data_u16)
     snprintf(why, sizeof why, "--vocab needs --data-format u16 (the "
@@ -277,16 +308,23 @@ int options_parse(int argc, char **argv, train_options *o) {
                                .seq = 16, .batch = 64},
                        .steps = 2000, .lr = 3e-3f, .seed = 1,
                        .optimizer = REMAT_OPT_ADAMW, .warmup = -1,
-                       .lr_min = -1.0f, .wd = 0.01f};
-  int seq_set = 0, batch_set = 0, c;
+                       .lr_min = -1.0f, .wd = 0.01f, .temperature = 1.0f};
+  int seq_set = 0, batch_set = 0, c, at = 0;
+  const char *trains = NULL; /* the last option that only training takes */
   opterr = 0;
   optind = 1;
-  while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":", longopts, &at)) != -1) {
     const char *raw = argv[optind - 1];
     int r = apply(c, optarg, raw, o, &seq_set, &batch_set);
     if (r != 0)
       return r;
+    char name[32];
+    snprintf(name, sizeof name, " %s ", longopts[at].name);
+    if (strstr(" steps save save-every resume eval-every json trace ", name))
+      trains = longopts[at].name;
   }
+  if (o->sample_tokens == 0)
+    o->sample_tokens = 100;
   if (optind < argc)
     return bad("unexpected argument '%s' (see --help)%s", argv[optind], "");
   if (o->data_path != NULL && !seq_set)
@@ -298,7 +336,7 @@ int options_parse(int argc, char **argv, train_options *o) {
             o->cfg.d_model, o->cfg.heads);
     return EXIT_USAGE;
   }
-  if (check_training(o) != 0 || check_run(o) != 0)
+  if (check_training(o) != 0 || check_run(o, trains) != 0)
     return EXIT_USAGE;
   if (o->data_path == NULL && o->cfg.seq < ADD_LEN) {
     fprintf(stderr, "remat-train: --seq %d is shorter than an addition "
