@@ -288,6 +288,18 @@ static void test_token_file_trains(void **state) {
   assert_int_equal(b.code, 0);
   assert_non_null(strstr(b.out, "sample (prompt, then greedy completion):\n"
                                 "  1100 1111 1103 1010 "));
+  /* sampling prints ids separated by spaces, all in the vocabulary */
+  run(&b, TINY, "--seq", "32", "--data", shifted, "--data-format", "u16",
+      "--load", w, "--prompt", "1116,1104 1101", "--tokens", "5", NULL);
+  assert_int_equal(b.code, 0);
+  assert_memory_equal(b.out, "1116 1104 1101 ", 15);
+  char *p = b.out;
+  for (int i = 0; i < 8; i++) {
+    long id = strtol(p, &p, 10);
+    assert_true(id >= 0 && id < 1123);
+    assert_int_equal(*p++, i < 7 ? ' ' : '\n');
+  }
+  assert_int_equal(*p, '\0');
   run(&b, TINY, "--seq", "32", "--steps", "0", "--data", shifted,
       "--data-format", "u16", "--vocab", "1124", "--load", w, NULL);
   char want[512];
