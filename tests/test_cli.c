@@ -280,6 +280,37 @@ static void test_token_file_trains(void **state) {
                      json_number(strstr(a.out, "{\"done\""),
                                  "\"heldout_loss\": "),
                      0.0);
+  /* The same ids after llm.c's header: the same training. */
+  char llmc[160];
+  snprintf(llmc, sizeof llmc, "%s/fox-llmc.bin", dir);
+  static unsigned char file[1024 + 2 * sizeof buf];
+  int32_t header[256] = {20240520, 1, (int32_t)sizeof buf};
+  for (int i = 0; i < 3; i++)
+    for (int k = 0; k < 4; k++)
+      file[4 * i + k] = (unsigned char)((uint32_t)header[i] >> 8 * k);
+  for (size_t i = 0; i < sizeof buf; i++)
+    file[1024 + 2 * i] = (unsigned char)buf[i]; /* high bytes 0 */
+  write_file(llmc, file, sizeof file);
+  run(&b, TINY, "--seq", "32", "--steps", "3", "--json", "--data", llmc,
+      "--data-format", "u16", "--vocab", "256", NULL);
+  assert_int_equal(b.code, 0);
+  assert_float_equal(json_number(strstr(b.out, "{\"done\""),
+                                 "\"heldout_loss\": "),
+                     json_number(strstr(a.out, "{\"done\""),
+                                 "\"heldout_loss\": "),
+                     0.0);
+  char want[512];
+  write_file(llmc, file, sizeof file - 2); /* a token short */
+  run(&b, "--data", llmc, "--data-format", "u16", NULL);
+  snprintf(want, sizeof want, "--data '%s' has llm.c's header for 2000 "
+           "tokens, but 3998 bytes follow it", llmc);
+  expect(&b, 1, want);
+  file[4] = 2;
+  write_file(llmc, file, sizeof file);
+  run(&b, "--data", llmc, "--data-format", "u16", NULL);
+  snprintf(want, sizeof want, "--data '%s' has llm.c's header of version 2: "
+           "--data-format u16 reads version 1 (uint16 tokens)", llmc);
+  expect(&b, 1, want);
   /* Shifted to ids 1000 + byte, read from standard input: the default
    * vocabulary is 1000 + 'z' + 1, as the saved embedding's shape shows. */
   write_ids(shifted, fox_ids, 44, sizeof buf, 1000);
@@ -302,7 +333,6 @@ static void test_token_file_trains(void **state) {
   assert_int_equal(*p, '\0');
   run(&b, TINY, "--seq", "32", "--steps", "0", "--data", shifted,
       "--data-format", "u16", "--vocab", "1124", "--load", w, NULL);
-  char want[512];
   snprintf(want, sizeof want, "remat_load_safetensors: '%s': tensor 'wte' "
            "has shape [1123,16] in the file but [1124,16] in the model", w);
   expect(&b, 1, want);

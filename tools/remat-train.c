@@ -125,8 +125,9 @@ static const char *json_accuracy(char buf[32], double accuracy) {
 }
 
 /* Records the evaluation after step `step` (the latest, the best) and,
- * with --json and `print`, writes its line. */
-static void note_eval(trainer *t, int step, const eval_result *r, int print) {
+ * with --json and `print`, writes its line with the `seconds` it took. */
+static void note_eval(trainer *t, int step, const eval_result *r,
+                      double seconds, int print) {
   t->last = *r;
   t->evaluated = 1;
   if (t->best_step < 0 || r->heldout_loss < t->best_loss) {
@@ -135,8 +136,9 @@ static void note_eval(trainer *t, int step, const eval_result *r, int print) {
   }
   char acc[32];
   if (t->o.json && print) {
-    printf("{\"eval_step\": %d, \"heldout_loss\": %.6f, \"accuracy\": %s}\n",
-           step, r->heldout_loss, json_accuracy(acc, r->accuracy));
+    printf("{\"eval_step\": %d, \"heldout_loss\": %.6f, \"accuracy\": %s, "
+           "\"eval_s\": %.3f}\n", step, r->heldout_loss,
+           json_accuracy(acc, r->accuracy), seconds);
     fflush(stdout);
   }
 }
@@ -154,8 +156,9 @@ static int evaluate_during(trainer *t, int done) {
       fputc('\n', stderr); /* end the progress line first */
     return fail("evaluation: ");
   }
-  t->eval_s += now() - start;
-  note_eval(t, done, &r, 1);
+  double seconds = now() - start;
+  t->eval_s += seconds;
+  note_eval(t, done, &r, seconds, 1);
   return 0;
 }
 
@@ -237,9 +240,10 @@ static int train(trainer *t) {
 static int report(trainer *t, double wall) {
   const train_options *o = &t->o;
   eval_result r;
+  double start = now();
   if (evaluate(t->eval, t->g, t->data, o->json ? NULL : stdout, &r))
     return fail("evaluation: ");
-  note_eval(t, o->steps, &r, o->eval_every > 0 &&
+  note_eval(t, o->steps, &r, now() - start, o->eval_every > 0 &&
             o->steps % o->eval_every == 0 && o->steps > t->first_step);
   char peak[32], acc[32];
   format_bytes(peak, sizeof peak, t->peak_bytes);

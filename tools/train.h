@@ -87,10 +87,12 @@ dataset *dataset_addition(uint64_t seed);
  * a one-line message in `err` (missing, empty or binary file, or shorter
  * than seq + 1 bytes). */
 dataset *dataset_text(const char *path, int seq, char *err, size_t err_len);
-/* A token file as nanoGPT and llm.c write them: little-endian uint16 ids,
- * all below `vocab` (0: the vocabulary is the largest id + 1). Returns NULL
- * after putting a one-line message in `err` (an odd size, an id outside
- * the vocabulary, too few tokens for a training and a held-out window). */
+/* A token file as nanoGPT and llm.c write them: little-endian uint16 ids
+ * (after llm.c's 1 KiB header when the file starts with it), all below
+ * `vocab` (0: the vocabulary is the largest id + 1). Returns NULL after
+ * putting a one-line message in `err` (an odd size, a header that does not
+ * match, an id outside the vocabulary, too few tokens for a training and a
+ * held-out window). */
 dataset *dataset_u16(const char *path, int seq, int vocab, char *err,
                      size_t err_len);
 /* The data that the options name (--data, --data-format, --vocab). */

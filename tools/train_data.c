@@ -224,24 +224,56 @@ dataset *dataset_text(const char *path, int seq, char *err, size_t err_len) {
   return file_dataset(text, NULL, len, 256, path, seq, err, err_len);
 }
 
+/* The little-endian int32 at p. */
+static int64_t le32(const unsigned char *p) {
+  return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 |
+                   (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+}
+
+/* The bytes of llm.c's header before the tokens (256 int32: magic
+ * 20240520, version 1, token count), 0 for a flat file, -1 after a
+ * message in `err` for a header that does not match the file. */
+static int64_t llmc_header(const unsigned char *raw, int64_t bytes,
+                           const char *path, char *err, size_t err_len) {
+  enum { HEADER = 256 * 4, MAGIC = 20240520 };
+  if (bytes < HEADER || le32(raw) != MAGIC)
+    return 0;
+  int64_t version = le32(raw + 4), tokens = le32(raw + 8);
+  if (version != 1)
+    snprintf(err, err_len, "--data '%s' has llm.c's header of version %lld: "
+             "--data-format u16 reads version 1 (uint16 tokens)", path,
+             (long long)version);
+  else if (tokens < 0 || bytes - HEADER != 2 * tokens)
+    snprintf(err, err_len, "--data '%s' has llm.c's header for %lld tokens, "
+             "but %lld bytes follow it", path, (long long)tokens,
+             (long long)(bytes - HEADER));
+  else
+    return HEADER;
+  return -1;
+}
+
 dataset *dataset_u16(const char *path, int seq, int vocab, char *err,
                      size_t err_len) {
   int64_t bytes = 0;
   unsigned char *raw = load(path, 0, &bytes, err, err_len);
   if (raw == NULL)
     return NULL;
-  if (bytes % 2 != 0) {
+  int64_t skip = llmc_header(raw, bytes, path, err, err_len);
+  if (skip == 0 && bytes % 2 != 0)
     snprintf(err, err_len, "--data '%s' has %lld bytes, an odd number: "
              "--data-format u16 takes 2-byte tokens", path, (long long)bytes);
+  if (skip < 0 || bytes % 2 != 0) {
     free(raw);
     return NULL;
   }
-  /* in place: id i is read from bytes 2i and 2i+1 before it is stored */
+  /* in place: id i is read from bytes skip + 2i and skip + 2i + 1 before
+   * it is stored in bytes 2i and 2i + 1 */
   uint16_t *ids = (uint16_t *)(void *)raw;
-  int64_t len = bytes / 2;
+  const unsigned char *in = raw + skip;
+  int64_t len = (bytes - skip) / 2;
   int largest = 0;
   for (int64_t i = 0; i < len; i++) {
-    int id = raw[2 * i] | raw[2 * i + 1] << 8;
+    int id = in[2 * i] | in[2 * i + 1] << 8;
     ids[i] = (uint16_t)id;
     largest = id > largest ? id : largest;
     if (vocab > 0 && id >= vocab) {
