@@ -24,6 +24,13 @@ typedef struct plan_buffer {
   float *data;
 } plan_buffer;
 
+/* Whether a buffer has a copy on every one of `nnodes` nodes (parameters,
+ * read whole by every tile of a linear; numa_place.c makes the copies, and
+ * the memory prediction counts them). */
+static inline bool plan_buffer_replicated(const plan_buffer *b, int nnodes) {
+  return nnodes > 1 && b->cat == REMAT_MEM_PARAMS && b->tensor >= 0;
+}
+
 typedef enum knode_kind {
   KNODE_FORWARD,
   KNODE_SEED,      /* d(loss) = 1 */
