@@ -375,8 +375,13 @@ REMAT_API remat_status remat_set_clip(remat_graph *g, float max_norm);
  * "live bytes" counter ("C") of parameters, optimizer state, gradients,
  * activations saved, activations not saved (freed in forward),
  * recomputed, activation gradients and scratch, wherever it changes.
- * PATH must be a regular file or a new name (REMAT_ERR_IO). A trace that
- * cannot be written after a step does not fail the step: see
+ * Each rewrite goes to a new file beside PATH that is renamed over it
+ * (over the file it points to, when PATH is a symbolic link), so PATH
+ * holds a whole trace or its previous one, never a part. PATH must be a
+ * regular file or a new name in a directory where a file can be created
+ * (REMAT_ERR_IO); nothing is written there before the first traced run.
+ * Names are written as JSON strings, bytes that are not UTF-8 as \xNN. A
+ * trace that cannot be written after a step does not fail the step: see
  * remat_step_stats.trace_status. */
 REMAT_API remat_status remat_trace_steps(remat_graph *g, const char *path,
                                          int steps);

@@ -10,11 +10,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,7 +25,6 @@
 
 #define HEADER_MAX ((uint64_t)100 << 20) /* the safetensors package's limit */
 #define HEADER_CHUNK ((size_t)1 << 16)   /* header bytes read at a time */
-#define TEMP_TRIES 100 /* names tried for the temporary file of a save */
 #define QUOTE_MAX 64   /* bytes of a name from a file shown in a message */
 
 
@@ -239,39 +236,16 @@ static remat_status write_body(int fd, const save_body *body, const char *what,
   return REMAT_OK;
 }
 
-/* Random bits for a temporary name; unique within the process even when
- * the system has none to give. */
-static uint64_t temp_suffix(void) {
-  static _Atomic uint64_t counter;
-  uint64_t r = 0;
-  if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    r = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^
-        ((uint64_t)ts.tv_sec << 20);
-  }
-  return r + atomic_fetch_add(&counter, 1) * 0x9e3779b97f4a7c15ull;
-}
-
-/* Creates PATH.<16 hex digits>.tmp beside the target with O_EXCL, so that
- * nothing already there (a file, a symbolic link) is reused or followed;
- * its mode is 0644 less the umask, as for any new file. */
+/* Creates the temporary file beside the target (files.h). */
 static remat_status create_temp(const char *path, const char *what,
                                 char **tmp, int *fd) {
   size_t len = 0;
-  if (!remat__add_size(strlen(path), sizeof ".0123456789abcdef.tmp", &len) ||
+  if (!remat__add_size(strlen(path), REMAT__TEMP_EXTRA, &len) ||
       (*tmp = remat__malloc(len)) == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-  for (int i = 0; i < TEMP_TRIES; i++) {
-    snprintf(*tmp, len, "%s.%016llx.tmp", path,
-             (unsigned long long)temp_suffix());
-    *fd = open(*tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-               0644);
-    if (*fd >= 0)
-      return REMAT_OK;
-    if (errno != EEXIST)
-      break;
-  }
+  *fd = remat__temp_create(path, *tmp, len);
+  if (*fd >= 0)
+    return REMAT_OK;
   int err = errno;
   free(*tmp);
   *tmp = NULL;

@@ -8,8 +8,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/files.h"
 #include "runtime/step_plan.h"
 
 static double now_seconds(void) {
@@ -161,13 +163,23 @@ static remat_status do_set_clip(remat_graph *g, float max_norm) {
   return REMAT_OK;
 }
 
+/* The trace replaces PATH after each traced run (a new file renamed over
+ * it), so PATH must be a regular file (through a symbolic link too) or a
+ * new name in a directory where a file can be created: checked now, with
+ * a temporary file made and removed, so that nothing is left at PATH. */
 static remat_status do_trace_steps(remat_graph *g, const char *path,
                                    int steps) {
   step_trace *t = &g->plan->trace;
-  if (steps < 0 || (steps > 0 && (path == NULL || path[0] == '\0')))
+  if (steps < 0)
     return remat__fail(REMAT_ERR_INVALID_ARG,
-                       "remat_trace_steps: expected a file and steps >= 1, "
-                       "or steps 0 to stop tracing");
+                       "remat_trace_steps: steps is %d: expected steps >= 1 "
+                       "with a file, or 0 to stop tracing",
+                       steps);
+  if (steps > 0 && (path == NULL || path[0] == '\0'))
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_trace_steps: the path is %s: expected a file "
+                       "with steps >= 1, or steps 0 to stop tracing",
+                       path == NULL ? "NULL" : "empty");
   if (steps > 0 && strlen(path) >= sizeof t->path)
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_trace_steps: the path is longer than %zu bytes",
@@ -175,13 +187,19 @@ static remat_status do_trace_steps(remat_graph *g, const char *path,
   struct stat st;
   if (steps > 0 && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
     return remat__fail(REMAT_ERR_IO,
-                       "remat_trace_steps: '%s' is not a regular file", path);
-  FILE *f = steps > 0 ? fopen(path, "a") : NULL;
-  if (steps > 0 && f == NULL)
-    return remat__fail(REMAT_ERR_IO, "remat_trace_steps: cannot write '%s': %s",
-                       path, strerror(errno));
-  if (f != NULL)
+                       "remat_trace_steps: '%s' is %s: the trace must be a "
+                       "regular file or a new name",
+                       path, remat__file_kind(st.st_mode));
+  if (steps > 0) {
+    remat__replacing r;
+    FILE *f = remat__replace_begin(path, &r);
+    if (f == NULL)
+      return remat__fail(REMAT_ERR_IO,
+                         "remat_trace_steps: cannot write '%s': %s", path,
+                         strerror(errno));
     fclose(f);
+    unlink(r.tmp);
+  }
   snprintf(t->path, sizeof t->path, "%s", steps > 0 ? path : "");
   t->steps_left = steps;
   t->nsteps = 0;

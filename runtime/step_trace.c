@@ -1,6 +1,7 @@
 /* Chrome traces of training steps (step_trace.h). A traced run hands the
  * scheduler an array of records (worker, start, end per task); after the
- * run the whole file is rewritten with every step traced into it so far:
+ * run the whole file is rewritten (a new file renamed over it) with every
+ * step traced into it so far:
  * a thread per worker, one complete ("X") event per task named by layer
  * and tensor (task_names.h) with its id and NUMA affinity ("node", -1
  * none), an event per step on a "steps" thread, and a
@@ -16,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "base/alloc.h"
+#include "base/files.h"
 #include "runtime/step_plan.h"
 #include "runtime/task_names.h"
 
@@ -134,18 +136,6 @@ void step_trace_cancel(remat_step_plan *p) { p->trace.target = NULL; }
 
 /* ---- the file ---- */
 
-/* Writes `s` as the body of a JSON string. */
-static void write_escaped(FILE *f, const char *s) {
-  for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-    if (*c == '"' || *c == '\\')
-      fprintf(f, "\\%c", *c);
-    else if (*c < 0x20)
-      fprintf(f, "\\u%04x", *c);
-    else
-      fputc(*c, f);
-  }
-}
-
 static const char *kind_name(knode_kind kind) {
   switch (kind) {
   case KNODE_FORWARD:
@@ -190,7 +180,7 @@ static void write_tasks(FILE *f, const remat_step_plan *p, int s) {
     const plan_knode *kn = &p->low.knodes[t->task_knode[task]];
     int64_t part = task - kn->start_task; /* 0 start, 1 done, 2.. tiles */
     fputs(",\n{\"name\":\"", f);
-    write_escaped(f,
+    remat__write_json_text(f,
                   p->task_names + (size_t)t->task_knode[task] * TASK_NAME_MAX);
     fprintf(f,
             "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
@@ -284,9 +274,14 @@ static void write_steps(FILE *f, const remat_step_plan *p) {
   }
 }
 
+/* Writes the whole trace to a new file renamed over the target
+ * (files.h): the target, and whoever reads it, another graph writing it
+ * at the same time included, only ever sees a whole trace; on failure it
+ * is as it was. */
 static remat_status write_file(const remat_step_plan *p, const char *path,
                                char *err, size_t len) {
-  FILE *f = fopen(path, "w");
+  remat__replacing r;
+  FILE *f = remat__replace_begin(path, &r);
   if (f == NULL) {
     snprintf(err, len, "cannot write trace '%s': %s", path, strerror(errno));
     return REMAT_ERR_IO;
@@ -295,14 +290,9 @@ static remat_status write_file(const remat_step_plan *p, const char *path,
   write_threads(f, p);
   write_steps(f, p);
   fputs("\n]}\n", f);
-  int failed = ferror(f), saved_errno = errno;
-  if (fclose(f) != 0 && !failed) {
-    failed = 1;
-    saved_errno = errno;
-  }
-  if (failed) {
-    snprintf(err, len, "cannot write trace '%s': %s", path,
-             strerror(saved_errno ? saved_errno : EIO));
+  int e = remat__replace_end(f, &r);
+  if (e != 0) {
+    snprintf(err, len, "cannot write trace '%s': %s", path, strerror(e));
     return REMAT_ERR_IO;
   }
   return REMAT_OK;

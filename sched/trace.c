@@ -7,19 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/files.h"
 #include "sched/sched_internal.h"
-
-/* Writes `s` as the body of a JSON string. */
-static void write_escaped(FILE *f, const char *s) {
-  for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-    if (*c == '"' || *c == '\\')
-      fprintf(f, "\\%c", *c);
-    else if (*c < 0x20)
-      fprintf(f, "\\u%04x", *c);
-    else
-      fputc(*c, f);
-  }
-}
 
 static void write_workers(FILE *f, const sched_pool *pool) {
   for (int w = 0; w < pool->nworkers; w++)
@@ -34,9 +23,9 @@ static void write_task(FILE *f, const sched_pool *pool, const sched_dag *dag,
   const sched_trace_record *r = &pool->trace[t];
   const sched_task_info *task = &dag->info[t];
   fputs(",\n{\"name\":\"", f);
-  write_escaped(f, task->name ? task->name : "task");
+  remat__write_json_text(f, task->name ? task->name : "task");
   fputs("\",\"cat\":\"", f);
-  write_escaped(f, task->category ? task->category : "task");
+  remat__write_json_text(f, task->category ? task->category : "task");
   fprintf(f,
           "\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%d,"
           "\"args\":{\"id\":%d,\"node\":%d}}",
@@ -45,12 +34,14 @@ static void write_task(FILE *f, const sched_pool *pool, const sched_dag *dag,
           (int)dag->tasks[t].numa_node);
 }
 
+/* The file is written whole beside the target and renamed over it
+ * (base/files.h), so that it never holds a part of a trace. */
 remat_status sched_trace_write(const sched_pool *pool, const sched_dag *dag,
                                const char *path, char err[SCHED_ERRMSG_MAX]) {
-  FILE *f = fopen(path, "w");
+  remat__replacing r;
+  FILE *f = remat__replace_begin(path, &r);
   if (!f) {
-    snprintf(err, SCHED_ERRMSG_MAX, "cannot write trace '%s': %s", path,
-             strerror(errno));
+    snprintf(err, SCHED_ERRMSG_MAX, "cannot write trace '%s': %s", path, strerror(errno));
     return REMAT_ERR_IO;
   }
   fputs("{\"traceEvents\":[", f);
@@ -58,15 +49,10 @@ remat_status sched_trace_write(const sched_pool *pool, const sched_dag *dag,
   for (int32_t t = 0; t < dag->ntasks; t++)
     write_task(f, pool, dag, t);
   fputs("\n]}\n", f);
-  int failed = ferror(f);
-  int saved_errno = errno;
-  if (fclose(f) != 0 && !failed) {
-    failed = 1;
-    saved_errno = errno;
-  }
-  if (failed) {
+  int e = remat__replace_end(f, &r);
+  if (e != 0) {
     snprintf(err, SCHED_ERRMSG_MAX, "cannot write trace '%s': %s", path,
-             strerror(saved_errno ? saved_errno : EIO));
+             strerror(e));
     return REMAT_ERR_IO;
   }
   return REMAT_OK;

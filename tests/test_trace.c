@@ -4,12 +4,17 @@
  * measured peaks (on one worker, where the trace's order is the run's),
  * rising in forward, with recompute only in backward, and back to the
  * start at the end of a step. */
+#include <dirent.h>
 #include <setjmp.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cJSON.h>
 #include <cmocka.h>
@@ -197,10 +202,34 @@ static void test_trace_accumulation_and_errors(void **state) {
                    REMAT_OK);
   assert_int_equal(remat_trace_steps(f.g, dir, 1), REMAT_ERR_IO);
   char want[256];
-  snprintf(want, sizeof want, "remat_trace_steps: '%s' is not a regular file",
+  snprintf(want, sizeof want,
+           "remat_trace_steps: '%s' is a directory: the trace must be a "
+           "regular file or a new name",
            dir);
   assert_string_equal(remat_last_error(), want);
   assert_int_equal(remat_trace_steps(f.g, path, -1), REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_last_error(),
+                      "remat_trace_steps: steps is -1: expected steps >= 1 "
+                      "with a file, or 0 to stop tracing");
+  assert_int_equal(remat_trace_steps(f.g, NULL, 2), REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_last_error(),
+                      "remat_trace_steps: the path is NULL: expected a file "
+                      "with steps >= 1, or steps 0 to stop tracing");
+  assert_int_equal(remat_trace_steps(f.g, "", 2), REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_last_error(),
+                      "remat_trace_steps: the path is empty: expected a file "
+                      "with steps >= 1, or steps 0 to stop tracing");
+  assert_int_equal(
+      remat_trace_steps(f.g, "/nonexistent-dir/trace.json", 1), REMAT_ERR_IO);
+  assert_string_equal(remat_last_error(),
+                      "remat_trace_steps: cannot write "
+                      "'/nonexistent-dir/trace.json': No such file or "
+                      "directory");
+  /* The check leaves nothing at the path: the first trace is written
+   * after the first traced run. */
+  struct stat st;
+  assert_int_equal(remat_trace_steps(f.g, path, 5), REMAT_OK);
+  assert_int_equal(stat(path, &st), -1);
   assert_int_equal(remat_trace_steps(f.g, path, 5), REMAT_OK);
   assert_int_equal(remat_accumulate(f.g, NULL), REMAT_OK);
   assert_int_equal(remat_step(f.g, NULL), REMAT_OK);
@@ -225,6 +254,163 @@ static void test_trace_accumulation_and_errors(void **state) {
   assert_true(tids[0] > 0 && tids[1] > 0);
   cJSON_Delete(doc);
   fixture_close(&f);
+}
+
+/* Counts the step events of the trace at path (-1 when it is not JSON). */
+static int count_steps(const char *path) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  static char text[1 << 22];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = '\0';
+  cJSON *doc = cJSON_Parse(text);
+  if (doc == NULL)
+    return -1;
+  int steps = 0;
+  const cJSON *e;
+  cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "traceEvents"))
+      steps += strcmp(str(e, "cat"), "step") == 0;
+  cJSON_Delete(doc);
+  return steps;
+}
+
+/* Files in the test directory whose names end in ".tmp". */
+static int temp_files(void) {
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    size_t len = strlen(e->d_name);
+    n += len > 4 && strcmp(e->d_name + len - 4, ".tmp") == 0;
+  }
+  closedir(d);
+  return n;
+}
+
+/* A trace whose rewrite fails half-way (here the file size limit stops
+ * it) leaves the previous trace whole, and no temporary file; the step
+ * still succeeds and says why its trace was not written. */
+static void test_trace_never_half_written(void **state) {
+  (void)state;
+  char path[160], want[400];
+  snprintf(path, sizeof path, "%s/whole.json", dir);
+  remat_optimizer opt = {.kind = REMAT_OPT_SGD, .lr = 0.1f};
+  fixture f;
+  assert_int_equal(fixture_open(&f, &tiny, 1, "nothing_saveable", 0, &opt),
+                   REMAT_OK);
+  assert_int_equal(remat_trace_steps(f.g, path, 3), REMAT_OK);
+  remat_step_stats st;
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_int_equal(st.trace_status, REMAT_OK);
+  assert_int_equal(count_steps(path), 1);
+  struct stat before, after;
+  assert_int_equal(stat(path, &before), 0);
+  struct rlimit old, small;
+  assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+  small = old;
+  small.rlim_cur = (rlim_t)before.st_size / 2;
+  void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
+  remat_status s = remat_step(f.g, &st);
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+  signal(SIGXFSZ, old_handler);
+  assert_int_equal(s, REMAT_OK);
+  assert_int_equal(st.trace_status, REMAT_ERR_IO);
+  snprintf(want, sizeof want,
+           "remat_step: the step succeeded but its trace was not written: "
+           "cannot write trace '%s': File too large",
+           path);
+  assert_string_equal(remat_last_error(), want);
+  assert_int_equal(stat(path, &after), 0);
+  assert_int_equal(after.st_size, before.st_size);
+  assert_int_equal(count_steps(path), 1);
+  assert_int_equal(temp_files(), 0);
+  /* The next run writes every run traced so far, the failed write's too. */
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_int_equal(st.trace_status, REMAT_OK);
+  assert_int_equal(count_steps(path), 3);
+  /* A symbolic link is followed: the file it points to gets the trace. */
+  char link[160];
+  snprintf(link, sizeof link, "%s/link.json", dir);
+  assert_int_equal(symlink(path, link), 0);
+  assert_int_equal(remat_trace_steps(f.g, link, 1), REMAT_OK);
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_int_equal(st.trace_status, REMAT_OK);
+  assert_int_equal(lstat(link, &after), 0);
+  assert_true(S_ISLNK(after.st_mode));
+  assert_int_equal(count_steps(path), 1);
+  fixture_close(&f);
+}
+
+/* The bytes of a JSON document are well-formed UTF-8. */
+static bool utf8_ok(const unsigned char *s, size_t n) {
+  for (size_t i = 0; i < n;) {
+    unsigned char c = s[i];
+    int len = c < 0x80 ? 1 : c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xf0 && c < 0xf5 ? 4 : 0;
+    if (len == 0 || i + (size_t)len > n)
+      return false;
+    for (int k = 1; k < len; k++)
+      if ((s[i + (size_t)k] & 0xc0) != 0x80)
+        return false;
+    i += (size_t)len;
+  }
+  return true;
+}
+
+/* Names with quotes, backslashes, control bytes, DEL, UTF-8 and bytes that
+ * are not UTF-8 make a trace that is valid UTF-8 JSON, whose task names
+ * read back as the names, a byte that is not UTF-8 shown as \xNN. */
+static void test_trace_names_escaped(void **state) {
+  (void)state;
+  char path[160];
+  snprintf(path, sizeof path, "%s/names.json", dir);
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TRACE,
+                     .num_threads = 1};
+  remat_runtime *rt;
+  remat_graph *g;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  int64_t xd[2] = {2, 4}, wd[2] = {3, 4};
+  remat_tensor *x = remat_input(g, "x", REMAT_F32, 2, xd);
+  remat_tensor *w = remat_param(g, "w\"q\\\x01\x7f\xff\xc3\xa9", 2, wd,
+                                REMAT_INIT_NORMAL, 0.5f);
+  assert_int_equal(remat_region_begin(g, NULL), REMAT_OK);
+  assert_int_equal(remat_region_name(g, "r\"\\\xfe\xe2\x82\xac"), REMAT_OK);
+  remat_tensor *y = remat_relu(g, remat_linear(g, x, w, NULL));
+  assert_int_equal(remat_region_end(g), REMAT_OK);
+  remat_optimizer opt = {.kind = REMAT_OPT_SGD, .lr = 0.1f};
+  assert_int_equal(remat_compile(g, remat_mean(g, y), &opt), REMAT_OK);
+  float xs[8] = {1, -2, 3, -4, 5, -6, 7, -8};
+  assert_int_equal(remat_feed(g, x, xs, sizeof xs), REMAT_OK);
+  assert_int_equal(remat_trace_steps(g, path, 1), REMAT_OK);
+  remat_step_stats st;
+  assert_int_equal(remat_step(g, &st), REMAT_OK);
+  assert_int_equal(st.trace_status, REMAT_OK);
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  static unsigned char text[1 << 20];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = '\0';
+  assert_true(utf8_ok(text, n));
+  cJSON *doc = cJSON_Parse((const char *)text);
+  assert_non_null(doc);
+  char update[64], relu[64];
+  snprintf(update, sizeof update, "w\"q\\\x01\x7f\\xff\xc3\xa9 update");
+  snprintf(relu, sizeof relu, "r\"\\\\xfe\xe2\x82\xac.%s",
+           remat_tensor_name(y));
+  int found_update = 0, found_relu = 0;
+  const cJSON *e;
+  cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "traceEvents")) {
+    found_update += strcmp(str(e, "name"), update) == 0;
+    found_relu += strcmp(str(e, "name"), relu) == 0;
+  }
+  assert_true(found_update >= 3); /* start, tile, done */
+  assert_true(found_relu >= 3);
+  cJSON_Delete(doc);
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
 }
 
 static void test_region_name_errors(void **state) {
@@ -254,6 +440,8 @@ int main(void) {
       cmocka_unit_test(test_trace_training_steps),
       cmocka_unit_test(test_trace_accumulation_and_errors),
       cmocka_unit_test(test_region_name_errors),
+      cmocka_unit_test(test_trace_never_half_written),
+      cmocka_unit_test(test_trace_names_escaped),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
