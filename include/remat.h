@@ -357,7 +357,11 @@ REMAT_API remat_status remat_step(remat_graph *g, remat_step_stats *stats);
  * micro-batch. A micro-step that fails (REMAT_ERR_NUMERIC included) adds
  * nothing to the sums and changes no parameter; the sums are kept, so the
  * caller may go on with another micro-batch. Needs an optimizer. The sums
- * are not part of a checkpoint: save after remat_step. */
+ * are not part of a checkpoint: remat_save_checkpoint between
+ * remat_accumulate and remat_step fails with REMAT_ERR_STATE (save after
+ * remat_step), and a load that succeeds (remat_load_checkpoint or
+ * remat_load_safetensors) discards them, so that the next update uses
+ * gradients of the loaded weights only. */
 REMAT_API remat_status remat_accumulate(remat_graph *g, remat_step_stats *stats);
 /* Clips the gradient by its global L2 norm n (over every parameter, summed
  * in a fixed order, so the same at any thread count): when n > max_norm,

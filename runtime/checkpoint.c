@@ -99,6 +99,13 @@ static remat_status save_checkpoint(remat_graph *g, const char *path,
                                     const char *const *keys,
                                     const uint64_t *values, int count) {
   const char *what = "remat_save_checkpoint";
+  if (g->plan->accum_count > 0)
+    return remat__fail(REMAT_ERR_STATE,
+                       "%s: %lld micro-batch(es) summed by remat_accumulate "
+                       "wait for their update: a checkpoint does not hold "
+                       "gradient sums, so it could not resume exactly; save "
+                       "after remat_step",
+                       what, (long long)g->plan->accum_count);
   safet_meta meta[REMAT_CHECKPOINT_MAX_VALUES + 3] = {
       {.key = SAFET_CHECKPOINT_KEY, .value = "1"},
       {.key = KEY_OPTIMIZER},

@@ -736,7 +736,6 @@ static remat_status read_items(const safet_load_req *req, const source *src,
 
 remat_status safet_load(remat_graph *g, const char *path,
                         const safet_load_req *req) {
-  (void)g;
   source src;
   remat_status s = open_source(path, req->what, &src);
   size_t n = req->nitems > 0 ? (size_t)req->nitems : 1;
@@ -750,6 +749,8 @@ remat_status safet_load(remat_graph *g, const char *path,
     s = read_items(req, &src, entries);
   if (s == REMAT_OK && req->commit != NULL)
     req->commit(req->ctx);
+  if (s == REMAT_OK) /* sums of gradients of the weights that were */
+    g->plan->accum_count = 0;
   if (src.fd >= 0)
     close(src.fd);
   free(entries);

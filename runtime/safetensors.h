@@ -58,7 +58,9 @@ remat_status safet_params(remat_graph *g, bool grads, int extra,
 remat_status safet_save(remat_graph *g, const char *path,
                         const safet_item *items, int nitems,
                         const safet_meta *meta, int nmeta, const char *what);
-/* Loads the file at `path` into the request's items. */
+/* Loads the file at `path` into the request's items; a load that
+ * succeeds discards the gradient sums of remat_accumulate (they are
+ * gradients of the weights it replaced). */
 remat_status safet_load(remat_graph *g, const char *path,
                         const safet_load_req *req);
 

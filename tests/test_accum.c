@@ -9,10 +9,12 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
+#include "tmpdir.h"
 
 #define MICRO 2 /* rows of a micro-batch */
 #define K 3     /* micro-batches per update */
@@ -275,6 +277,72 @@ static void test_accumulate_misuse(void **state) {
   fixture_close(&f);
 }
 
+/* Checkpoints and accumulation: a checkpoint cannot be saved while
+ * micro-batches wait for their update (it could not resume exactly), and
+ * a load discards the sums, so that the next update uses gradients of the
+ * loaded weights only: a run that accumulated before each load ends
+ * bitwise where one that did not ends. */
+static void test_accumulate_and_checkpoints(void **state) {
+  (void)state;
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-2f};
+  remat_gpt_config cfg = config(MICRO), big_cfg = config(K * MICRO);
+  rows r;
+  fixture_batch(&big_cfg, r.tokens, r.targets, 11);
+  char ck[160], ck2[160], weights[160], want[400];
+  snprintf(ck, sizeof ck, "%s/start.ckpt", dir);
+  snprintf(ck2, sizeof ck2, "%s/mid.ckpt", dir);
+  snprintf(weights, sizeof weights, "%s/start.safetensors", dir);
+  fixture f, ref;
+  assert_int_equal(fixture_open(&f, &cfg, 2, "nothing_saveable", 0, &opt),
+                   REMAT_OK);
+  assert_int_equal(fixture_open(&ref, &cfg, 2, "nothing_saveable", 0, &opt),
+                   REMAT_OK);
+  assert_int_equal(remat_save_checkpoint(f.g, ck, NULL, NULL, 0), REMAT_OK);
+  assert_int_equal(remat_save_safetensors(f.g, weights), REMAT_OK);
+  remat_step_stats st;
+  feed_rows(&f, &r, 0, MICRO);
+  assert_int_equal(remat_accumulate(f.g, &st), REMAT_OK);
+  feed_rows(&f, &r, MICRO, MICRO);
+  assert_int_equal(remat_accumulate(f.g, &st), REMAT_OK);
+  assert_int_equal(remat_save_checkpoint(f.g, ck2, NULL, NULL, 0),
+                   REMAT_ERR_STATE);
+  snprintf(want, sizeof want,
+           "remat_save_checkpoint: 2 micro-batch(es) summed by "
+           "remat_accumulate wait for their update: a checkpoint does not "
+           "hold gradient sums, so it could not resume exactly; save after "
+           "remat_step");
+  assert_string_equal(remat_last_error(), want);
+  struct stat sb;
+  assert_int_equal(stat(ck2, &sb), -1);
+  /* Loading the checkpoint drops the two sums. */
+  assert_int_equal(remat_load_checkpoint(f.g, ck, NULL, NULL, 0), REMAT_OK);
+  feed_rows(&f, &r, 2 * MICRO, MICRO);
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_int_equal(st.accumulated, 1);
+  feed_rows(&ref, &r, 2 * MICRO, MICRO);
+  assert_int_equal(remat_step(ref.g, &st), REMAT_OK);
+  /* So does loading weights alone (the moments stay). */
+  feed_rows(&f, &r, 0, MICRO);
+  assert_int_equal(remat_accumulate(f.g, &st), REMAT_OK);
+  assert_int_equal(remat_load_safetensors(f.g, weights), REMAT_OK);
+  assert_int_equal(remat_load_safetensors(ref.g, weights), REMAT_OK);
+  feed_rows(&f, &r, MICRO, MICRO);
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_int_equal(st.accumulated, 1);
+  feed_rows(&ref, &r, MICRO, MICRO);
+  assert_int_equal(remat_step(ref.g, &st), REMAT_OK);
+  size_t n, n2;
+  float *got = fixture_snapshot(f.g, &n), *expect = fixture_snapshot(ref.g, &n2);
+  assert_int_equal(n, n2);
+  assert_memory_equal(got, expect, n * sizeof *got);
+  /* After the update the checkpoint can be saved again. */
+  assert_int_equal(remat_save_checkpoint(f.g, ck2, NULL, NULL, 0), REMAT_OK);
+  free(got);
+  free(expect);
+  fixture_close(&f);
+  fixture_close(&ref);
+}
+
 /* ---- clipping ---- */
 
 typedef struct clipped_run {
@@ -410,6 +478,7 @@ int main(void) {
       cmocka_unit_test(test_failed_micro_step),
       cmocka_unit_test(test_accumulate_misuse),
       cmocka_unit_test(test_clip_global_norm),
+      cmocka_unit_test(test_accumulate_and_checkpoints),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
