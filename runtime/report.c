@@ -1,13 +1,16 @@
 /* The plan's summary: per top-level region the bytes saved and recomputed
  * and the recompute FLOPs (kept for remat_step_stats and tests), and what
  * REMAT_VERBOSE prints to stderr: 1, the plan per region with the policy
- * each region got and why, and the named tensors saved and recomputed;
- * 2, every kernel node too. */
+ * each region got and why, and the named tensors saved and recomputed,
+ * then after the first run the measured peak beside the predicted one;
+ * 2, a table of every kernel node too, under a line naming its columns. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/alloc.h"
 #include "runtime/report.h"
+#include "runtime/task_names.h"
 
 /* Per top-level region: bytes of activations kept for backward, bytes
  * recomputed, and recompute FLOPs. */
@@ -37,9 +40,51 @@ static const char *const kind_names[] = {
     [KNODE_BACKWARD] = "backward", [KNODE_RECOMPUTE] = "recompute",
     [KNODE_CHECK] = "check", [KNODE_GATE] = "gate", [KNODE_UPDATE] = "update"};
 
-static const char *const source_words[] = {
-    [REGION_OWN] = "its own", [REGION_DEFAULT] = "the default, REMAT_POLICY",
-    [REGION_BUDGET] = "chosen under the memory budget"};
+static double mib(int64_t bytes) { return (double)bytes / 1048576.0; }
+
+/* A name as messages show it: bytes outside 0x20-0x7E as \xNN. */
+static void print_text(const char *s) {
+  for (const unsigned char *c = (const unsigned char *)s; *c != '\0'; c++)
+    if (*c >= 0x20 && *c < 0x7f)
+      fputc(*c, stderr);
+    else
+      fprintf(stderr, "\\x%02X", *c);
+}
+
+/* A tensor's name as traces show it: prefixed by its layer, the nearest
+ * named region around it ("h3.attn_probs"). */
+static void print_tensor(const remat_graph *g, const remat_tensor *x) {
+  const char *layer = task_names_layer(g, x->region);
+  size_t n = strlen(layer);
+  if (n > 0 && !(strncmp(x->name, layer, n) == 0 && x->name[n] == '.')) {
+    print_text(layer);
+    fputc('.', stderr);
+  }
+  print_text(x->name);
+}
+
+/* Why region r has its policy. */
+static void print_source(const remat_step_plan *p, int32_t r) {
+  int64_t budget = p->g->rt->config.memory_budget;
+  switch (p->decision.source[r]) {
+  case REGION_OWN:
+    fprintf(stderr, "its own");
+    break;
+  case REGION_DEFAULT:
+    fprintf(stderr, "the default, REMAT_POLICY");
+    break;
+  default:
+    if (budget > 0)
+      fprintf(stderr,
+              "auto: of the policies whose plan fits the memory budget of "
+              "%.2f MiB, the one with the least recompute; predicted peak "
+              "%.2f MiB",
+              mib(budget), mib(p->predicted.peak));
+    else
+      fprintf(stderr, "auto without a memory budget: the least recompute");
+    break;
+  }
+}
 
 /* The named tensors region r decided, saved (want_saved) or recomputed. */
 static void print_names(const remat_step_plan *p, int32_t r, bool want_saved) {
@@ -53,31 +98,52 @@ static void print_names(const remat_step_plan *p, int32_t r, bool want_saved) {
     bool recomputed = p->low.recomp_buf[t] >= 0;
     if ((want_saved && !saved) || (!want_saved && !recomputed))
       continue;
-    fprintf(stderr, "%s%s", printed++ ? ", " : " ", x->name);
+    fprintf(stderr, "%s", printed++ ? ", " : " ");
+    print_tensor(g, x);
   }
   fprintf(stderr, "%s\n", printed ? "" : " (none)");
 }
 
-/* One region: its policy and why, its bytes and FLOPs (top-level regions),
- * and the named tensors it saves and recomputes. */
+/* One region: its name, its policy and why, its bytes and FLOPs
+ * (top-level regions), and the named tensors it saves and recomputes. */
 static void print_region(const remat_step_plan *p, int32_t r) {
   const remat_graph *g = p->g;
   const graph_region *reg = &g->regions[r];
-  fprintf(stderr, "  region %d%s: policy %s (%s)\n", r,
-          reg->parent == -1 ? "" : " (nested)", p->decision.region_policy[r],
-          source_words[p->decision.source[r]]);
+  fprintf(stderr, "  region %d", r);
+  if (reg->name[0] != '\0') {
+    fprintf(stderr, " '");
+    print_text(reg->name);
+    fputc('\'', stderr);
+  }
+  fprintf(stderr, "%s: policy %s (", reg->parent == -1 ? "" : " (nested)",
+          p->decision.region_policy[r]);
+  print_source(p, r);
+  fprintf(stderr, ")\n");
   if (reg->parent == -1) {
     const plan_region_stats *rs = &p->region_stats[r];
     fprintf(stderr,
             "    saved %.2f MiB, recomputed %.2f MiB, recompute %.3f GFLOP\n",
-            (double)rs->saved_bytes / 1048576.0,
-            (double)rs->recomputed_bytes / 1048576.0,
+            mib(rs->saved_bytes), mib(rs->recomputed_bytes),
             rs->recompute_flops * 1e-9);
   }
   fprintf(stderr, "    saved:");
   print_names(p, r, true);
   fprintf(stderr, "    recomputed:");
   print_names(p, r, false);
+}
+
+/* Level 2: a table of the kernel nodes under a line naming its columns. */
+static void print_nodes(const remat_step_plan *p) {
+  fprintf(stderr, "  %5s  %-9s  %6s  %6s  %-22s  %s\n", "node", "kind",
+          "region", "tiles", "kernel", "task");
+  for (int32_t i = 0; i < p->low.nknodes; i++) {
+    const plan_knode *kn = &p->low.knodes[i];
+    fprintf(stderr, "  %5d  %-9s  %6d  %6lld  %-22s  ", i, kind_names[kn->kind],
+            kn->region, (long long)kn->tiles,
+            kn->kernel ? kn->kernel->name : "(runtime)");
+    print_text(p->task_names + (size_t)i * TASK_NAME_MAX);
+    fputc('\n', stderr);
+  }
 }
 
 remat_status report_plan(remat_step_plan *p) {
@@ -94,15 +160,20 @@ remat_status report_plan(remat_step_plan *p) {
           "  model %.3f GFLOP, recompute %.3f GFLOP, predicted peak %.2f MiB "
           "(activations %.2f MiB)\n",
           p->low.flops * 1e-9, p->low.recompute_flops * 1e-9,
-          (double)p->predicted.peak / 1048576.0,
-          (double)p->predicted.transient_peak / 1048576.0);
-  if (g->rt->config.verbose < 2)
-    return REMAT_OK;
-  for (int32_t i = 0; i < p->low.nknodes; i++) {
-    plan_knode *kn = &p->low.knodes[i];
-    fprintf(stderr, "  node %d: kernel %s, kind %s, region %d, tiles %lld\n",
-            i, kn->kernel ? kn->kernel->name : "(runtime)",
-            kind_names[kn->kind], kn->region, (long long)kn->tiles);
-  }
+          mib(p->predicted.peak), mib(p->predicted.transient_peak));
+  if (g->rt->config.verbose >= 2)
+    print_nodes(p);
   return REMAT_OK;
+}
+
+void report_first_run(remat_step_plan *p, const remat_step_stats *st,
+                      const char *what) {
+  if (p->reported_run || p->g->rt->config.verbose < 1)
+    return;
+  p->reported_run = true;
+  fprintf(stderr,
+          "remat: first %s: measured peak %.2f MiB (activations %.2f MiB), "
+          "predicted %.2f MiB (activations %.2f MiB)\n",
+          what, mib(st->peak_bytes), mib(st->activation_peak_bytes),
+          mib(st->predicted_peak_bytes), mib(p->predicted.transient_peak));
 }

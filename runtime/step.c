@@ -12,6 +12,7 @@
 
 #include "base/alloc.h"
 #include "base/files.h"
+#include "runtime/report.h"
 #include "runtime/step_plan.h"
 
 static double now_seconds(void) {
@@ -312,8 +313,10 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
                     "were skipped",
                     what);
   }
-  if (s == REMAT_OK)
+  if (s == REMAT_OK) {
     note_trace(p, &p->last, what);
+    report_first_run(p, &p->last, what);
+  }
   if (stats != NULL)
     *stats = p->last;
   return s;

@@ -61,6 +61,7 @@ typedef struct remat_step_plan {
   int64_t accum_bytes;
   int64_t accum_count;       /* micro-steps summed in accum */
   char *task_names;          /* [nknodes * TASK_NAME_MAX] (task_names.h) */
+  bool reported_run;         /* REMAT_VERBOSE told the first run's peak */
   step_trace trace;          /* step_trace.h */
 } remat_step_plan;
 

@@ -9,8 +9,7 @@
 #include "base/alloc.h"
 #include "runtime/task_names.h"
 
-/* The nearest named region at or around region r, "" when none. */
-static const char *region_name(const remat_graph *g, int32_t r) {
+const char *task_names_layer(const remat_graph *g, int32_t r) {
   for (; r >= 0; r = g->regions[r].parent)
     if (g->regions[r].name[0] != '\0')
       return g->regions[r].name;
@@ -59,7 +58,7 @@ static void node_name(const remat_graph *g, const plan_knode *kn, char *out) {
     t = g->tensors[kn->optim.param_tensor];
   else
     t = g->tensors[g->ops[kn->op].out];
-  const char *layer = t->kind == TENSOR_ACT ? region_name(g, t->region) : "";
+  const char *layer = t->kind == TENSOR_ACT ? task_names_layer(g, t->region) : "";
   size_t n = strlen(layer);
   bool prefixed =
       n == 0 || (strncmp(t->name, layer, n) == 0 && t->name[n] == '.');

@@ -8,6 +8,10 @@
 
 #define TASK_NAME_MAX 160
 
+/* The nearest named region (remat_region_name) at or around region r,
+ * "" when none. */
+const char *task_names_layer(const remat_graph *g, int32_t r);
+
 /* One name per kernel node of `l`, TASK_NAME_MAX bytes each, in an array
  * the caller frees; NULL when out of memory. */
 char *task_names_build(const remat_graph *g, const plan_lowering *l);
