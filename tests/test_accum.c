@@ -345,6 +345,67 @@ static void test_accumulate_and_checkpoints(void **state) {
 
 /* ---- clipping ---- */
 
+/* A NaN gradient in the step that ends an accumulation, with clipping on:
+ * nothing is updated (the parameters, AdamW's moments and step count), the
+ * sums are kept, and the same micro-batch once the NaN is gone ends
+ * bitwise where a run that never met it ends. */
+static void test_clip_nan_final_step(void **state) {
+  (void)state;
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-2f};
+  remat_gpt_config cfg = config(MICRO), big_cfg = config(K * MICRO);
+  rows r;
+  fixture_batch(&big_cfg, r.tokens, r.targets, 13);
+  fixture clean, hit;
+  assert_int_equal(fixture_open(&clean, &cfg, 2, "nothing_saveable", 0, &opt),
+                   REMAT_OK);
+  assert_int_equal(fixture_open(&hit, &cfg, 2, "nothing_saveable", 0, &opt),
+                   REMAT_OK);
+  remat_step_stats st;
+  fixture *both[2] = {&clean, &hit};
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(remat_set_clip(both[i]->g, 0.25f), REMAT_OK);
+    feed_rows(both[i], &r, 0, MICRO);
+    assert_int_equal(remat_accumulate(both[i]->g, &st), REMAT_OK);
+    feed_rows(both[i], &r, MICRO, MICRO);
+  }
+  assert_int_equal(remat_step(clean.g, &st), REMAT_OK);
+  assert_true(st.grad_norm > 0.25); /* the clip acted */
+  size_t n;
+  float *before = fixture_snapshot(hit.g, &n);
+  remat_tensor *w = remat_param_at(hit.g, 3);
+  size_t wn = (size_t)remat_tensor_numel(w);
+  float *saved = malloc(wn * sizeof *saved), *bad = malloc(wn * sizeof *bad);
+  assert_int_equal(remat_read(hit.g, w, saved, wn * sizeof *saved), REMAT_OK);
+  memcpy(bad, saved, wn * sizeof *bad);
+  bad[wn - 1] = NAN;
+  assert_int_equal(remat_write(hit.g, w, bad, wn * sizeof *bad), REMAT_OK);
+  assert_int_equal(remat_step(hit.g, &st), REMAT_ERR_NUMERIC);
+  assert_string_equal(remat_last_error(),
+                      "remat_step: the loss or a gradient is NaN or Inf; the "
+                      "updates were skipped");
+  assert_int_equal(remat_write(hit.g, w, saved, wn * sizeof *saved), REMAT_OK);
+  float *after = fixture_snapshot(hit.g, &n);
+  assert_memory_equal(before, after, n * sizeof *before);
+  assert_int_equal(remat_step(hit.g, &st), REMAT_OK);
+  assert_int_equal(st.accumulated, 2);
+  float *want = fixture_snapshot(clean.g, &n), *got = fixture_snapshot(hit.g, &n);
+  assert_memory_equal(want, got, n * sizeof *want);
+  /* The clip's own arguments. */
+  assert_int_equal(remat_set_clip(hit.g, INFINITY), REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_last_error(),
+                      "remat_set_clip: needs a graph compiled with an "
+                      "optimizer and a finite max_norm >= 0 (0: no "
+                      "clipping), got inf");
+  free(before);
+  free(after);
+  free(want);
+  free(got);
+  free(saved);
+  free(bad);
+  fixture_close(&clean);
+  fixture_close(&hit);
+}
+
 typedef struct clipped_run {
   float *params, *grads;
   size_t n;
@@ -479,6 +540,7 @@ int main(void) {
       cmocka_unit_test(test_accumulate_misuse),
       cmocka_unit_test(test_clip_global_norm),
       cmocka_unit_test(test_accumulate_and_checkpoints),
+      cmocka_unit_test(test_clip_nan_final_step),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

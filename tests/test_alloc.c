@@ -286,6 +286,43 @@ static void test_trace_steps_first_step(void **state) {
   every_allocation(trace_steps_phase, path, 3);
 }
 
+/* The first remat_accumulate allocates the gradient sums: each of its
+ * allocations fails the call cleanly (no parameter changes, nothing is
+ * counted as accumulated), and the next accumulation and step go on as if
+ * the failed call had not been made. */
+static remat_status accumulate_phase(void *ctx, int64_t n, int64_t *made) {
+  (void)ctx;
+  fixture f;
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TRACE,
+                     .num_threads = 1};
+  assert_int_equal(fixture_open_config(&f, &tiny, &rc, &adamw), REMAT_OK);
+  remat_step_stats st;
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  size_t count, again;
+  float *before = fixture_snapshot(f.g, &count);
+  remat__alloc_fail_after(n);
+  remat_status s = remat_accumulate(f.g, &st);
+  *made = disarm();
+  if (s != REMAT_OK) {
+    expect_oom(n, s, "remat_accumulate: out of memory");
+    float *after = fixture_snapshot(f.g, &again);
+    assert_memory_equal(before, after, count * sizeof *before);
+    free(after);
+    assert_int_equal(remat_accumulate(f.g, &st), REMAT_OK);
+    assert_int_equal(st.accumulated, 1);
+    assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+    assert_int_equal(st.accumulated, 2);
+  }
+  free(before);
+  fixture_close(&f);
+  return s;
+}
+
+static void test_first_accumulate(void **state) {
+  (void)state;
+  every_allocation(accumulate_phase, NULL, 2);
+}
+
 /* Two threads: most allocations of a cold step fall inside the run, while
  * tasks run in parallel, and how many a run makes varies from run to run.
  * Every N up to the fewest a clean run made (of three) is reached by some
@@ -324,6 +361,7 @@ int main(void) {
       cmocka_unit_test(test_warm_traced_step),
       cmocka_unit_test(test_trace_steps_first_step),
       cmocka_unit_test(test_step_two_threads),
+      cmocka_unit_test(test_first_accumulate),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
