@@ -6,7 +6,9 @@
  * start at the end of a step. */
 #include <dirent.h>
 #include <setjmp.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -343,6 +345,95 @@ static void test_trace_never_half_written(void **state) {
   fixture_close(&f);
 }
 
+/* Two graphs of one runtime step at the same time from two threads, both
+ * traced (REMAT_TRACE) into one file, while a third thread reads it: every
+ * read finds a whole JSON document, and every trace is written. */
+typedef struct stepper {
+  remat_graph *g;
+  int steps, failed;
+} stepper;
+
+static void *step_loop(void *arg) {
+  stepper *s = arg;
+  remat_step_stats st;
+  for (int i = 0; i < s->steps; i++)
+    s->failed += remat_step(s->g, &st) != REMAT_OK ||
+                 st.trace_status != REMAT_OK;
+  return NULL;
+}
+
+typedef struct reader {
+  const char *path;
+  _Atomic int stop;
+  int reads, broken;
+} reader;
+
+static void *read_loop(void *arg) {
+  reader *r = arg;
+  static char text[1 << 22];
+  while (!atomic_load(&r->stop)) {
+    FILE *f = fopen(r->path, "rb");
+    if (f == NULL)
+      continue;
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    cJSON *doc = cJSON_Parse(text);
+    r->reads++;
+    r->broken += doc == NULL;
+    cJSON_Delete(doc);
+  }
+  return NULL;
+}
+
+static void test_trace_concurrent_graphs(void **state) {
+  (void)state;
+  char path[160];
+  snprintf(path, sizeof path, "%s/shared.json", dir);
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TRACE |
+                            REMAT_SET_POLICY,
+                     .num_threads = 2,
+                     .policy = "dots_saveable",
+                     .trace_path = path};
+  remat_runtime *rt;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  remat_optimizer opt = {.kind = REMAT_OPT_SGD, .lr = 0.1f};
+  stepper steppers[2];
+  int32_t tokens[3 * 5], targets[3 * 5];
+  fixture_batch(&tiny, tokens, targets, 4);
+  for (int i = 0; i < 2; i++) {
+    remat_gpt m;
+    steppers[i] = (stepper){.steps = 15};
+    assert_int_equal(remat_graph_create(rt, &steppers[i].g), REMAT_OK);
+    assert_int_equal(remat_gpt_build(steppers[i].g, &tiny, &m), REMAT_OK);
+    assert_int_equal(remat_compile(steppers[i].g, m.loss, &opt), REMAT_OK);
+    assert_int_equal(remat_feed(steppers[i].g, m.tokens, tokens, sizeof tokens),
+                     REMAT_OK);
+    assert_int_equal(
+        remat_feed(steppers[i].g, m.targets, targets, sizeof targets),
+        REMAT_OK);
+  }
+  reader rd = {.path = path};
+  pthread_t threads[3];
+  assert_int_equal(pthread_create(&threads[2], NULL, read_loop, &rd), 0);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(
+        pthread_create(&threads[i], NULL, step_loop, &steppers[i]), 0);
+  for (int i = 0; i < 2; i++)
+    pthread_join(threads[i], NULL);
+  atomic_store(&rd.stop, 1);
+  pthread_join(threads[2], NULL);
+  assert_int_equal(steppers[0].failed + steppers[1].failed, 0);
+  assert_true(rd.reads > 0);
+  if (rd.broken != 0)
+    fail_msg("%d of %d reads found a partial trace", rd.broken, rd.reads);
+  assert_int_equal(count_steps(path), 1);
+  assert_int_equal(temp_files(), 0);
+  for (int i = 0; i < 2; i++)
+    remat_graph_destroy(steppers[i].g);
+  remat_runtime_destroy(rt);
+}
+
 /* The bytes of a JSON document are well-formed UTF-8. */
 static bool utf8_ok(const unsigned char *s, size_t n) {
   for (size_t i = 0; i < n;) {
@@ -537,6 +628,7 @@ int main(void) {
       cmocka_unit_test(test_trace_never_half_written),
       cmocka_unit_test(test_trace_names_escaped),
       cmocka_unit_test(test_verbose_report),
+      cmocka_unit_test(test_trace_concurrent_graphs),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
