@@ -116,7 +116,7 @@ void remat__write_json_text(FILE *f, const char *s) {
     else if (*c < 0x20 || *c == 0x7f)
       fprintf(f, "\\u%04x", *c);
     else if (n == 0)
-      fprintf(f, "\\\\x%02x", *c);
+      fprintf(f, "\\\\x%02X", *c);
     else
       fwrite(c, 1, (size_t)n, f);
     c += n > 0 ? n : 1;

@@ -488,8 +488,8 @@ static void test_trace_names_escaped(void **state) {
   cJSON *doc = cJSON_Parse((const char *)text);
   assert_non_null(doc);
   char update[64], relu[64];
-  snprintf(update, sizeof update, "w\"q\\\x01\x7f\\xff\xc3\xa9 update");
-  snprintf(relu, sizeof relu, "r\"\\\\xfe\xe2\x82\xac.%s",
+  snprintf(update, sizeof update, "w\"q\\\x01\x7f\\xFF\xc3\xa9 update");
+  snprintf(relu, sizeof relu, "r\"\\\\xFE\xe2\x82\xac.%s",
            remat_tensor_name(y));
   int found_update = 0, found_relu = 0;
   const cJSON *e;
