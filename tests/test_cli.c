@@ -1099,7 +1099,9 @@ static void test_trace_steps(void **state) {
   assert_true(count(text, "\"name\":\"live bytes\",\"ph\":\"C\"") > 10);
   run(&r, TINY, "--steps", "1", "--trace", dir, NULL);
   char want[256];
-  snprintf(want, sizeof want, "remat_trace_steps: '%s' is not a regular file",
+  snprintf(want, sizeof want,
+           "remat_trace_steps: '%s' is a directory: the trace must be a "
+           "regular file or a new name",
            dir);
   expect(&r, 1, want);
   run(&r, TINY, "--trace-steps", "0", NULL);
