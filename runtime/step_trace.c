@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "base/alloc.h"
+#include "base/checked.h"
 #include "base/files.h"
 #include "runtime/step_plan.h"
 #include "runtime/task_names.h"
@@ -65,7 +66,10 @@ static int64_t block_bytes(int64_t bytes) {
 /* ---- before and after a run ---- */
 
 static bool grow(void **array, size_t elem, size_t count) {
-  void *p = remat__realloc(*array, elem * (count ? count : 1));
+  size_t bytes = 0;
+  if (!remat__mul_size(elem, count ? count : 1, &bytes))
+    return false;
+  void *p = remat__realloc(*array, bytes);
   if (p != NULL)
     *array = p;
   return p != NULL;
@@ -94,8 +98,14 @@ static bool reserve(remat_step_plan *p) {
   }
   if (t->nsteps < t->cap_steps)
     return true;
-  size_t cap = (size_t)t->cap_steps + 1;
-  bool ok = grow((void **)&t->records, sizeof *t->records, cap * ntasks) &&
+  /* Doubling, up to the steps remat_trace_steps still asks for, so that N
+   * traced steps reallocate log2(N) times, not N. */
+  int64_t want = (int64_t)t->nsteps + (t->target == t->path ? t->steps_left : 1);
+  int64_t doubled = 2 * (int64_t)t->cap_steps;
+  int64_t grown = doubled < want ? doubled : want;
+  size_t cap = (size_t)(grown > t->nsteps ? grown : t->nsteps + 1), records;
+  bool ok = remat__mul_size(cap, ntasks, &records) &&
+            grow((void **)&t->records, sizeof *t->records, records) &&
             grow((void **)&t->origin_ns, sizeof *t->origin_ns, cap) &&
             grow((void **)&t->end_ns, sizeof *t->end_ns, cap) &&
             grow((void **)&t->run_name, sizeof *t->run_name, cap) &&

@@ -286,6 +286,34 @@ static void test_trace_steps_first_step(void **state) {
   every_allocation(trace_steps_phase, path, 3);
 }
 
+/* Traced steps grow their records by doubling: 16 steps of
+ * remat_trace_steps reallocate the five per-step arrays at steps 1, 2, 3,
+ * 5 and 9 only (and the writer's scratch, four arrays, once): 29
+ * allocations, where growing by one step made 84. */
+static void test_trace_steps_growth(void **state) {
+  (void)state;
+  char path[128];
+  snprintf(path, sizeof path, "%s/growth.json", dir);
+  fixture f;
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TRACE,
+                     .num_threads = 1};
+  assert_int_equal(fixture_open_config(&f, &tiny, &rc, &adamw), REMAT_OK);
+  remat_step_stats st;
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_int_equal(remat_trace_steps(f.g, path, 16), REMAT_OK);
+  remat__alloc_fail_after(1000000);
+  for (int i = 0; i < 16; i++) {
+    assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+    assert_int_equal(st.trace_status, REMAT_OK);
+  }
+  assert_int_equal(disarm(), 5 * 5 + 4);
+  /* The 17th step is not traced and allocates nothing. */
+  remat__alloc_fail_after(1);
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_int_equal(disarm(), 0);
+  fixture_close(&f);
+}
+
 /* The first remat_accumulate allocates the gradient sums: each of its
  * allocations fails the call cleanly (no parameter changes, nothing is
  * counted as accumulated), and the next accumulation and step go on as if
@@ -362,6 +390,7 @@ int main(void) {
       cmocka_unit_test(test_trace_steps_first_step),
       cmocka_unit_test(test_step_two_threads),
       cmocka_unit_test(test_first_accumulate),
+      cmocka_unit_test(test_trace_steps_growth),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
