@@ -274,6 +274,19 @@ static void test_accumulate_misuse(void **state) {
   assert_int_equal(remat_set_clip(f.g, NAN), REMAT_ERR_INVALID_ARG);
   assert_int_equal(remat_set_clip(NULL, 1.0f), REMAT_ERR_INVALID_ARG);
   assert_int_equal(remat_accumulate(NULL, NULL), REMAT_ERR_INVALID_ARG);
+  /* A forward-only graph (no loss) has no gradients to sum or clip. */
+  remat_graph *fwd;
+  remat_gpt m;
+  assert_int_equal(remat_graph_create(f.rt, &fwd), REMAT_OK);
+  assert_int_equal(remat_gpt_build(fwd, &cfg, &m), REMAT_OK);
+  assert_int_equal(remat_compile(fwd, NULL, &opt), REMAT_OK);
+  assert_int_equal(remat_accumulate(fwd, NULL), REMAT_ERR_STATE);
+  assert_string_equal(remat_last_error(),
+                      "remat_accumulate: the graph was compiled without a "
+                      "loss: accumulation sums gradients for an optimizer "
+                      "update");
+  assert_int_equal(remat_set_clip(fwd, 1.0f), REMAT_ERR_INVALID_ARG);
+  remat_graph_destroy(fwd);
   fixture_close(&f);
 }
 
