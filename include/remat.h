@@ -356,7 +356,9 @@ REMAT_API remat_status remat_step(remat_graph *g, remat_step_stats *stats);
  * batch is the mean of the K stats.loss. The activation peak is that of one
  * micro-batch. A micro-step that fails (REMAT_ERR_NUMERIC included) adds
  * nothing to the sums and changes no parameter; the sums are kept, so the
- * caller may go on with another micro-batch. Needs an optimizer. The sums
+ * caller may go on with another micro-batch. Needs an optimizer. Under a
+ * memory budget, a first call whose sums would take the predicted peak
+ * over the budget fails with REMAT_ERR_BUDGET (and allocates nothing). The sums
  * are not part of a checkpoint: remat_save_checkpoint between
  * remat_accumulate and remat_step fails with REMAT_ERR_STATE (save after
  * remat_step), and a load that succeeds (remat_load_checkpoint or

@@ -343,6 +343,19 @@ remat_status remat_step(remat_graph *g, remat_step_stats *stats) {
 static remat_status alloc_accum(remat_step_plan *p) {
   if (p->accum != NULL)
     return REMAT_OK;
+  int64_t sums = 0, budget = p->g->rt->config.memory_budget;
+  for (int32_t i = 0; i < p->low.nknodes; i++)
+    if (p->low.knodes[i].kind == KNODE_UPDATE)
+      sums += p->low.bufs[p->low.knodes[i].optim.grad].bytes;
+  if (budget > 0 && p->predicted.peak + sums > budget)
+    return remat__fail(REMAT_ERR_BUDGET,
+                       "remat_accumulate: the gradient sums (%lld bytes) "
+                       "would raise the predicted peak from %lld to %lld "
+                       "bytes, over the memory budget of %lld bytes: compile "
+                       "under a budget smaller by the sums, or raise it",
+                       (long long)sums, (long long)p->predicted.peak,
+                       (long long)(p->predicted.peak + sums),
+                       (long long)budget);
   p->accum = remat__calloc((size_t)p->g->ntensors, sizeof *p->accum);
   bool ok = p->accum != NULL;
   for (int32_t i = 0; ok && i < p->low.nknodes; i++) {

@@ -356,6 +356,55 @@ static void test_accumulate_and_checkpoints(void **state) {
   fixture_close(&ref);
 }
 
+/* Under a memory budget the gradient sums count: an accumulation whose
+ * sums would take the predicted peak over the budget fails before
+ * allocating anything (it went 25.9 KB over a 400 KB budget unasked), and
+ * the graph steps on as before; a plan that leaves room for the sums
+ * accumulates within the budget. */
+static void test_accumulate_budget(void **state) {
+  (void)state;
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-2f};
+  remat_gpt_config cfg = config(MICRO);
+  const int64_t budget = 400000;
+  fixture f;
+  assert_int_equal(fixture_open(&f, &cfg, 1, "auto", budget, &opt), REMAT_OK);
+  remat_step_stats one, st;
+  assert_int_equal(remat_step(f.g, &one), REMAT_OK);
+  int64_t peak = one.predicted_peak_bytes, sums = one.peak[REMAT_MEM_GRADS];
+  assert_true(one.peak_bytes <= budget && peak <= budget);
+  assert_true(peak + sums > budget); /* so the sums do not fit */
+  size_t n;
+  float *before = fixture_snapshot(f.g, &n);
+  assert_int_equal(remat_accumulate(f.g, &st), REMAT_ERR_BUDGET);
+  char want[400];
+  snprintf(want, sizeof want,
+           "remat_accumulate: the gradient sums (%lld bytes) would raise the "
+           "predicted peak from %lld to %lld bytes, over the memory budget "
+           "of %lld bytes: compile under a budget smaller by the sums, or "
+           "raise it",
+           (long long)sums, (long long)peak, (long long)(peak + sums),
+           (long long)budget);
+  assert_string_equal(remat_last_error(), want);
+  float *after = fixture_snapshot(f.g, &n);
+  assert_memory_equal(before, after, n * sizeof *before);
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_int_equal(st.accumulated, 1);
+  assert_int_equal(st.current[REMAT_MEM_GRADS], one.current[REMAT_MEM_GRADS]);
+  assert_true(st.peak_bytes <= budget);
+  fixture_close(&f);
+  /* A plan that leaves room for the sums accumulates within the budget. */
+  const int64_t roomy = 2 * budget;
+  assert_int_equal(fixture_open(&f, &cfg, 1, "nothing_saveable", roomy, &opt),
+                   REMAT_OK);
+  assert_int_equal(remat_accumulate(f.g, &st), REMAT_OK);
+  assert_true(st.predicted_peak_bytes <= roomy && st.peak_bytes <= roomy);
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_int_equal(st.accumulated, 2);
+  free(before);
+  free(after);
+  fixture_close(&f);
+}
+
 /* ---- clipping ---- */
 
 /* A NaN gradient in the step that ends an accumulation, with clipping on:
@@ -554,6 +603,7 @@ int main(void) {
       cmocka_unit_test(test_clip_global_norm),
       cmocka_unit_test(test_accumulate_and_checkpoints),
       cmocka_unit_test(test_clip_nan_final_step),
+      cmocka_unit_test(test_accumulate_budget),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
