@@ -54,8 +54,8 @@ int remat__temp_create(const char *path, char *tmp, size_t len) {
   for (int i = 0; i < TEMP_TRIES; i++) {
     snprintf(tmp, len, "%s.%016llx.tmp", path,
              (unsigned long long)temp_suffix());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                  0644);
+    int fd =
+        open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd >= 0)
       return fd;
     if (errno != EEXIST)

@@ -36,9 +36,10 @@ static remat_status region_stats(remat_step_plan *p) {
 }
 
 static const char *const kind_names[] = {
-    [KNODE_FORWARD] = "forward", [KNODE_SEED] = "seed",
+    [KNODE_FORWARD] = "forward",   [KNODE_SEED] = "seed",
     [KNODE_BACKWARD] = "backward", [KNODE_RECOMPUTE] = "recompute",
-    [KNODE_CHECK] = "check", [KNODE_GATE] = "gate", [KNODE_UPDATE] = "update"};
+    [KNODE_CHECK] = "check",       [KNODE_GATE] = "gate",
+    [KNODE_UPDATE] = "update"};
 
 static double mib(int64_t bytes) { return (double)bytes / 1048576.0; }
 

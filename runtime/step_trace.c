@@ -100,7 +100,8 @@ static bool reserve(remat_step_plan *p) {
     return true;
   /* Doubling, up to the steps remat_trace_steps still asks for, so that N
    * traced steps reallocate log2(N) times, not N. */
-  int64_t want = (int64_t)t->nsteps + (t->target == t->path ? t->steps_left : 1);
+  int64_t want =
+      (int64_t)t->nsteps + (t->target == t->path ? t->steps_left : 1);
   int64_t doubled = 2 * (int64_t)t->cap_steps;
   int64_t grown = doubled < want ? doubled : want;
   size_t cap = (size_t)(grown > t->nsteps ? grown : t->nsteps + 1), records;

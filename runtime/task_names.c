@@ -58,7 +58,8 @@ static void node_name(const remat_graph *g, const plan_knode *kn, char *out) {
     t = g->tensors[kn->optim.param_tensor];
   else
     t = g->tensors[g->ops[kn->op].out];
-  const char *layer = t->kind == TENSOR_ACT ? task_names_layer(g, t->region) : "";
+  const char *layer =
+      t->kind == TENSOR_ACT ? task_names_layer(g, t->region) : "";
   size_t n = strlen(layer);
   bool prefixed =
       n == 0 || (strncmp(t->name, layer, n) == 0 && t->name[n] == '.');

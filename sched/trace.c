@@ -41,7 +41,8 @@ remat_status sched_trace_write(const sched_pool *pool, const sched_dag *dag,
   remat__replacing r;
   FILE *f = remat__replace_begin(path, &r);
   if (!f) {
-    snprintf(err, SCHED_ERRMSG_MAX, "cannot write trace '%s': %s", path, strerror(errno));
+    snprintf(err, SCHED_ERRMSG_MAX, "cannot write trace '%s': %s", path,
+             strerror(errno));
     return REMAT_ERR_IO;
   }
   fputs("{\"traceEvents\":[", f);

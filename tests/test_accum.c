@@ -345,7 +345,8 @@ static void test_accumulate_and_checkpoints(void **state) {
   feed_rows(&ref, &r, MICRO, MICRO);
   assert_int_equal(remat_step(ref.g, &st), REMAT_OK);
   size_t n, n2;
-  float *got = fixture_snapshot(f.g, &n), *expect = fixture_snapshot(ref.g, &n2);
+  float *got = fixture_snapshot(f.g, &n),
+        *expect = fixture_snapshot(ref.g, &n2);
   assert_int_equal(n, n2);
   assert_memory_equal(got, expect, n * sizeof *got);
   /* After the update the checkpoint can be saved again. */
@@ -450,7 +451,8 @@ static void test_clip_nan_final_step(void **state) {
   assert_memory_equal(before, after, n * sizeof *before);
   assert_int_equal(remat_step(hit.g, &st), REMAT_OK);
   assert_int_equal(st.accumulated, 2);
-  float *want = fixture_snapshot(clean.g, &n), *got = fixture_snapshot(hit.g, &n);
+  float *want = fixture_snapshot(clean.g, &n),
+        *got = fixture_snapshot(hit.g, &n);
   assert_memory_equal(want, got, n * sizeof *want);
   /* The clip's own arguments. */
   assert_int_equal(remat_set_clip(hit.g, INFINITY), REMAT_ERR_INVALID_ARG);

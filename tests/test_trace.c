@@ -438,7 +438,11 @@ static void test_trace_concurrent_graphs(void **state) {
 static bool utf8_ok(const unsigned char *s, size_t n) {
   for (size_t i = 0; i < n;) {
     unsigned char c = s[i];
-    int len = c < 0x80 ? 1 : c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xf0 && c < 0xf5 ? 4 : 0;
+    int len = c < 0x80                ? 1
+              : c >= 0xc2 && c < 0xe0 ? 2
+              : c >= 0xe0 && c < 0xf0 ? 3
+              : c >= 0xf0 && c < 0xf5 ? 4
+                                      : 0;
     if (len == 0 || i + (size_t)len > n)
       return false;
     for (int k = 1; k < len; k++)
