@@ -272,6 +272,14 @@ static void test_accumulate_misuse(void **state) {
                    REMAT_OK);
   assert_int_equal(remat_set_clip(f.g, -1.0f), REMAT_ERR_INVALID_ARG);
   assert_int_equal(remat_set_clip(f.g, NAN), REMAT_ERR_INVALID_ARG);
+  /* Compiling again mid-accumulation is refused and loses nothing. */
+  remat_step_stats st;
+  assert_int_equal(remat_accumulate(f.g, &st), REMAT_OK);
+  assert_int_equal(remat_compile(f.g, f.m.loss, &opt), REMAT_ERR_STATE);
+  assert_string_equal(remat_last_error(),
+                      "remat_compile: the graph is already compiled");
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_int_equal(st.accumulated, 2);
   assert_int_equal(remat_set_clip(NULL, 1.0f), REMAT_ERR_INVALID_ARG);
   assert_int_equal(remat_accumulate(NULL, NULL), REMAT_ERR_INVALID_ARG);
   /* A forward-only graph (no loss) has no gradients to sum or clip. */
