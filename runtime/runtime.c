@@ -91,8 +91,9 @@ static remat_status create_topology(remat_runtime *rt,
   "expected the path of a regular file that can be written (created if "     \
   "missing)"
 
-/* The trace path must name a regular file that can be written, checked now
- * so that a bad path fails creation instead of every step. Symbolic links
+/* The trace path must name a regular file that can be written, and a new
+ * file must be possible beside it (the writer renames one over it),
+ * checked now so that a bad path fails creation instead of every step. Symbolic links
  * are followed, as the trace writer follows them. An existing file is opened
  * for appending, so neither truncated nor changed; a file created for the
  * check is removed. O_NONBLOCK keeps a FIFO from blocking the open. */
@@ -113,11 +114,22 @@ static remat_status check_trace(const char *path, const char *what) {
     if (!exists)
       unlink(path);
   }
-  if (S_ISREG(st.st_mode))
-    return REMAT_OK;
-  return remat__fail(REMAT_ERR_CONFIG,
-                     "%s='%s' is not valid: it is %s; " TRACE_ACCEPTED, what,
-                     path, remat__file_kind(st.st_mode));
+  if (!S_ISREG(st.st_mode))
+    return remat__fail(REMAT_ERR_CONFIG,
+                       "%s='%s' is not valid: it is %s; " TRACE_ACCEPTED,
+                       what, path, remat__file_kind(st.st_mode));
+  /* The writer makes a new file beside it and renames it over it. */
+  remat__replacing r;
+  FILE *f = remat__replace_begin(path, &r);
+  if (f == NULL)
+    return remat__fail(REMAT_ERR_CONFIG,
+                       "%s='%s' is not valid: a trace is written to a new "
+                       "file beside it, which cannot be created (%s); "
+                       TRACE_ACCEPTED,
+                       what, path, strerror(errno));
+  fclose(f);
+  unlink(r.tmp);
+  return REMAT_OK;
 }
 
 /* The default policy must parse; "auto" needs no budget to parse. */

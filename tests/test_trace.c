@@ -434,6 +434,41 @@ static void test_trace_concurrent_graphs(void **state) {
   remat_runtime_destroy(rt);
 }
 
+/* A trace is written to a new file beside its path: a name so long that
+ * the new file's name (21 bytes longer) cannot exist is refused when the
+ * runtime is created (REMAT_TRACE) or tracing asked for, not after every
+ * step. */
+static void test_trace_name_too_long(void **state) {
+  (void)state;
+  char path[400], want[800];
+  int n = snprintf(path, sizeof path, "%s/", dir);
+  memset(path + n, 'a', 250);
+  snprintf(path + n + 250, sizeof path - (size_t)n - 250, ".json");
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TRACE,
+                     .num_threads = 1,
+                     .trace_path = path};
+  remat_runtime *rt = NULL;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_ERR_CONFIG);
+  snprintf(want, sizeof want,
+           "remat_config.trace_path='%s' is not valid: a trace is written to "
+           "a new file beside it, which cannot be created (File name too "
+           "long); expected the path of a regular file that can be written "
+           "(created if missing)",
+           path);
+  assert_string_equal(remat_last_error(), want);
+  struct stat st;
+  assert_int_equal(stat(path, &st), -1);
+  fixture f;
+  remat_optimizer opt = {.kind = REMAT_OPT_SGD, .lr = 0.1f};
+  assert_int_equal(fixture_open(&f, &tiny, 1, "nothing_saveable", 0, &opt),
+                   REMAT_OK);
+  assert_int_equal(remat_trace_steps(f.g, path, 1), REMAT_ERR_IO);
+  snprintf(want, sizeof want,
+           "remat_trace_steps: cannot write '%s': File name too long", path);
+  assert_string_equal(remat_last_error(), want);
+  fixture_close(&f);
+}
+
 /* The bytes of a JSON document are well-formed UTF-8. */
 static bool utf8_ok(const unsigned char *s, size_t n) {
   for (size_t i = 0; i < n;) {
@@ -633,6 +668,7 @@ int main(void) {
       cmocka_unit_test(test_trace_names_escaped),
       cmocka_unit_test(test_verbose_report),
       cmocka_unit_test(test_trace_concurrent_graphs),
+      cmocka_unit_test(test_trace_name_too_long),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
