@@ -76,7 +76,9 @@ typedef struct remat_config {
   int lookahead;         /* REMAT_LOOKAHEAD: 1..64; default 1 */
   const char *trace_path; /* REMAT_TRACE: Chrome trace of each step; NULL off.
                              Checked at creation: it must name a regular
-                             file that can be written (created if missing) */
+                             file that can be written (created if missing),
+                             beside which a new file can be created (each
+                             trace is written whole and renamed over it) */
   int verbose;           /* REMAT_VERBOSE: 0, 1 (plan to stderr), 2 (tasks) */
   const char *topology;  /* REMAT_TOPOLOGY: an hwloc synthetic description
                             such as "package:2 numa:1 core:4 pu:1", or the
