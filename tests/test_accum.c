@@ -170,10 +170,10 @@ static void test_accumulation_adamw(void **state) {
 /* On one worker (one order of tasks) an accumulation's activation peak is
  * exactly one step's; the sums of gradients double the gradients' bytes,
  * and the predicted peak counts them. */
-static void test_accumulation_peak(void **state) {
-  (void)state;
+static void accumulation_peak(int d_model) {
   remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-2f};
   remat_gpt_config cfg = config(MICRO);
+  cfg.d_model = d_model;
   fixture f;
   assert_int_equal(fixture_open(&f, &cfg, 1, "nothing_saveable", 0, &opt),
                    REMAT_OK);
@@ -189,7 +189,16 @@ static void test_accumulation_peak(void **state) {
                    one.predicted_peak_bytes + one.peak[REMAT_MEM_GRADS]);
   assert_int_equal(last.peak_bytes, acc.peak_bytes);
   assert_int_equal(acc.peak_bytes, one.peak_bytes + one.peak[REMAT_MEM_GRADS]);
+  assert_int_equal(acc.predicted_peak_bytes, acc.peak_bytes);
   fixture_close(&f);
+}
+
+/* d_model 8: vectors of 32 bytes, which the arena rounds to 64, as the
+ * predicted peak of an accumulation must. */
+static void test_accumulation_peak(void **state) {
+  (void)state;
+  accumulation_peak(16);
+  accumulation_peak(8);
 }
 
 /* A micro-step whose gradient is NaN adds nothing and changes no
