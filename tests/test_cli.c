@@ -127,6 +127,18 @@ static void test_usage_errors(void **state) {
   expect(&r, 2, "--layers '1000001': expected a whole number from 1 to 1000000");
   run(&r, "--lr", "0", NULL);
   expect(&r, 2, "--lr '0': expected a number > 0");
+  /* strtoull skips spaces and wraps " -1" to 2^64 - 1: not a seed */
+  run(&r, "--seed", " -1", NULL);
+  expect(&r, 2, "--seed ' -1': expected a whole number from 0 to 2^64 - 1");
+  run(&r, "--seed", "-1", NULL);
+  expect(&r, 2, "--seed '-1': expected a whole number from 0 to 2^64 - 1");
+  run(&r, "--steps", " 5", NULL);
+  expect(&r, 2, "--steps ' 5': expected a whole number from 0 to 1000000");
+  run(&r, "--lr", " 0.1", NULL);
+  expect(&r, 2, "--lr ' 0.1': expected a number > 0");
+  run(&r, "--tokens", "2147483648", NULL);
+  expect(&r, 2, "--tokens '2147483648': expected a whole number from 1 to "
+                "1000000");
   run(&r, "--steps", NULL);
   expect(&r, 2, "--steps needs a value");
   run(&r, "--seq", "8", NULL);
@@ -236,9 +248,23 @@ static void test_token_file_errors(void **state) {
   expect(&r, 2, "--vocab needs --data-format u16 (the vocabulary of bytes is "
                 "256, that of the addition task 14)");
   run(&r, "--data", ids, "--data-format", "u16", "--vocab", "65537", NULL);
-  expect(&r, 2, "--vocab 65537 is above 65536: u16 token ids are 0 to 65535");
+  expect(&r, 2, "--vocab '65537': expected a whole number from 1 to 65536");
+  run(&r, "--data", ids, "--data-format", "u16", "--vocab", "1000001", NULL);
+  expect(&r, 2, "--vocab '1000001': expected a whole number from 1 to 65536");
+  /* llm.c's magic in a file shorter than its header is not read as ids */
+  unsigned char magic[512] = {0x88, 0xd8, 0x34, 0x01, 1, 0, 0, 0, 100};
+  write_file(odd, magic, sizeof magic);
+  run(&r, "--data", odd, "--data-format", "u16", NULL);
+  snprintf(want, sizeof want, "--data '%s' starts with llm.c's magic number "
+           "20240520 but has 512 bytes, fewer than its header of 1024", odd);
+  expect(&r, 1, want);
+  write_file(odd, magic, 4);
+  run(&r, "--data", odd, "--data-format", "u16", NULL);
+  snprintf(want, sizeof want, "--data '%s' starts with llm.c's magic number "
+           "20240520 but has 4 bytes, fewer than its header of 1024", odd);
+  expect(&r, 1, want);
   run(&r, "--data", ids, "--data-format", "u16", "--vocab", "0", NULL);
-  expect(&r, 2, "--vocab '0': expected a whole number from 1 to 1000000");
+  expect(&r, 2, "--vocab '0': expected a whole number from 1 to 65536");
 }
 
 /* A token file whose ids are a text's bytes, with --vocab 256, trains
@@ -854,6 +880,12 @@ static void test_eval_every(void **state) {
   assert_non_null(strstr(a.out, want));
   run(&a, TINY, "--eval-every", "0", NULL);
   expect(&a, 2, "--eval-every '0': expected a whole number from 1 to 1000000");
+  run(&a, TINY, "--steps", "4", "--eval-every", "10", NULL);
+  expect(&a, 2, "--eval-every 10 is more than --steps 4: it takes 1 to "
+                "--steps (the end of training is always evaluated)");
+  run(&a, TINY, "--steps", "0", "--eval-every", "1", NULL);
+  expect(&a, 2, "--eval-every 1 is more than --steps 0: it takes 1 to "
+                "--steps (the end of training is always evaluated)");
 }
 
 /* Greedy decoding through the library alone: a forward-only GPT of one
@@ -964,7 +996,10 @@ static void test_sample(void **state) {
   expect(&r, 2, "--top-k '0': expected a whole number from 1 to 1000000");
 #undef FOX
   run(&r, TINY, "--load", w, "--prompt", "12a", NULL);
-  expect(&r, 2, "--prompt '12a': 'a' is not a token of the addition task "
+  expect(&r, 2, "--prompt: 'a' is not a token of the addition task "
+                "(digits, + and =)");
+  run(&r, TINY, "--load", w, "--prompt", "1\xff", NULL);
+  expect(&r, 2, "--prompt: '\\xff' is not a token of the addition task "
                 "(digits, + and =)");
   char ids[160];
   uint16_t fox_ids[44];

@@ -95,6 +95,11 @@ dataset *dataset_text(const char *path, int seq, char *err, size_t err_len);
  * held-out window). */
 dataset *dataset_u16(const char *path, int seq, int vocab, char *err,
                      size_t err_len);
+/* The same from the `bytes` bytes at `raw` (malloc'd, taken over: kept as
+ * the ids or freed); `path` only names the data in messages. */
+dataset *dataset_u16_bytes(unsigned char *raw, int64_t bytes,
+                           const char *path, int seq, int vocab, char *err,
+                           size_t err_len);
 /* The data that the options name (--data, --data-format, --vocab). */
 dataset *dataset_open(const train_options *o, char *err, size_t err_len);
 void dataset_destroy(dataset *d);

@@ -74,8 +74,12 @@ static int prompt_tokens(const train_options *o, const dataset *d,
     } else if (d->addition) {
       const char *at = strchr("0123456789+=", *p);
       if (at == NULL) {
-        fprintf(stderr, "remat-train: --prompt '%s': '%c' is not a token of "
-                "the addition task (digits, + and =)\n", o->prompt, *p);
+        unsigned char ch = (unsigned char)*p;
+        char shown[8]; /* a byte that is not printable ASCII as \xNN */
+        snprintf(shown, sizeof shown, ch >= 32 && ch < 127 ? "%c" : "\\x%02x",
+                 ch);
+        fprintf(stderr, "remat-train: --prompt: '%s' is not a token of "
+                "the addition task (digits, + and =)\n", shown);
         return -1;
       }
       id = at - "0123456789+=";
