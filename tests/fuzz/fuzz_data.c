@@ -5,10 +5,11 @@
  * text file read through a memfd. A refused file must leave a one-line
  * message that starts with --data or --seq; an accepted one must hold
  * only ids below its vocabulary, a training part and a held-out part of
- * at least --seq + 1 tokens each, and training batches drawn only from
- * the training part. The seeds include llm.c headers with a count of
- * 2^31 - 1, -1 and one token short, a header cut at 4 and 1023 bytes,
- * version 2, and a held-out tenth of exactly one window. */
+ * at least --seq + 1 tokens each, training batches of such ids, and,
+ * when it starts with llm.c's magic, its whole header and a count that
+ * matches. The seeds include llm.c headers with a count of 2^31 - 1, -1
+ * and one token short, a header cut at 4, 1022 and 1023 bytes, version 2,
+ * and a held-out tenth of exactly one window. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +92,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   FUZZ_CHECK(err[0] == '\0');
+  /* llm.c's magic: accepted only with its whole header and count */
+  if (u16 && size >= 4 && (data[0] | data[1] << 8 | data[2] << 16 |
+                           (uint32_t)data[3] << 24) == 20240520u) {
+    FUZZ_CHECK(size >= 1024);
+    FUZZ_CHECK(d->len == (int64_t)(size - 1024) / 2);
+    FUZZ_CHECK((data[8] | data[9] << 8 | data[10] << 16 |
+                (uint32_t)data[11] << 24) == (uint32_t)d->len);
+  }
   check_dataset(d, seq, vocab);
   dataset_destroy(d);
   return 0;
