@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1013,6 +1014,38 @@ static void test_sample(void **state) {
                 "separated by spaces or commas");
 }
 
+/* A failed allocation of remat-train's own (here the sampling logits,
+ * --seq 100000 x vocabulary 65536 x 4 bytes, under a 16 GiB address
+ * space) names what it was for and its size, not a stale or empty library
+ * message. */
+static void test_sample_out_of_memory(void **state) {
+  (void)state;
+  char big[160], want[256];
+  snprintf(big, sizeof big, "%s/big.bin", dir);
+  enum { TOKENS = 1000010 };
+  unsigned char *ids = malloc(2 * TOKENS);
+  assert_non_null(ids);
+  memset(ids, 0xff, 2 * TOKENS); /* id 65535: the vocabulary is 65536 */
+  write_file(big, ids, 2 * TOKENS);
+  free(ids);
+  struct rlimit old, small;
+  assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
+  small = old;
+  small.rlim_cur = (rlim_t)16 << 30;
+  if (old.rlim_max != RLIM_INFINITY && old.rlim_max < small.rlim_cur)
+    small.rlim_cur = old.rlim_max;
+  assert_int_equal(setrlimit(RLIMIT_AS, &small), 0); /* inherited */
+  result r;
+  run(&r, TINY, "--seq", "100000", "--data", big, "--data-format", "u16",
+      "--load", big, "--prompt", "1", "--tokens", "1", NULL);
+  assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
+  snprintf(want, sizeof want, "out of memory: the evaluation's logits (rows "
+           "x --seq x vocabulary x 4) needs %zu bytes",
+           (size_t)100000 * 65536 * 4);
+  expect(&r, 1, want);
+  unlink(big);
+}
+
 /* The "lr" of each JSON step line, joined by ' '. */
 static void lr_list(const char *out, char *buf, size_t len) {
   buf[0] = '\0';
@@ -1074,6 +1107,7 @@ int main(void) {
       cmocka_unit_test(test_schedules),
       cmocka_unit_test(test_eval_every),
       cmocka_unit_test(test_sample),
+      cmocka_unit_test(test_sample_out_of_memory),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

@@ -154,6 +154,13 @@ void progress_format(char *out, size_t len, int width,
 
 /* ---- evaluation (train_eval.c) ---- */
 
+/* remat-train's own allocation of `bytes` bytes for `what` failed: records
+ * the message that train_last_error gives and returns
+ * REMAT_ERR_OUT_OF_MEMORY (the library's message would be stale). */
+remat_status train_out_of_memory(const char *what, size_t bytes);
+/* The message of the last failure: remat-train's own, else the library's. */
+const char *train_last_error(void);
+
 typedef struct eval_result {
   double heldout_loss; /* mean cross-entropy on held-out answer/text tokens */
   double accuracy;     /* exact-match on held-out problems; -1 for text */

@@ -114,7 +114,7 @@ static remat_status generate(eval_model *e, const train_options *o,
                              int vocab, int32_t *context, int n, int total) {
   candidate *c = malloc((size_t)vocab * sizeof *c);
   if (c == NULL)
-    return REMAT_ERR_OUT_OF_MEMORY;
+    return train_out_of_memory("the candidates", (size_t)vocab * sizeof *c);
   uint64_t rng = o->seed;
   remat_status s = REMAT_OK;
   for (; n < total && s == REMAT_OK; n++) {
@@ -153,7 +153,7 @@ int sample_run(const train_options *o, const dataset *d) {
   if (s == REMAT_OK)
     print_tokens(d, context, n + o->sample_tokens);
   else
-    fprintf(stderr, "remat-train: %s\n", remat_last_error());
+    fprintf(stderr, "remat-train: %s\n", train_last_error());
   evaluator_close(e);
   remat_runtime_destroy(rt);
   free(context);
