@@ -993,6 +993,15 @@ static void test_sample(void **state) {
   expect(&r, 2, "--prompt is empty: give at least one token");
   run(&r, FOX, "--load", w, "--prompt", "a", "--temperature", "-1", NULL);
   expect(&r, 2, "--temperature '-1': expected a number >= 0");
+  /* weights trained at --seq 16, sampled at --seq 32 */
+  run(&r, TINY, "--seq", "32", "--data", text, "--load", w, "--prompt", "a",
+      NULL);
+  char shape[512];
+  snprintf(shape, sizeof shape, "remat_load_safetensors: '%s': tensor 'wpe' "
+           "has shape [16,16] in the file but [32,16] in the model; --prompt "
+           "takes the --layers, --d-model, --heads, --seq, --data and --vocab "
+           "that trained the weights", w);
+  expect(&r, 1, shape);
   run(&r, FOX, "--load", w, "--prompt", "a", "--top-k", "0", NULL);
   expect(&r, 2, "--top-k '0': expected a whole number from 1 to 1000000");
 #undef FOX

@@ -146,14 +146,17 @@ int sample_run(const train_options *o, const dataset *d) {
   remat_status s = remat_runtime_create(&rc, &rt);
   if (s == REMAT_OK)
     s = evaluator_open_rows(rt, o, 1, &e);
-  if (s == REMAT_OK)
-    s = evaluator_load(e, o->load_path);
+  const char *hint = "";
+  if (s == REMAT_OK && (s = evaluator_load(e, o->load_path)) ==
+                           REMAT_ERR_SHAPE)
+    hint = "; --prompt takes the --layers, --d-model, --heads, --seq, --data "
+           "and --vocab that trained the weights";
   if (s == REMAT_OK)
     s = generate(e, o, o->cfg.vocab, context, n, n + o->sample_tokens);
   if (s == REMAT_OK)
     print_tokens(d, context, n + o->sample_tokens);
   else
-    fprintf(stderr, "remat-train: %s\n", train_last_error());
+    fprintf(stderr, "remat-train: %s%s\n", train_last_error(), hint);
   evaluator_close(e);
   remat_runtime_destroy(rt);
   free(context);
