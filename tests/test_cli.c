@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -128,6 +129,18 @@ static void test_usage_errors(void **state) {
   expect(&r, 2, "--layers '1000001': expected a whole number from 1 to 1000000");
   run(&r, "--lr", "0", NULL);
   expect(&r, 2, "--lr '0': expected a number > 0");
+  /* strtoull skips spaces and wraps " -1" to 2^64 - 1: not a seed */
+  run(&r, "--seed", " -1", NULL);
+  expect(&r, 2, "--seed ' -1': expected a whole number from 0 to 2^64 - 1");
+  run(&r, "--seed", "-1", NULL);
+  expect(&r, 2, "--seed '-1': expected a whole number from 0 to 2^64 - 1");
+  run(&r, "--steps", " 5", NULL);
+  expect(&r, 2, "--steps ' 5': expected a whole number from 0 to 1000000");
+  run(&r, "--lr", " 0.1", NULL);
+  expect(&r, 2, "--lr ' 0.1': expected a number > 0");
+  run(&r, "--tokens", "2147483648", NULL);
+  expect(&r, 2, "--tokens '2147483648': expected a whole number from 1 to "
+                "1000000");
   run(&r, "--steps", NULL);
   expect(&r, 2, "--steps needs a value");
   run(&r, "--seq", "8", NULL);
@@ -237,9 +250,23 @@ static void test_token_file_errors(void **state) {
   expect(&r, 2, "--vocab needs --data-format u16 (the vocabulary of bytes is "
                 "256, that of the addition task 14)");
   run(&r, "--data", ids, "--data-format", "u16", "--vocab", "65537", NULL);
-  expect(&r, 2, "--vocab 65537 is above 65536: u16 token ids are 0 to 65535");
+  expect(&r, 2, "--vocab '65537': expected a whole number from 1 to 65536");
+  run(&r, "--data", ids, "--data-format", "u16", "--vocab", "1000001", NULL);
+  expect(&r, 2, "--vocab '1000001': expected a whole number from 1 to 65536");
+  /* llm.c's magic in a file shorter than its header is not read as ids */
+  unsigned char magic[512] = {0x88, 0xd8, 0x34, 0x01, 1, 0, 0, 0, 100};
+  write_file(odd, magic, sizeof magic);
+  run(&r, "--data", odd, "--data-format", "u16", NULL);
+  snprintf(want, sizeof want, "--data '%s' starts with llm.c's magic number "
+           "20240520 but has 512 bytes, fewer than its header of 1024", odd);
+  expect(&r, 1, want);
+  write_file(odd, magic, 4);
+  run(&r, "--data", odd, "--data-format", "u16", NULL);
+  snprintf(want, sizeof want, "--data '%s' starts with llm.c's magic number "
+           "20240520 but has 4 bytes, fewer than its header of 1024", odd);
+  expect(&r, 1, want);
   run(&r, "--data", ids, "--data-format", "u16", "--vocab", "0", NULL);
-  expect(&r, 2, "--vocab '0': expected a whole number from 1 to 1000000");
+  expect(&r, 2, "--vocab '0': expected a whole number from 1 to 65536");
 }
 
 /* A token file whose ids are a text's bytes, with --vocab 256, trains
@@ -858,6 +885,12 @@ static void test_eval_every(void **state) {
   assert_non_null(strstr(a.out, want));
   run(&a, TINY, "--eval-every", "0", NULL);
   expect(&a, 2, "--eval-every '0': expected a whole number from 1 to 1000000");
+  run(&a, TINY, "--steps", "4", "--eval-every", "10", NULL);
+  expect(&a, 2, "--eval-every 10 is more than --steps 4: it takes 1 to "
+                "--steps (the end of training is always evaluated)");
+  run(&a, TINY, "--steps", "0", "--eval-every", "1", NULL);
+  expect(&a, 2, "--eval-every 1 is more than --steps 0: it takes 1 to "
+                "--steps (the end of training is always evaluated)");
 }
 
 /* Greedy decoding through the library alone: a forward-only GPT of one
@@ -964,11 +997,23 @@ static void test_sample(void **state) {
   expect(&r, 2, "--prompt is empty: give at least one token");
   run(&r, FOX, "--load", w, "--prompt", "a", "--temperature", "-1", NULL);
   expect(&r, 2, "--temperature '-1': expected a number >= 0");
+  /* weights trained at --seq 16, sampled at --seq 32 */
+  run(&r, TINY, "--seq", "32", "--data", text, "--load", w, "--prompt", "a",
+      NULL);
+  char shape[512];
+  snprintf(shape, sizeof shape, "remat_load_safetensors: '%s': tensor 'wpe' "
+           "has shape [16,16] in the file but [32,16] in the model; --prompt "
+           "takes the --layers, --d-model, --heads, --seq, --data and --vocab "
+           "that trained the weights", w);
+  expect(&r, 1, shape);
   run(&r, FOX, "--load", w, "--prompt", "a", "--top-k", "0", NULL);
   expect(&r, 2, "--top-k '0': expected a whole number from 1 to 1000000");
 #undef FOX
   run(&r, TINY, "--load", w, "--prompt", "12a", NULL);
-  expect(&r, 2, "--prompt '12a': 'a' is not a token of the addition task "
+  expect(&r, 2, "--prompt: 'a' is not a token of the addition task "
+                "(digits, + and =)");
+  run(&r, TINY, "--load", w, "--prompt", "1\xff", NULL);
+  expect(&r, 2, "--prompt: '\\xff' is not a token of the addition task "
                 "(digits, + and =)");
   char ids[160];
   uint16_t fox_ids[44];
@@ -980,6 +1025,38 @@ static void test_sample(void **state) {
       "--load", w, "--prompt", "116, 104 x", NULL);
   expect(&r, 2, "--prompt '116, 104 x': expected token ids 0 to 122 "
                 "separated by spaces or commas");
+}
+
+/* A failed allocation of remat-train's own (here the sampling logits,
+ * --seq 100000 x vocabulary 65536 x 4 bytes, under a 16 GiB address
+ * space) names what it was for and its size, not a stale or empty library
+ * message. */
+static void test_sample_out_of_memory(void **state) {
+  (void)state;
+  char big[160], want[256];
+  snprintf(big, sizeof big, "%s/big.bin", dir);
+  enum { TOKENS = 1000010 };
+  unsigned char *ids = malloc(2 * TOKENS);
+  assert_non_null(ids);
+  memset(ids, 0xff, 2 * TOKENS); /* id 65535: the vocabulary is 65536 */
+  write_file(big, ids, 2 * TOKENS);
+  free(ids);
+  struct rlimit old, small;
+  assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
+  small = old;
+  small.rlim_cur = (rlim_t)16 << 30;
+  if (old.rlim_max != RLIM_INFINITY && old.rlim_max < small.rlim_cur)
+    small.rlim_cur = old.rlim_max;
+  assert_int_equal(setrlimit(RLIMIT_AS, &small), 0); /* inherited */
+  result r;
+  run(&r, TINY, "--seq", "100000", "--data", big, "--data-format", "u16",
+      "--load", big, "--prompt", "1", "--tokens", "1", NULL);
+  assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
+  snprintf(want, sizeof want, "out of memory: the evaluation's logits (rows "
+           "x --seq x vocabulary x 4) needs %zu bytes",
+           (size_t)100000 * 65536 * 4);
+  expect(&r, 1, want);
+  unlink(big);
 }
 
 /* The "lr" of each JSON step line, joined by ' '. */
@@ -1133,6 +1210,7 @@ int main(void) {
       cmocka_unit_test(test_sample),
       cmocka_unit_test(test_accum_clip),
       cmocka_unit_test(test_trace_steps),
+      cmocka_unit_test(test_sample_out_of_memory),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

@@ -37,7 +37,7 @@ static double now(void) {
 }
 
 static int fail(const char *what) {
-  fprintf(stderr, "remat-train: %s%s\n", what, remat_last_error());
+  fprintf(stderr, "remat-train: %s%s\n", what, train_last_error());
   return EXIT_RUNTIME;
 }
 

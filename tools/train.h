@@ -98,6 +98,11 @@ dataset *dataset_text(const char *path, int seq, char *err, size_t err_len);
  * held-out window). */
 dataset *dataset_u16(const char *path, int seq, int vocab, char *err,
                      size_t err_len);
+/* The same from the `bytes` bytes at `raw` (malloc'd, taken over: kept as
+ * the ids or freed); `path` only names the data in messages. */
+dataset *dataset_u16_bytes(unsigned char *raw, int64_t bytes,
+                           const char *path, int seq, int vocab, char *err,
+                           size_t err_len);
 /* The data that the options name (--data, --data-format, --vocab). */
 dataset *dataset_open(const train_options *o, char *err, size_t err_len);
 void dataset_destroy(dataset *d);
@@ -151,6 +156,13 @@ void progress_format(char *out, size_t len, int width,
                      const progress_fields *f);
 
 /* ---- evaluation (train_eval.c) ---- */
+
+/* remat-train's own allocation of `bytes` bytes for `what` failed: records
+ * the message that train_last_error gives and returns
+ * REMAT_ERR_OUT_OF_MEMORY (the library's message would be stale). */
+remat_status train_out_of_memory(const char *what, size_t bytes);
+/* The message of the last failure: remat-train's own, else the library's. */
+const char *train_last_error(void);
 
 typedef struct eval_result {
   double heldout_loss; /* mean cross-entropy on held-out answer/text tokens */

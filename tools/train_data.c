@@ -236,10 +236,15 @@ static int64_t le32(const unsigned char *p) {
 static int64_t llmc_header(const unsigned char *raw, int64_t bytes,
                            const char *path, char *err, size_t err_len) {
   enum { HEADER = 256 * 4, MAGIC = 20240520 };
-  if (bytes < HEADER || le32(raw) != MAGIC)
+  if (bytes < 4 || le32(raw) != MAGIC)
     return 0;
-  int64_t version = le32(raw + 4), tokens = le32(raw + 8);
-  if (version != 1)
+  int64_t version = bytes >= 8 ? le32(raw + 4) : 0;
+  int64_t tokens = bytes >= 12 ? le32(raw + 8) : 0;
+  if (bytes < HEADER)
+    snprintf(err, err_len, "--data '%s' starts with llm.c's magic number "
+             "20240520 but has %lld bytes, fewer than its header of 1024",
+             path, (long long)bytes);
+  else if (version != 1)
     snprintf(err, err_len, "--data '%s' has llm.c's header of version %lld: "
              "--data-format u16 reads version 1 (uint16 tokens)", path,
              (long long)version);
@@ -258,6 +263,12 @@ dataset *dataset_u16(const char *path, int seq, int vocab, char *err,
   unsigned char *raw = load(path, 0, &bytes, err, err_len);
   if (raw == NULL)
     return NULL;
+  return dataset_u16_bytes(raw, bytes, path, seq, vocab, err, err_len);
+}
+
+dataset *dataset_u16_bytes(unsigned char *raw, int64_t bytes,
+                           const char *path, int seq, int vocab, char *err,
+                           size_t err_len) {
   int64_t skip = llmc_header(raw, bytes, path, err, err_len);
   if (skip == 0 && bytes % 2 != 0)
     snprintf(err, err_len, "--data '%s' has %lld bytes, an odd number: "

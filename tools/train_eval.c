@@ -7,7 +7,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "tools/train.h"
+
+static char own_error[256]; /* the last failure of remat-train's own */
+
+remat_status train_out_of_memory(const char *what, size_t bytes) {
+  snprintf(own_error, sizeof own_error, "out of memory: %s needs %zu bytes",
+           what, bytes);
+  return REMAT_ERR_OUT_OF_MEMORY;
+}
+
+const char *train_last_error(void) {
+  return own_error[0] != '\0' ? own_error : remat_last_error();
+}
 
 struct eval_model {
   remat_graph *g;
@@ -35,7 +48,7 @@ static remat_status copy_weights(remat_graph *from, remat_graph *to) {
     size_t bytes = (size_t)remat_tensor_numel(src) * sizeof(float);
     float *buf = malloc(bytes);
     if (buf == NULL)
-      return REMAT_ERR_OUT_OF_MEMORY;
+      return train_out_of_memory("copying the weights", bytes);
     s = remat_read(from, src, buf, bytes);
     if (s == REMAT_OK)
       s = remat_write(to, dst, buf, bytes);
@@ -54,12 +67,17 @@ static remat_status eval_open(eval_model *e, remat_runtime *rt,
   e->batch = batch;
   e->seq = c.seq;
   e->vocab = c.vocab;
-  size_t n = (size_t)batch * (size_t)c.seq;
+  size_t n = (size_t)batch * (size_t)c.seq, logits;
+  if (!remat__mul_size(n, (size_t)c.vocab * sizeof *e->logits, &logits))
+    logits = SIZE_MAX;
   e->tokens = calloc(n, sizeof *e->tokens);
   e->zeros = calloc(n, sizeof *e->zeros);
-  e->logits = malloc(n * (size_t)c.vocab * sizeof *e->logits);
-  if (e->tokens == NULL || e->zeros == NULL || e->logits == NULL)
-    return REMAT_ERR_OUT_OF_MEMORY;
+  e->logits = logits < SIZE_MAX ? malloc(logits) : NULL;
+  if (e->tokens == NULL || e->zeros == NULL)
+    return train_out_of_memory("the evaluation's tokens", 2 * n * 4);
+  if (e->logits == NULL)
+    return train_out_of_memory("the evaluation's logits (rows x --seq x "
+                               "vocabulary x 4)", logits);
   remat_status s = remat_graph_create(rt, &e->g);
   if (s == REMAT_OK)
     s = remat_gpt_build(e->g, &c, &e->m);
@@ -212,7 +230,8 @@ static remat_status text_sample(eval_model *e, const dataset *d, FILE *out) {
     prompt = 1;
   int32_t *seqbuf = malloc((size_t)(prompt + GENERATE) * sizeof *seqbuf);
   if (seqbuf == NULL)
-    return REMAT_ERR_OUT_OF_MEMORY;
+    return train_out_of_memory("the sample",
+                               (size_t)(prompt + GENERATE) * sizeof *seqbuf);
   for (int t = 0; t < prompt; t++)
     seqbuf[t] = dataset_at(d, d->heldout_start + t);
   remat_status s = REMAT_OK;
@@ -243,7 +262,7 @@ remat_status evaluator_open_rows(remat_runtime *rt, const train_options *o,
                                  int rows, eval_model **out) {
   *out = malloc(sizeof **out);
   if (*out == NULL)
-    return REMAT_ERR_OUT_OF_MEMORY;
+    return train_out_of_memory("the evaluation", sizeof **out);
   return eval_open(*out, rt, o, rows);
 }
 

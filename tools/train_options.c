@@ -91,24 +91,39 @@ static int bad(const char *fmt, const char *opt, const char *value) {
   return EXIT_USAGE;
 }
 
-static int parse_int(const char *opt, const char *v, int min, int *out) {
+/* A number starts with a digit, or '-' then a digit: strtol and strtoull
+ * would skip leading spaces, and strtoull would wrap " -1" to 2^64 - 1. */
+static int starts_number(const char *v) {
+  return (*v >= '0' && *v <= '9') ||
+         ((*v == '-' || *v == '.') && v[1] >= '0' && v[1] <= '9') ||
+         (*v == '-' && v[1] == '.' && v[2] >= '0' && v[2] <= '9');
+}
+
+/* A whole number from `min` to `max`. */
+static int parse_int_max(const char *opt, const char *v, int min, int max,
+                         int *out) {
   char *end;
   errno = 0;
   long x = strtol(v, &end, 10);
-  if (*v == '\0' || *end != '\0' || errno != 0 || x < min || x > 1000000) {
+  if (!starts_number(v) || *end != '\0' || errno != 0 || x < min ||
+      x > max) {
     char fmt[96];
     snprintf(fmt, sizeof fmt,
-             "%%s '%%s': expected a whole number from %d to 1000000", min);
+             "%%s '%%s': expected a whole number from %d to %d", min, max);
     return bad(fmt, opt, v);
   }
   *out = (int)x;
   return 0;
 }
 
+static int parse_int(const char *opt, const char *v, int min, int *out) {
+  return parse_int_max(opt, v, min, 1000000, out);
+}
+
 static int parse_float(const char *opt, const char *v, float *out) {
   char *end;
   float x = strtof(v, &end);
-  if (*v == '\0' || *end != '\0' || !isfinite(x) || x <= 0.0f)
+  if (!starts_number(v) || *end != '\0' || !isfinite(x) || x <= 0.0f)
     return bad("%s '%s': expected a number > 0", opt, v);
   *out = x;
   return 0;
@@ -117,7 +132,7 @@ static int parse_float(const char *opt, const char *v, float *out) {
 static int parse_nonneg(const char *opt, const char *v, float *out) {
   char *end;
   float x = strtof(v, &end);
-  if (*v == '\0' || *end != '\0' || !isfinite(x) || x < 0.0f)
+  if (!starts_number(v) || *end != '\0' || !isfinite(x) || x < 0.0f)
     return bad("%s '%s': expected a number >= 0", opt, v);
   *out = x;
   return 0;
@@ -140,8 +155,10 @@ static int parse_seed(const char *v, uint64_t *out) {
   char *end;
   errno = 0;
   unsigned long long x = strtoull(v, &end, 10);
-  if (*v == '\0' || *v == '-' || *end != '\0' || errno != 0)
-    return bad("%s '%s': expected a whole number >= 0", "--seed", v);
+  if (!starts_number(v) || *v == '-' || *v == '.' || *end != '\0' ||
+      errno != 0)
+    return bad("%s '%s': expected a whole number from 0 to 2^64 - 1",
+               "--seed", v);
   *out = x;
   return 0;
 }
@@ -204,7 +221,8 @@ static int apply_run(int c, const char *arg, const char *raw,
   case OPT_DATA_FORMAT:
     return parse_name("--data-format", arg, formats, "bytes or u16",
                       &o->data_u16);
-  case OPT_VOCAB: return parse_int("--vocab", arg, 1, &o->vocab);
+  case OPT_VOCAB:
+    return parse_int_max("--vocab", arg, 1, 65536, &o->vocab);
   case OPT_EVAL_EVERY:
     return parse_int("--eval-every", arg, 1, &o->eval_every);
   case OPT_PROMPT: o->prompt = arg; return 0;
@@ -238,9 +256,10 @@ static int check_run(const train_options *o, const char *trains) {
   else if (o->vocab > 0 && !o->data_u16)
     snprintf(why, sizeof why, "--vocab needs --data-format u16 (the "
              "vocabulary of bytes is 256, that of the addition task 14)");
-  else if (o->vocab > 65536)
-    snprintf(why, sizeof why, "--vocab %d is above 65536: u16 token ids are "
-             "0 to 65535", o->vocab);
+  else if (o->eval_every > o->steps && o->prompt == NULL)
+    snprintf(why, sizeof why, "--eval-every %d is more than --steps %d: "
+             "it takes 1 to --steps (the end of training is always "
+             "evaluated)", o->eval_every, o->steps);
   if (why[0] != '\0')
     fprintf(stderr, "remat-train: %s\n", why);
   return why[0] != '\0';

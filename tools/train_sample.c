@@ -74,8 +74,12 @@ static int prompt_tokens(const train_options *o, const dataset *d,
     } else if (d->addition) {
       const char *at = strchr("0123456789+=", *p);
       if (at == NULL) {
-        fprintf(stderr, "remat-train: --prompt '%s': '%c' is not a token of "
-                "the addition task (digits, + and =)\n", o->prompt, *p);
+        unsigned char ch = (unsigned char)*p;
+        char shown[8]; /* a byte that is not printable ASCII as \xNN */
+        snprintf(shown, sizeof shown, ch >= 32 && ch < 127 ? "%c" : "\\x%02x",
+                 ch);
+        fprintf(stderr, "remat-train: --prompt: '%s' is not a token of "
+                "the addition task (digits, + and =)\n", shown);
         return -1;
       }
       id = at - "0123456789+=";
@@ -110,7 +114,7 @@ static remat_status generate(eval_model *e, const train_options *o,
                              int vocab, int32_t *context, int n, int total) {
   candidate *c = malloc((size_t)vocab * sizeof *c);
   if (c == NULL)
-    return REMAT_ERR_OUT_OF_MEMORY;
+    return train_out_of_memory("the candidates", (size_t)vocab * sizeof *c);
   uint64_t rng = o->seed;
   remat_status s = REMAT_OK;
   for (; n < total && s == REMAT_OK; n++) {
@@ -142,14 +146,17 @@ int sample_run(const train_options *o, const dataset *d) {
   remat_status s = remat_runtime_create(&rc, &rt);
   if (s == REMAT_OK)
     s = evaluator_open_rows(rt, o, 1, &e);
-  if (s == REMAT_OK)
-    s = evaluator_load(e, o->load_path);
+  const char *hint = "";
+  if (s == REMAT_OK && (s = evaluator_load(e, o->load_path)) ==
+                           REMAT_ERR_SHAPE)
+    hint = "; --prompt takes the --layers, --d-model, --heads, --seq, --data "
+           "and --vocab that trained the weights";
   if (s == REMAT_OK)
     s = generate(e, o, o->cfg.vocab, context, n, n + o->sample_tokens);
   if (s == REMAT_OK)
     print_tokens(d, context, n + o->sample_tokens);
   else
-    fprintf(stderr, "remat-train: %s\n", remat_last_error());
+    fprintf(stderr, "remat-train: %s%s\n", train_last_error(), hint);
   evaluator_close(e);
   remat_runtime_destroy(rt);
   free(context);
