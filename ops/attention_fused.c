@@ -1,0 +1,330 @@
+/* Fused causal self-attention: from qkv [B,T,3D] straight to o [B,T,D],
+ * saving only o and the per-row log-sum-exp [B,H,T]; no T x T matrix is
+ * ever stored. Tiles are (batch, head, block of b rows); the scores of one
+ * query block against the keys up to its diagonal live in the worker's
+ * scratch. The backward recomputes the probabilities from q, k and the
+ * log-sum-exp: dq tiles over query blocks, dk and dv tiles over key blocks,
+ * each tile writing only its own rows, so the sums run in a fixed order
+ * whatever the thread count. */
+#include <math.h>
+#include <string.h>
+
+#include "ops/op_impl.h"
+
+/* One gemm shape family per reduction length: [0] reduces over a full
+ * block of b rows, [1] over the last, shorter block (T % b rows). */
+typedef struct fused_state {
+  op_base base;
+  int64_t B, T, D, H, hd, blk, nb, rem; /* rem = T % blk */
+  float scale;
+  op_gemm qk;      /* S = scale Q K^T    [bq,bk] = [bq,hd] . [hd,bk] */
+  op_gemm dov;     /* dP = dO V^T        [bq,bk] = [bq,hd] . [hd,bk] */
+  op_gemm pv[2];   /* O (+)= P V         [bq,hd] = [bq,bk] . [bk,hd] */
+  op_gemm dsk[2];  /* dQ (+)= scale dS K [bq,hd] = [bq,bk] . [bk,hd] */
+  op_gemm ptdo[2]; /* dV (+)= P^T dO     [bk,hd] = [bk,bq] . [bq,hd] */
+  op_gemm dstq[2]; /* dK (+)= scale dS^T Q [bk,hd] = [bk,bq] . [bq,hd] */
+} fused_state;
+
+/* Rows per block: a function of T and the head dim only. 64 keeps the
+ * wasted half of the diagonal block small at short T; 128 at long T (or
+ * small heads) halves the number of oneDNN calls. */
+static int64_t fused_block(int64_t T, int64_t hd) {
+  int64_t b = T >= 1024 || hd <= 32 ? 128 : 64;
+  return op_min64(b, T);
+}
+
+remat_status op_attention_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
+  static const char *const names[] = {"qkv"};
+  static const op_dtype types[] = {OP_F32};
+  remat_status rs = op_check_inputs(d, 1, 1, names, types, err);
+  if (rs == REMAT_OK) rs = op_check_qkv(d, &d->in[0], "", err);
+  if (rs != REMAT_OK) return rs;
+  const op_shape *q = &d->in[0];
+  op_shape out = {3, {q->dim[0], q->dim[1], q->dim[2] / 3}};
+  d->out = out;
+  return REMAT_OK;
+}
+
+/* Block [m, b or rem rows] of gemm g: prim for (last m block, last n
+ * block, accumulate); a, b, c point at the block's operands. */
+static int blk_run(const op_gemm *g, bool mlast, bool nlast, bool acc,
+                   const float *a, const float *b, float *c, op_worker *w) {
+  dnnl_primitive_t prim = g->prim[mlast][nlast][acc];
+  if (!prim) return REMAT_ERR_STATE;
+  op_arg args[3] = {
+      {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+  return op_exec(prim, w, 3, args);
+}
+
+/* Where one tile's pieces lie. */
+typedef struct fused_at {
+  int64_t bi, h, bh;
+} fused_at;
+
+static fused_at fused_where(const fused_state *s, int64_t bh) {
+  return (fused_at){bh / s->H, bh % s->H, bh};
+}
+/* Rows of block i (the last one may be short). */
+static int64_t blk_rows(const fused_state *s, int64_t i) {
+  return op_min64(s->blk, s->T - i * s->blk);
+}
+/* Whether block i is the short last one (so its gemms use [1] prims). */
+static bool blk_short(const fused_state *s, int64_t i) {
+  return s->rem != 0 && i == s->nb - 1;
+}
+/* Row i*blk of part `part` (0 q, 1 k, 2 v) of head h in qkv. */
+static int64_t qkv_at(const fused_state *s, fused_at a, int64_t i, int part) {
+  return (a.bi * s->T + i * s->blk) * 3 * s->D + part * s->D + a.h * s->hd;
+}
+/* Row i*blk of head h in o, do. */
+static int64_t o_at(const fused_state *s, fused_at a, int64_t i) {
+  return (a.bi * s->T + i * s->blk) * s->D + a.h * s->hd;
+}
+
+/* Valid keys of query row q in a key block starting at k0 with nk keys. */
+static int64_t valid_keys(int64_t q, int64_t k0, int64_t nk) {
+  return op_max64(0, op_min64(nk, q - k0 + 1));
+}
+
+#define LANES 8
+/* Max and sum in LANES fixed lanes, then the lanes in order: vectorizes,
+ * and the order depends on n only. */
+static float row_max(const float *restrict x, int64_t n) {
+  float lane[LANES];
+  for (int l = 0; l < LANES; l++) lane[l] = -INFINITY;
+  int64_t c = 0;
+  for (; c + LANES <= n; c += LANES)
+    for (int l = 0; l < LANES; l++)
+      lane[l] = x[c + l] > lane[l] ? x[c + l] : lane[l];
+  for (; c < n; c++) lane[0] = x[c] > lane[0] ? x[c] : lane[0];
+  float m = lane[0];
+  for (int l = 1; l < LANES; l++) m = lane[l] > m ? lane[l] : m;
+  return m;
+}
+
+static float row_sum(const float *restrict x, int64_t n) {
+  float lane[LANES] = {0};
+  int64_t c = 0;
+  for (; c + LANES <= n; c += LANES)
+    for (int l = 0; l < LANES; l++) lane[l] += x[c + l];
+  for (; c < n; c++) lane[c % LANES] += x[c];
+  float sum = 0.0f;
+  for (int l = 0; l < LANES; l++) sum += lane[l];
+  return sum;
+}
+
+/* p[0..n) = exp(x - shift) in place, then zeros up to `upto`. */
+static void row_exp(float *restrict x, int64_t n, float shift, int64_t upto) {
+  for (int64_t c = 0; c < n; c++) x[c] = op_expf(x[c] - shift);
+  for (int64_t c = n; c < upto; c++) x[c] = 0.0f;
+}
+
+// forward. qkv is (B,T,3D), o is (B,T,D), lse is (B,H,T); tile (b,h,i):
+// S [bq, keys 0..i*blk+bq) = scale q_i k^T (in scratch, row stride T),
+// masked above the diagonal; lse_q = log sum_k exp(S_qk); P = exp(S - lse);
+// o_i = sum_j P_ij v_j, the key blocks j = 0..i added in order.
+static int fused_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
+                     op_worker *w) {
+  const fused_state *s = op->state;
+  fused_at a = fused_where(s, tile / s->nb);
+  int64_t i = tile % s->nb, nq = blk_rows(s, i), T = s->T, q0 = i * s->blk;
+  bool mshort = blk_short(s, i);
+  float *S = op_temp(&s->base, w);
+  const float *qkv = b->in[0];
+  int rs = REMAT_OK;
+  for (int64_t j = 0; j <= i && rs == REMAT_OK; j++)
+    rs = blk_run(&s->qk, mshort, blk_short(s, j), false,
+                 qkv + qkv_at(s, a, i, 0), qkv + qkv_at(s, a, j, 1),
+                 S + j * s->blk, w);
+  if (rs != REMAT_OK) return rs;
+  float *lse = b->aux[0] + a.bh * T + q0;
+  for (int64_t r = 0; r < nq; r++) {
+    float *row = S + r * T;
+    int64_t n = q0 + r + 1; /* keys 0..q */
+    float mx = row_max(row, n);
+    row_exp(row, n, mx, q0 + nq);
+    float sum = row_sum(row, n), inv = 1.0f / sum;
+    for (int64_t c = 0; c < n; c++) row[c] *= inv;
+    lse[r] = mx + logf(sum);
+  }
+  float *o = b->out + o_at(s, a, i);
+  for (int64_t j = 0; j <= i && rs == REMAT_OK; j++)
+    rs = blk_run(&s->pv[blk_short(s, j)], mshort, false, j > 0,
+                 S + j * s->blk, qkv + qkv_at(s, a, j, 2), o, w);
+  return rs;
+}
+
+/* The probabilities and score gradients of block (i, j) from its scores S
+ * and dP (row stride T): P = exp(S - lse_q) where key <= q, else 0, in S;
+ * dS = P (dP - delta_q) in dP. */
+static void probs_and_dscores(const fused_state *s, float *S, float *dP,
+                              int64_t i, int64_t j, const float *lse,
+                              const float *delta) {
+  int64_t nq = blk_rows(s, i), nk = blk_rows(s, j);
+  int64_t q0 = i * s->blk, k0 = j * s->blk;
+  for (int64_t r = 0; r < nq; r++) {
+    float *restrict p = S + r * s->T, *restrict dp = dP + r * s->T;
+    int64_t n = valid_keys(q0 + r, k0, nk);
+    row_exp(p, n, lse[r], nk);
+    float dl = delta[r];
+    for (int64_t c = 0; c < nk; c++) dp[c] = p[c] * (dp[c] - dl);
+  }
+}
+
+// backward, dq. With delta_q = sum_c do_qc o_qc and, per key block j <= i,
+// P_ij recomputed, dP_ij = do_i v_j^T and dS_ij = P_ij (dP_ij - delta):
+// dq_i = scale sum_j dS_ij k_j, blocks j = 0..i added in order. Also stores
+// delta for the dk/dv tiles (ws[0], (B,H,T)).
+static int fused_dq(const op_instance *op, const op_bufs *b, int64_t tile,
+                    op_worker *w) {
+  const fused_state *s = op->state;
+  if (!b->din[0]) return REMAT_OK;
+  fused_at a = fused_where(s, tile / s->nb);
+  int64_t i = tile % s->nb, nq = blk_rows(s, i), T = s->T, q0 = i * s->blk;
+  bool mshort = blk_short(s, i);
+  const float *dout = b->dout + o_at(s, a, i), *out = b->out + o_at(s, a, i);
+  float *delta = b->ws[0] + a.bh * T + q0;
+  for (int64_t r = 0; r < nq; r++) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < s->hd; c++)
+      acc += dout[r * s->D + c] * out[r * s->D + c];
+    delta[r] = acc;
+  }
+  const float *lse = b->aux[0] + a.bh * T + q0, *qkv = b->in[0];
+  float *S = op_temp(&s->base, w), *dP = S + s->blk * T;
+  int rs = REMAT_OK;
+  for (int64_t j = 0; j <= i && rs == REMAT_OK; j++) {
+    bool nshort = blk_short(s, j);
+    rs = blk_run(&s->qk, mshort, nshort, false, qkv + qkv_at(s, a, i, 0),
+                 qkv + qkv_at(s, a, j, 1), S + j * s->blk, w);
+    if (rs == REMAT_OK)
+      rs = blk_run(&s->dov, mshort, nshort, false, dout,
+                   qkv + qkv_at(s, a, j, 2), dP + j * s->blk, w);
+    if (rs == REMAT_OK)
+      probs_and_dscores(s, S + j * s->blk, dP + j * s->blk, i, j, lse, delta);
+  }
+  float *dq = b->din[0] + qkv_at(s, a, i, 0);
+  for (int64_t j = 0; j <= i && rs == REMAT_OK; j++)
+    rs = blk_run(&s->dsk[blk_short(s, j)], mshort, false,
+                 j > 0 || b->din_accumulate[0], dP + j * s->blk,
+                 qkv + qkv_at(s, a, j, 1), dq, w);
+  return rs;
+}
+
+// backward, dk and dv of key block j: over query blocks i = j..nb-1 in
+// order, with P_ij and dS_ij as above, dv_j = sum_i P_ij^T do_i and
+// dk_j = scale sum_i dS_ij^T q_i.
+static int fused_dkv(const op_instance *op, const op_bufs *b, int64_t tile,
+                     op_worker *w) {
+  const fused_state *s = op->state;
+  if (!b->din[0]) return REMAT_OK;
+  fused_at a = fused_where(s, tile / s->nb);
+  int64_t j = tile % s->nb, T = s->T;
+  bool kshort = blk_short(s, j);
+  const float *qkv = b->in[0];
+  float *S = op_temp(&s->base, w), *dP = S + s->blk * T;
+  float *dk = b->din[0] + qkv_at(s, a, j, 1);
+  float *dv = b->din[0] + qkv_at(s, a, j, 2);
+  int rs = REMAT_OK;
+  for (int64_t i = j; i < s->nb && rs == REMAT_OK; i++) {
+    bool qshort = blk_short(s, i), acc = i > j || b->din_accumulate[0];
+    const float *dout = b->dout + o_at(s, a, i);
+    const float *lse = b->aux[0] + a.bh * T + i * s->blk;
+    const float *delta = b->ws[0] + a.bh * T + i * s->blk;
+    rs = blk_run(&s->qk, qshort, kshort, false, qkv + qkv_at(s, a, i, 0),
+                 qkv + qkv_at(s, a, j, 1), S, w);
+    if (rs == REMAT_OK)
+      rs = blk_run(&s->dov, qshort, kshort, false, dout,
+                   qkv + qkv_at(s, a, j, 2), dP, w);
+    if (rs != REMAT_OK) break;
+    probs_and_dscores(s, S, dP, i, j, lse, delta);
+    rs = blk_run(&s->ptdo[qshort], kshort, false, acc, S, dout, dv, w);
+    if (rs == REMAT_OK)
+      rs = blk_run(&s->dstq[qshort], kshort, false, acc, dP,
+                   qkv + qkv_at(s, a, i, 0), dk, w);
+  }
+  return rs;
+}
+
+/* The gemms that reduce over a block of `k` rows (k = blk or rem). */
+static remat_status plan_k_gemms(fused_state *s, int x, int64_t k,
+                                 char err[OP_ERRMSG_MAX]) {
+  int64_t T = s->T, hd = s->hd, ld = 3 * s->D, D = s->D, b = s->blk;
+  op_gemm_init(&s->pv[x], T, hd, k, b, hd);
+  op_gemm_layout(&s->pv[x], op_plain(T), op_plain(ld), D);
+  op_gemm_init(&s->dsk[x], T, hd, k, b, hd);
+  op_gemm_layout(&s->dsk[x], op_plain(T), op_plain(ld), ld);
+  s->dsk[x].alpha = s->scale;
+  op_gemm_init(&s->ptdo[x], T, hd, k, b, hd);
+  op_gemm_layout(&s->ptdo[x], op_transposed(T), op_plain(D), ld);
+  op_gemm_init(&s->dstq[x], T, hd, k, b, hd);
+  op_gemm_layout(&s->dstq[x], op_transposed(T), op_plain(ld), ld);
+  s->dstq[x].alpha = s->scale;
+  remat_status rs = op_gemm_plan(&s->pv[x], &s->base, err);
+  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dsk[x], &s->base, err);
+  if (rs == REMAT_OK) rs = op_gemm_plan(&s->ptdo[x], &s->base, err);
+  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dstq[x], &s->base, err);
+  return rs;
+}
+
+remat_status op_attention_plan(op_instance *inst, dnnl_engine_t engine,
+                               char err[OP_ERRMSG_MAX]) {
+  const op_shape *qkv = &inst->desc.in[0];
+  fused_state *s = op_state_new(sizeof *s, engine, "attention");
+  if (!s) return REMAT_ERR_OUT_OF_MEMORY;
+  inst->state = s;
+  s->B = qkv->dim[0];
+  s->T = qkv->dim[1];
+  s->D = qkv->dim[2] / 3;
+  s->H = inst->desc.attrs.heads;
+  s->hd = s->D / s->H;
+  s->scale = (float)(1.0 / sqrt((double)s->hd));
+  s->blk = fused_block(s->T, s->hd);
+  s->nb = op_div_up(s->T, s->blk);
+  s->rem = s->T % s->blk;
+  int64_t T = s->T, hd = s->hd, ld = 3 * s->D, D = s->D, b = s->blk;
+  op_gemm_init(&s->qk, T, T, hd, b, b);
+  op_gemm_layout(&s->qk, op_plain(ld), op_transposed(ld), T);
+  s->qk.alpha = s->scale;
+  s->qk.accumulate_too = false;
+  op_gemm_init(&s->dov, T, T, hd, b, b);
+  op_gemm_layout(&s->dov, op_plain(D), op_transposed(ld), T);
+  s->dov.accumulate_too = false;
+  remat_status rs = op_gemm_plan(&s->qk, &s->base, err);
+  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dov, &s->base, err);
+  if (rs == REMAT_OK) rs = plan_k_gemms(s, 0, b, err);
+  if (rs == REMAT_OK && s->rem) rs = plan_k_gemms(s, 1, s->rem, err);
+  if (rs != REMAT_OK) return rs;
+  /* scratch: S and dP of one query block, row stride T */
+  s->base.temp_bytes = (size_t)(2 * b * T) * sizeof(float);
+  inst->naux = 1;
+  inst->aux_bytes[0] = (size_t)(s->B * s->H * T) * sizeof(float);
+  inst->nws = 1;
+  inst->ws_bytes[0] = inst->aux_bytes[0];
+  int64_t tiles = s->B * s->H * s->nb;
+  /* products of the key blocks at or below the diagonal */
+  double pairs = (double)s->B * s->H * s->nb * (s->nb + 1) / 2.0;
+  double prod = 2.0 * pairs * b * b * hd;
+  uint32_t fwd_rows = OP_SLOT_IN(0) | OP_SLOT_OUT | OP_SLOT_AUX(0);
+  uint32_t bwd_reads = fwd_rows | OP_SLOT_DOUT;
+  inst->fwd[inst->nfwd++] = op_make_kernel(
+      "attention.fwd", fused_fwd, tiles, 2.0 * prod, OP_SLOT_IN(0),
+      OP_SLOT_OUT | OP_SLOT_AUX(0));
+  inst->bwd[inst->nbwd++] = op_make_kernel(
+      "attention.dq", fused_dq, tiles, 3.0 * prod, bwd_reads,
+      OP_SLOT_DIN(0) | OP_SLOT_WS(0));
+  inst->bwd[inst->nbwd++] =
+      op_make_kernel("attention.dkv", fused_dkv, tiles, 4.0 * prod,
+                     bwd_reads | OP_SLOT_WS(0), OP_SLOT_DIN(0));
+  /* tile (b, h, i) works inside the T rows of (b, h) */
+  inst->fwd[0].span = op_span_rows(s->B * s->H * T, T, fwd_rows);
+  inst->fwd[0].span.row_tiles = s->nb;
+  for (int k = 0; k < inst->nbwd; k++) {
+    inst->bwd[k].span = op_span_rows(
+        s->B * s->H * T, T,
+        bwd_reads | OP_SLOT_DIN(0) | OP_SLOT_WS(0));
+    inst->bwd[k].span.row_tiles = s->nb;
+  }
+  op_base_finish(&s->base, inst);
+  return REMAT_OK;
+}
