@@ -6,6 +6,11 @@
  * log-sum-exp: dq tiles over query blocks, dk and dv tiles over key blocks,
  * each tile writing only its own rows, so the sums run in a fixed order
  * whatever the thread count. */
+/* op_expf's clamps and NaN test are selects that gcc vectorizes only when
+ * comparisons may not trap; no result changes (nothing here reads the
+ * floating-point exception flags). */
+#pragma GCC optimize("no-trapping-math")
+
 #include <math.h>
 #include <string.h>
 
@@ -16,6 +21,7 @@
 typedef struct fused_state {
   op_base base;
   int64_t B, T, D, H, hd, blk, nb, rem; /* rem = T % blk */
+  int64_t ld; /* row stride of the scratch blocks: T padded */
   float scale;
   op_gemm qk;      /* S = scale Q K^T    [bq,bk] = [bq,hd] . [hd,bk] */
   op_gemm dov;     /* dP = dO V^T        [bq,bk] = [bq,hd] . [hd,bk] */
@@ -120,7 +126,7 @@ static void row_exp(float *restrict x, int64_t n, float shift, int64_t upto) {
 }
 
 // forward. qkv is (B,T,3D), o is (B,T,D), lse is (B,H,T); tile (b,h,i):
-// S [bq, keys 0..i*blk+bq) = scale q_i k^T (in scratch, row stride T),
+// S [bq, keys 0..i*blk+bq) = scale q_i k^T (in scratch, row stride ld),
 // masked above the diagonal; lse_q = log sum_k exp(S_qk); P = exp(S - lse);
 // o_i = sum_j P_ij v_j, the key blocks j = 0..i added in order.
 static int fused_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
@@ -139,7 +145,7 @@ static int fused_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
   if (rs != REMAT_OK) return rs;
   float *lse = b->aux[0] + a.bh * T + q0;
   for (int64_t r = 0; r < nq; r++) {
-    float *row = S + r * T;
+    float *row = S + r * s->ld;
     int64_t n = q0 + r + 1; /* keys 0..q */
     float mx = row_max(row, n);
     row_exp(row, n, mx, q0 + nq);
@@ -155,7 +161,7 @@ static int fused_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
 }
 
 /* The probabilities and score gradients of block (i, j) from its scores S
- * and dP (row stride T): P = exp(S - lse_q) where key <= q, else 0, in S;
+ * and dP (row stride ld): P = exp(S - lse_q) where key <= q, else 0, in S;
  * dS = P (dP - delta_q) in dP. */
 static void probs_and_dscores(const fused_state *s, float *S, float *dP,
                               int64_t i, int64_t j, const float *lse,
@@ -163,7 +169,7 @@ static void probs_and_dscores(const fused_state *s, float *S, float *dP,
   int64_t nq = blk_rows(s, i), nk = blk_rows(s, j);
   int64_t q0 = i * s->blk, k0 = j * s->blk;
   for (int64_t r = 0; r < nq; r++) {
-    float *restrict p = S + r * s->T, *restrict dp = dP + r * s->T;
+    float *restrict p = S + r * s->ld, *restrict dp = dP + r * s->ld;
     int64_t n = valid_keys(q0 + r, k0, nk);
     row_exp(p, n, lse[r], nk);
     float dl = delta[r];
@@ -191,7 +197,7 @@ static int fused_dq(const op_instance *op, const op_bufs *b, int64_t tile,
     delta[r] = acc;
   }
   const float *lse = b->aux[0] + a.bh * T + q0, *qkv = b->in[0];
-  float *S = op_temp(&s->base, w), *dP = S + s->blk * T;
+  float *S = op_temp(&s->base, w), *dP = S + s->blk * s->ld;
   int rs = REMAT_OK;
   for (int64_t j = 0; j <= i && rs == REMAT_OK; j++) {
     bool nshort = blk_short(s, j);
@@ -222,7 +228,7 @@ static int fused_dkv(const op_instance *op, const op_bufs *b, int64_t tile,
   int64_t j = tile % s->nb, T = s->T;
   bool kshort = blk_short(s, j);
   const float *qkv = b->in[0];
-  float *S = op_temp(&s->base, w), *dP = S + s->blk * T;
+  float *S = op_temp(&s->base, w), *dP = S + s->blk * s->ld;
   float *dk = b->din[0] + qkv_at(s, a, j, 1);
   float *dv = b->din[0] + qkv_at(s, a, j, 2);
   int rs = REMAT_OK;
@@ -250,15 +256,16 @@ static int fused_dkv(const op_instance *op, const op_bufs *b, int64_t tile,
 static remat_status plan_k_gemms(fused_state *s, int x, int64_t k,
                                  char err[OP_ERRMSG_MAX]) {
   int64_t T = s->T, hd = s->hd, ld = 3 * s->D, D = s->D, b = s->blk;
+  int64_t sl = s->ld;
   op_gemm_init(&s->pv[x], T, hd, k, b, hd);
-  op_gemm_layout(&s->pv[x], op_plain(T), op_plain(ld), D);
+  op_gemm_layout(&s->pv[x], op_plain(sl), op_plain(ld), D);
   op_gemm_init(&s->dsk[x], T, hd, k, b, hd);
-  op_gemm_layout(&s->dsk[x], op_plain(T), op_plain(ld), ld);
+  op_gemm_layout(&s->dsk[x], op_plain(sl), op_plain(ld), ld);
   s->dsk[x].alpha = s->scale;
   op_gemm_init(&s->ptdo[x], T, hd, k, b, hd);
-  op_gemm_layout(&s->ptdo[x], op_transposed(T), op_plain(D), ld);
+  op_gemm_layout(&s->ptdo[x], op_transposed(sl), op_plain(D), ld);
   op_gemm_init(&s->dstq[x], T, hd, k, b, hd);
-  op_gemm_layout(&s->dstq[x], op_transposed(T), op_plain(ld), ld);
+  op_gemm_layout(&s->dstq[x], op_transposed(sl), op_plain(ld), ld);
   s->dstq[x].alpha = s->scale;
   remat_status rs = op_gemm_plan(&s->pv[x], &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dsk[x], &s->base, err);
@@ -282,21 +289,23 @@ remat_status op_attention_plan(op_instance *inst, dnnl_engine_t engine,
   s->blk = fused_block(s->T, s->hd);
   s->nb = op_div_up(s->T, s->blk);
   s->rem = s->T % s->blk;
+  /* a power-of-two stride would map a block's rows to the same cache sets */
+  s->ld = op_div_up(s->T, 16) * 16 + 16;
   int64_t T = s->T, hd = s->hd, ld = 3 * s->D, D = s->D, b = s->blk;
   op_gemm_init(&s->qk, T, T, hd, b, b);
-  op_gemm_layout(&s->qk, op_plain(ld), op_transposed(ld), T);
+  op_gemm_layout(&s->qk, op_plain(ld), op_transposed(ld), s->ld);
   s->qk.alpha = s->scale;
   s->qk.accumulate_too = false;
   op_gemm_init(&s->dov, T, T, hd, b, b);
-  op_gemm_layout(&s->dov, op_plain(D), op_transposed(ld), T);
+  op_gemm_layout(&s->dov, op_plain(D), op_transposed(ld), s->ld);
   s->dov.accumulate_too = false;
   remat_status rs = op_gemm_plan(&s->qk, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dov, &s->base, err);
   if (rs == REMAT_OK) rs = plan_k_gemms(s, 0, b, err);
   if (rs == REMAT_OK && s->rem) rs = plan_k_gemms(s, 1, s->rem, err);
   if (rs != REMAT_OK) return rs;
-  /* scratch: S and dP of one query block, row stride T */
-  s->base.temp_bytes = (size_t)(2 * b * T) * sizeof(float);
+  /* scratch: S and dP of one query block, row stride ld */
+  s->base.temp_bytes = (size_t)(2 * b * s->ld) * sizeof(float);
   inst->naux = 1;
   inst->aux_bytes[0] = (size_t)(s->B * s->H * T) * sizeof(float);
   inst->nws = 1;
