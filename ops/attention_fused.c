@@ -92,10 +92,22 @@ static int64_t valid_keys(int64_t q, int64_t k0, int64_t nk) {
   return op_max64(0, op_min64(nk, q - k0 + 1));
 }
 
+/* The elementwise loops (exp, softmax, dS) in the widest vectors the
+ * machine has, picked at load time. Each element goes through the same
+ * operations in the same order in every clone (no contraction into FMA in
+ * ISO C mode, fixed lanes in the sums), so results are bitwise the same on
+ * every machine. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ATTN_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ATTN_CLONES
+#endif
+
 #define LANES 8
 /* Max and sum in LANES fixed lanes, then the lanes in order: vectorizes,
  * and the order depends on n only. */
-static float row_max(const float *restrict x, int64_t n) {
+static inline float row_max(const float *restrict x, int64_t n) {
   float lane[LANES];
   for (int l = 0; l < LANES; l++) lane[l] = -INFINITY;
   int64_t c = 0;
@@ -108,7 +120,7 @@ static float row_max(const float *restrict x, int64_t n) {
   return m;
 }
 
-static float row_sum(const float *restrict x, int64_t n) {
+static inline float row_sum(const float *restrict x, int64_t n) {
   float lane[LANES] = {0};
   int64_t c = 0;
   for (; c + LANES <= n; c += LANES)
@@ -120,9 +132,25 @@ static float row_sum(const float *restrict x, int64_t n) {
 }
 
 /* p[0..n) = exp(x - shift) in place, then zeros up to `upto`. */
-static void row_exp(float *restrict x, int64_t n, float shift, int64_t upto) {
+static inline void row_exp(float *restrict x, int64_t n, float shift, int64_t upto) {
   for (int64_t c = 0; c < n; c++) x[c] = op_expf(x[c] - shift);
   for (int64_t c = n; c < upto; c++) x[c] = 0.0f;
+}
+
+/* Rows r < nq of S (stride ld) hold the scores of queries q0 + r against
+ * keys 0..q0+nq: each row becomes its causal softmax (zeros past key q),
+ * and lse[r] its log-sum-exp. */
+ATTN_CLONES static void softmax_rows(float *S, int64_t ld, int64_t nq,
+                                     int64_t q0, float *lse) {
+  for (int64_t r = 0; r < nq; r++) {
+    float *restrict row = S + r * ld;
+    int64_t n = q0 + r + 1; /* keys 0..q */
+    float mx = row_max(row, n);
+    row_exp(row, n, mx, q0 + nq);
+    float sum = row_sum(row, n), inv = 1.0f / sum;
+    for (int64_t c = 0; c < n; c++) row[c] *= inv;
+    lse[r] = mx + logf(sum);
+  }
 }
 
 // forward. qkv is (B,T,3D), o is (B,T,D), lse is (B,H,T); tile (b,h,i):
@@ -143,16 +171,7 @@ static int fused_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
                  qkv + qkv_at(s, a, i, 0), qkv + qkv_at(s, a, j, 1),
                  S + j * s->blk, w);
   if (rs != REMAT_OK) return rs;
-  float *lse = b->aux[0] + a.bh * T + q0;
-  for (int64_t r = 0; r < nq; r++) {
-    float *row = S + r * s->ld;
-    int64_t n = q0 + r + 1; /* keys 0..q */
-    float mx = row_max(row, n);
-    row_exp(row, n, mx, q0 + nq);
-    float sum = row_sum(row, n), inv = 1.0f / sum;
-    for (int64_t c = 0; c < n; c++) row[c] *= inv;
-    lse[r] = mx + logf(sum);
-  }
+  softmax_rows(S, s->ld, nq, q0, b->aux[0] + a.bh * T + q0);
   float *o = b->out + o_at(s, a, i);
   for (int64_t j = 0; j <= i && rs == REMAT_OK; j++)
     rs = blk_run(&s->pv[blk_short(s, j)], mshort, false, j > 0,
@@ -163,7 +182,7 @@ static int fused_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
 /* The probabilities and score gradients of block (i, j) from its scores S
  * and dP (row stride ld): P = exp(S - lse_q) where key <= q, else 0, in S;
  * dS = P (dP - delta_q) in dP. */
-static void probs_and_dscores(const fused_state *s, float *S, float *dP,
+ATTN_CLONES static void probs_and_dscores(const fused_state *s, float *S, float *dP,
                               int64_t i, int64_t j, const float *lse,
                               const float *delta) {
   int64_t nq = blk_rows(s, i), nk = blk_rows(s, j);
