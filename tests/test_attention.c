@@ -172,8 +172,9 @@ static void test_op_matches_materialized(void **state) {
   (void)state;
   compare_paths(2, 256, 4, 64);  /* the default model's attention */
   compare_paths(1, 300, 2, 16);  /* blocks of 128, remainder 44 */
-  compare_paths(1, 1100, 1, 64); /* blocks of 128, remainder 76 */
-  compare_paths(1, 97, 2, 128);
+  compare_paths(1, 1100, 1, 64); /* remainder 76 */
+  compare_paths(1, 200, 2, 128); /* remainder 72 */
+  compare_paths(1, 97, 2, 128);  /* one short block */
   compare_paths(2, 1, 2, 32);
 }
 

@@ -544,16 +544,16 @@ static void test_attn_values(void **state) {
   check_case(&c);
 }
 
-/* The fused op (blocks of 64 rows for head dims above 32 and T < 1024,
- * else 128): T not a multiple of the block (150 = 64 + 64 + 22, 200 =
- * 128 + 72), a multiple (128), shorter than a block (13), T = 1, one head,
- * head dims 16, 24, 64 and 128. Inputs in [-2, 2] give peaked rows. */
+/* The fused op (blocks of 128 rows): T not a multiple of the block (150 =
+ * 128 + 22, 200 = 128 + 72, 140 = 128 + 12), a multiple (256), shorter
+ * than a block (13), T = 1, one head, head dims 16, 24, 64 and 128. Inputs
+ * in [-2, 2] give peaked rows. */
 static void test_attention(void **state) {
   (void)state;
   static const struct {
     int64_t B, T, H, hd;
-  } cases[] = {{2, 150, 2, 64}, {1, 200, 2, 16}, {1, 70, 1, 128},
-               {2, 128, 2, 64}, {2, 13, 3, 24},  {2, 1, 1, 16},
+  } cases[] = {{2, 150, 2, 64}, {1, 200, 2, 16}, {1, 140, 1, 128},
+               {1, 256, 2, 64}, {2, 13, 3, 24},  {2, 1, 1, 16},
                {1, 1, 2, 64}};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     op_case c = make_case(OP_ATTENTION, ref_attention, 1,
