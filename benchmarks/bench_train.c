@@ -20,6 +20,7 @@ typedef struct options {
   const char *policy;
   int64_t budget;
   int json;
+  int both; /* --attention both */
 } options;
 
 static double now(void) {
@@ -126,7 +127,10 @@ static void usage(FILE *f) {
           "usage: bench_train [--layers L] [--d-model D] [--heads H] [--seq T]\n"
           "                   [--batch B] [--vocab V] [--steps S] [--threads N]\n"
           "                   [--policy P] [--budget BYTES] [--json]\n"
-          "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n");
+          "                   [--attention fused|materialized|both]\n"
+          "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
+          "          attention: the builder's default; both runs the two models\n"
+          "          in one process, steps interleaved, one JSON line each\n");
 }
 
 static int parse_int(const char *opt, const char *v, int *out) {
@@ -146,7 +150,7 @@ static int parse_args(int argc, char **argv, options *o) {
       {"seq", 1, 0, 'T'},    {"batch", 1, 0, 'B'},   {"vocab", 1, 0, 'V'},
       {"steps", 1, 0, 'S'},  {"threads", 1, 0, 'N'}, {"policy", 1, 0, 'P'},
       {"budget", 1, 0, 'M'}, {"json", 0, 0, 'j'},    {"help", 0, 0, 'h'},
-      {0, 0, 0, 0}};
+      {"attention", 1, 0, 'A'}, {0, 0, 0, 0}};
   *o = (options){.cfg = {.layers = 8, .d_model = 512, .heads = 8, .seq = 256,
                          .batch = 8, .vocab = 256},
                  .steps = 6, .threads = 2, .policy = "everything_saveable"};
@@ -170,6 +174,19 @@ static int parse_args(int argc, char **argv, options *o) {
       }
       break;
     case 'j': o->json = 1; break;
+    case 'A':
+      if (strcmp(optarg, "fused") == 0)
+        o->cfg.attention = REMAT_ATTENTION_FUSED;
+      else if (strcmp(optarg, "materialized") == 0)
+        o->cfg.attention = REMAT_ATTENTION_MATERIALIZED;
+      else if (strcmp(optarg, "both") == 0)
+        o->both = 1;
+      else {
+        fprintf(stderr, "bench_train: --attention '%s': expected fused, "
+                        "materialized or both\n", optarg);
+        ok = 0;
+      }
+      break;
     case 'h': usage(stdout); exit(0);
     default: ok = 0;
     }
@@ -219,6 +236,92 @@ static int fail(const char *what) {
   return 1;
 }
 
+/* One model being benchmarked: its graph, step times and peaks. */
+typedef struct bench_run {
+  remat_gpt_config cfg;
+  remat_graph *g;
+  remat_gpt m;
+  double *times;
+  remat_step_stats st, first;
+  uint64_t checksum;
+  int64_t peak, act_peak;
+} bench_run;
+
+static const char *attention_name(remat_attention_kind k) {
+  return k == REMAT_ATTENTION_FUSED ? "fused" : "materialized";
+}
+
+static int run_open(bench_run *r, remat_runtime *rt, const options *o,
+                    remat_attention_kind kind, const int32_t *tok,
+                    const int32_t *tgt) {
+  memset(r, 0, sizeof *r);
+  r->cfg = o->cfg;
+  r->cfg.attention = kind;
+  if (remat_graph_create(rt, &r->g) != REMAT_OK)
+    return fail("graph");
+  if (remat_gpt_build(r->g, &r->cfg, &r->m) != REMAT_OK)
+    return fail("model");
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-4f, .weight_decay = 0.01f};
+  if (remat_compile(r->g, r->m.loss, &opt) != REMAT_OK)
+    return fail("compile");
+  size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
+  remat_feed(r->g, r->m.tokens, tok, n * 4);
+  remat_feed(r->g, r->m.targets, tgt, n * 4);
+  r->times = calloc((size_t)o->steps, sizeof *r->times);
+  return r->times == NULL;
+}
+
+/* Step s (0 is the warm-up). */
+static int run_step(bench_run *r, int s) {
+  if (remat_step(r->g, &r->st) != REMAT_OK)
+    return fail("step");
+  if (s == 0) {
+    r->checksum = grad_checksum(r->g);
+    r->first = r->st;
+  } else {
+    r->times[s - 1] = r->st.seconds;
+  }
+  if (r->st.peak_bytes > r->peak)
+    r->peak = r->st.peak_bytes;
+  if (r->st.activation_peak_bytes > r->act_peak)
+    r->act_peak = r->st.activation_peak_bytes;
+  return 0;
+}
+
+static void run_report(bench_run *r, const options *o, double roofline) {
+  size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
+  double step_s = median(r->times, o->steps);
+  double flops = remat_gpt_flops(&r->cfg);
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  double mfu = flops / step_s * 1e-9 / roofline;
+  const remat_step_stats *st = &r->st;
+  printf("{\"policy\": \"%s\", \"attention\": \"%s\", \"layers\": %d, "
+         "\"d_model\": %d, \"heads\": %d, "
+         "\"seq\": %d, \"batch\": %d, \"vocab\": %d, \"threads\": %d, "
+         "\"steps\": %d, \"step_s_median\": %.6f, \"tokens_per_s\": %.1f, "
+         "\"loss\": %.6f, \"first_loss\": %.6f, \"grad_checksum\": \"%016llx\", "
+         "\"peak_bytes\": %lld, \"activation_peak_bytes\": %lld, "
+         "\"predicted_peak_bytes\": %lld, \"peak_rss_bytes\": %lld, "
+         "\"flops_per_step\": %.6g, \"recompute_flops\": %.6g, "
+         "\"matmul_roofline_gflops\": %.2f, \"mfu\": %.4f, "
+         "\"remote_bytes\": %lld, \"remote_bytes_unplaced\": %lld}\n",
+         o->policy, attention_name(r->cfg.attention), o->cfg.layers,
+         o->cfg.d_model, o->cfg.heads, o->cfg.seq,
+         o->cfg.batch, o->cfg.vocab, o->threads, o->steps, step_s,
+         (double)n / step_s, st->loss, r->first.loss,
+         (unsigned long long)r->checksum, (long long)r->peak,
+         (long long)r->act_peak, (long long)st->predicted_peak_bytes,
+         (long long)ru.ru_maxrss * 1024, flops, st->recompute_flops, roofline,
+         mfu, (long long)st->remote_bytes,
+         (long long)st->remote_bytes_unplaced);
+}
+
+static void run_close(bench_run *r) {
+  free(r->times);
+  remat_graph_destroy(r->g);
+}
+
 int main(int argc, char **argv) {
   options o;
   if (!parse_args(argc, argv, &o))
@@ -228,76 +331,46 @@ int main(int argc, char **argv) {
                      .num_threads = o.threads, .policy = o.policy,
                      .memory_budget = o.budget};
   remat_runtime *rt;
-  remat_graph *g;
-  remat_gpt m;
   if (remat_runtime_create(&rc, &rt) != REMAT_OK)
     return fail("runtime");
-  if (remat_graph_create(rt, &g) != REMAT_OK)
-    return fail("graph");
-  if (remat_gpt_build(g, &o.cfg, &m) != REMAT_OK)
-    return fail("model");
-  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-4f, .weight_decay = 0.01f};
-  if (remat_compile(g, m.loss, &opt) != REMAT_OK)
-    return fail("compile");
   size_t n = (size_t)o.cfg.batch * (size_t)o.cfg.seq;
   int32_t *tok = malloc(n * 4), *tgt = malloc(n * 4);
   fill_batch(&o.cfg, tok, tgt);
-  remat_feed(g, m.tokens, tok, n * 4);
-  remat_feed(g, m.targets, tgt, n * 4);
+  /* --attention both: the two models in one process, their steps
+   * interleaved, so that both see the same (noisy, shared) machine */
+  remat_attention_kind kinds[2] = {o.cfg.attention, o.cfg.attention};
+  int nruns = 1;
+  if (o.both) {
+    kinds[0] = REMAT_ATTENTION_MATERIALIZED;
+    kinds[1] = REMAT_ATTENTION_FUSED;
+    nruns = 2;
+  }
+  bench_run runs[2];
+  for (int i = 0; i < nruns; i++)
+    if (run_open(&runs[i], rt, &o, kinds[i], tok, tgt) != 0)
+      return 1;
   roofline roof;
   if (!roofline_open(&roof, o.threads)) {
     fprintf(stderr, "bench_train: cannot create the roofline matmul\n");
     return 1;
   }
-  double *times = calloc((size_t)o.steps, sizeof *times);
   double *roofs = calloc((size_t)o.steps, sizeof *roofs);
-  remat_step_stats st = {0}, first = {0};
-  uint64_t checksum = 0;
-  int64_t peak = 0, act_peak = 0;
   for (int s = 0; s <= o.steps; s++) { /* step 0 is the warm-up */
-    if (remat_step(g, &st) != REMAT_OK)
-      return fail("step");
-    if (s == 0) {
-      checksum = grad_checksum(g);
-      first = st;
-    } else {
-      times[s - 1] = st.seconds;
-    }
+    for (int i = 0; i < nruns; i++)
+      if (run_step(&runs[i], s) != 0)
+        return 1;
     if (s < o.steps)
       roofs[s] = roofline_measure(&roof, 5);
-    if (st.peak_bytes > peak)
-      peak = st.peak_bytes;
-    if (st.activation_peak_bytes > act_peak)
-      act_peak = st.activation_peak_bytes;
   }
-  double step_s = median(times, o.steps);
   double roofline = median(roofs, o.steps);
-  double flops = remat_gpt_flops(&o.cfg);
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  double mfu = flops / step_s * 1e-9 / roofline;
-  printf("{\"policy\": \"%s\", \"layers\": %d, \"d_model\": %d, \"heads\": %d, "
-         "\"seq\": %d, \"batch\": %d, \"vocab\": %d, \"threads\": %d, "
-         "\"steps\": %d, \"step_s_median\": %.6f, \"tokens_per_s\": %.1f, "
-         "\"loss\": %.6f, \"first_loss\": %.6f, \"grad_checksum\": \"%016llx\", "
-         "\"peak_bytes\": %lld, \"activation_peak_bytes\": %lld, "
-         "\"predicted_peak_bytes\": %lld, \"peak_rss_bytes\": %lld, "
-         "\"flops_per_step\": %.6g, \"recompute_flops\": %.6g, "
-         "\"matmul_roofline_gflops\": %.2f, \"mfu\": %.4f, "
-         "\"remote_bytes\": %lld, \"remote_bytes_unplaced\": %lld}\n",
-         o.policy, o.cfg.layers, o.cfg.d_model, o.cfg.heads, o.cfg.seq,
-         o.cfg.batch, o.cfg.vocab, o.threads, o.steps, step_s,
-         (double)n / step_s, st.loss, first.loss,
-         (unsigned long long)checksum, (long long)peak, (long long)act_peak,
-         (long long)st.predicted_peak_bytes, (long long)ru.ru_maxrss * 1024,
-         flops, st.recompute_flops, roofline, mfu, (long long)st.remote_bytes,
-         (long long)st.remote_bytes_unplaced);
-  free(times);
+  for (int i = 0; i < nruns; i++) {
+    run_report(&runs[i], &o, roofline);
+    run_close(&runs[i]);
+  }
   free(roofs);
   roofline_close(&roof);
   free(tok);
   free(tgt);
-  remat_graph_destroy(g);
   remat_runtime_destroy(rt);
   return 0;
 }
