@@ -1,8 +1,8 @@
 /* Tests of fused causal attention against the materialized path: the op's
  * output and gradient against scores -> softmax -> values in float (within
  * 1e-5 relative), and a GPT built with each: equal losses and gradients
- * within 1e-5, bitwise identical results at 1 and 2 threads and under every
- * policy, an activation peak without the T x T matrices, and the errors for
+ * within 1e-5, bitwise identical results at 1 and 2 threads, under every
+ * policy and on synthetic NUMA machines, an activation peak without the T x T matrices, and the errors for
  * policies that name tensors only the materialized path has. (Finite
  * differences of the op are in test_ops.) */
 #include <math.h>
@@ -262,6 +262,44 @@ static void test_gpt_bitwise_and_close(void **state) {
   free(mat.grads), free(mat.params);
 }
 
+/* On synthetic NUMA machines (tiles dealt to nodes by their (batch, head)
+ * rows, buffers sliced) the fused model gives the bits of one thread. */
+static void test_gpt_numa_bitwise(void **state) {
+  (void)state;
+  static const struct {
+    const char *topo;
+    int threads;
+    const char *policy;
+  } runs[] = {{"package:1 numa:1 core:1 pu:1", 1, "nothing_saveable"},
+              {"package:2 numa:1 core:2 pu:1", 4, "nothing_saveable"},
+              {"package:1 numa:4 core:1 pu:1", 4, "everything_saveable"}};
+  float loss0 = 0;
+  uint64_t hash0 = 0;
+  for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+    remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TOPOLOGY |
+                              REMAT_SET_POLICY | REMAT_SET_TRACE,
+                       .num_threads = runs[i].threads,
+                       .topology = runs[i].topo,
+                       .policy = runs[i].policy};
+    fixture f;
+    if (fixture_open_config(&f, &small, &rc, NULL) != REMAT_OK)
+      fail_msg("%s: %s", runs[i].topo, remat_last_error());
+    remat_step_stats st;
+    assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+    uint64_t hash = fixture_grad_hash(&f);
+    assert_true(hash != 0);
+    if (i == 0) {
+      loss0 = st.loss;
+      hash0 = hash;
+    } else if (memcmp(&st.loss, &loss0, sizeof loss0) != 0 || hash != hash0) {
+      fail_msg("%s, %d threads: loss %.9g hash %llx; one thread %.9g %llx",
+               runs[i].topo, runs[i].threads, st.loss,
+               (unsigned long long)hash, loss0, (unsigned long long)hash0);
+    }
+    fixture_close(&f);
+  }
+}
+
 /* At T = 512 the materialized block's scores and probabilities [2,4,T,T]
  * (8 MiB each) dominate the activation peak; the fused path keeps none:
  * its whole peak is below one of them, and a third of the materialized
@@ -339,6 +377,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_op_matches_materialized),
       cmocka_unit_test(test_gpt_bitwise_and_close),
+      cmocka_unit_test(test_gpt_numa_bitwise),
       cmocka_unit_test(test_gpt_peak_without_tt),
       cmocka_unit_test(test_errors),
   };
