@@ -21,10 +21,12 @@
 typedef struct fused_state {
   op_base base;
   int64_t B, T, D, H, hd, blk, nb, rem; /* rem = T % blk */
-  int64_t ld; /* row stride of the scratch blocks: T padded */
+  int64_t ld;  /* row stride of a query block's scores: T padded */
+  int64_t bld; /* row stride of one (query, key) block's: blk padded */
   float scale;
   op_gemm qk;      /* S = scale Q K^T    [bq,bk] = [bq,hd] . [hd,bk] */
   op_gemm dov;     /* dP = dO V^T        [bq,bk] = [bq,hd] . [hd,bk] */
+  op_gemm qk_b, dov_b; /* the same into a compact block (stride bld) */
   op_gemm pv[2];   /* O (+)= P V         [bq,hd] = [bq,bk] . [bk,hd] */
   op_gemm dsk[2];  /* dQ (+)= scale dS K [bq,hd] = [bq,bk] . [bk,hd] */
   op_gemm ptdo[2]; /* dV (+)= P^T dO     [bk,hd] = [bk,bq] . [bq,hd] */
@@ -183,13 +185,14 @@ static int fused_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
 /* The probabilities and score gradients of block (i, j) from its scores S
  * and dP (row stride ld): P = exp(S - lse_q) where key <= q, else 0, in S;
  * dS = P (dP - delta_q) in dP. */
-ATTN_CLONES static void probs_and_dscores(const fused_state *s, float *S, float *dP,
-                              int64_t i, int64_t j, const float *lse,
-                              const float *delta) {
+ATTN_CLONES static void probs_and_dscores(const fused_state *s, float *S,
+                                          float *dP, int64_t ld, int64_t i,
+                                          int64_t j, const float *lse,
+                                          const float *delta) {
   int64_t nq = blk_rows(s, i), nk = blk_rows(s, j);
   int64_t q0 = i * s->blk, k0 = j * s->blk;
   for (int64_t r = 0; r < nq; r++) {
-    float *restrict p = S + r * s->ld, *restrict dp = dP + r * s->ld;
+    float *restrict p = S + r * ld, *restrict dp = dP + r * ld;
     int64_t n = valid_keys(q0 + r, k0, nk);
     row_exp(p, n, lse[r], nk);
     float dl = delta[r];
@@ -227,7 +230,8 @@ static int fused_dq(const op_instance *op, const op_bufs *b, int64_t tile,
       rs = blk_run(&s->dov, mshort, nshort, false, dout,
                    qkv + qkv_at(s, a, j, 2), dP + j * s->blk, w);
     if (rs == REMAT_OK)
-      probs_and_dscores(s, S + j * s->blk, dP + j * s->blk, i, j, lse, delta);
+      probs_and_dscores(s, S + j * s->blk, dP + j * s->blk, s->ld, i, j, lse,
+                        delta);
   }
   float *dq = b->din[0] + qkv_at(s, a, i, 0);
   for (int64_t j = 0; j <= i && rs == REMAT_OK; j++)
@@ -248,7 +252,7 @@ static int fused_dkv(const op_instance *op, const op_bufs *b, int64_t tile,
   int64_t j = tile % s->nb, T = s->T;
   bool kshort = blk_short(s, j);
   const float *qkv = b->in[0];
-  float *S = op_temp(&s->base, w), *dP = S + s->blk * s->ld;
+  float *S = op_temp(&s->base, w), *dP = S + s->blk * s->bld;
   float *dk = b->din[0] + qkv_at(s, a, j, 1);
   float *dv = b->din[0] + qkv_at(s, a, j, 2);
   int rs = REMAT_OK;
@@ -257,13 +261,13 @@ static int fused_dkv(const op_instance *op, const op_bufs *b, int64_t tile,
     const float *dout = b->dout + o_at(s, a, i);
     const float *lse = b->aux[0] + a.bh * T + i * s->blk;
     const float *delta = b->ws[0] + a.bh * T + i * s->blk;
-    rs = blk_run(&s->qk, qshort, kshort, false, qkv + qkv_at(s, a, i, 0),
+    rs = blk_run(&s->qk_b, qshort, kshort, false, qkv + qkv_at(s, a, i, 0),
                  qkv + qkv_at(s, a, j, 1), S, w);
     if (rs == REMAT_OK)
-      rs = blk_run(&s->dov, qshort, kshort, false, dout,
+      rs = blk_run(&s->dov_b, qshort, kshort, false, dout,
                    qkv + qkv_at(s, a, j, 2), dP, w);
     if (rs != REMAT_OK) break;
-    probs_and_dscores(s, S, dP, i, j, lse, delta);
+    probs_and_dscores(s, S, dP, s->bld, i, j, lse, delta);
     rs = blk_run(&s->ptdo[qshort], kshort, false, acc, S, dout, dv, w);
     if (rs == REMAT_OK)
       rs = blk_run(&s->dstq[qshort], kshort, false, acc, dP,
@@ -283,9 +287,9 @@ static remat_status plan_k_gemms(fused_state *s, int x, int64_t k,
   op_gemm_layout(&s->dsk[x], op_plain(sl), op_plain(ld), ld);
   s->dsk[x].alpha = s->scale;
   op_gemm_init(&s->ptdo[x], T, hd, k, b, hd);
-  op_gemm_layout(&s->ptdo[x], op_transposed(sl), op_plain(D), ld);
+  op_gemm_layout(&s->ptdo[x], op_transposed(s->bld), op_plain(D), ld);
   op_gemm_init(&s->dstq[x], T, hd, k, b, hd);
-  op_gemm_layout(&s->dstq[x], op_transposed(sl), op_plain(ld), ld);
+  op_gemm_layout(&s->dstq[x], op_transposed(s->bld), op_plain(ld), ld);
   s->dstq[x].alpha = s->scale;
   remat_status rs = op_gemm_plan(&s->pv[x], &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dsk[x], &s->base, err);
@@ -311,6 +315,7 @@ remat_status op_attention_plan(op_instance *inst, dnnl_engine_t engine,
   s->rem = s->T % s->blk;
   /* a power-of-two stride would map a block's rows to the same cache sets */
   s->ld = op_div_up(s->T, 16) * 16 + 16;
+  s->bld = op_div_up(s->blk, 16) * 16 + 16;
   int64_t T = s->T, hd = s->hd, ld = 3 * s->D, D = s->D, b = s->blk;
   op_gemm_init(&s->qk, T, T, hd, b, b);
   op_gemm_layout(&s->qk, op_plain(ld), op_transposed(ld), s->ld);
@@ -319,8 +324,16 @@ remat_status op_attention_plan(op_instance *inst, dnnl_engine_t engine,
   op_gemm_init(&s->dov, T, T, hd, b, b);
   op_gemm_layout(&s->dov, op_plain(D), op_transposed(ld), s->ld);
   s->dov.accumulate_too = false;
+  /* the dk/dv tiles' blocks: compact, so that a block's rows do not each
+   * sit on a page of their own at long T */
+  s->qk_b = s->qk;
+  s->qk_b.c_rs = s->bld;
+  s->dov_b = s->dov;
+  s->dov_b.c_rs = s->bld;
   remat_status rs = op_gemm_plan(&s->qk, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dov, &s->base, err);
+  if (rs == REMAT_OK) rs = op_gemm_plan(&s->qk_b, &s->base, err);
+  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dov_b, &s->base, err);
   if (rs == REMAT_OK) rs = plan_k_gemms(s, 0, b, err);
   if (rs == REMAT_OK && s->rem) rs = plan_k_gemms(s, 1, s->rem, err);
   if (rs != REMAT_OK) return rs;
