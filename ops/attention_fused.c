@@ -9,7 +9,9 @@
 /* op_expf's clamps and NaN test are selects that gcc vectorizes only when
  * comparisons may not trap; no result changes (nothing here reads the
  * floating-point exception flags). */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
+#endif
 
 #include <math.h>
 #include <string.h>
