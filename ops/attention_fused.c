@@ -3,9 +3,11 @@
  * ever stored. Tiles are (batch, head, block of b rows); the scores of one
  * query block against the keys up to its diagonal live in the worker's
  * scratch. The backward recomputes the probabilities from q, k and the
- * log-sum-exp: dq tiles over query blocks, dk and dv tiles over key blocks,
- * each tile writing only its own rows, so the sums run in a fixed order
- * whatever the thread count. */
+ * log-sum-exp: dq tiles over query blocks, dk and dv tiles over key blocks
+ * (each against all the queries at or after it), each tile writing only its
+ * own rows, so the sums run in a fixed order whatever the thread count.
+ * Each product of a tile is one oneDNN call, with a primitive per block
+ * made at plan time (the shapes grow along the diagonal). */
 /* op_expf's clamps and NaN test are selects that gcc vectorizes only when
  * comparisons may not trap; no result changes (nothing here reads the
  * floating-point exception flags). */
@@ -18,21 +20,17 @@
 
 #include "ops/op_impl.h"
 
-/* One gemm shape family per reduction length: [0] reduces over a full
- * block of b rows, [1] over the last, shorter block (T % b rows). */
 typedef struct fused_state {
   op_base base;
-  int64_t B, T, D, H, hd, blk, nb, rem; /* rem = T % blk */
+  int64_t B, T, D, H, hd, blk, nb;
   int64_t ld;  /* row stride of a query block's scores: T padded */
   int64_t bld; /* row stride of one (query, key) block's: blk padded */
   float scale;
-  op_gemm qk;      /* S = scale Q K^T    [bq,bk] = [bq,hd] . [hd,bk] */
-  op_gemm dov;     /* dP = dO V^T        [bq,bk] = [bq,hd] . [hd,bk] */
-  op_gemm qk_b, dov_b; /* the same into a compact block (stride bld) */
-  op_gemm pv[2];   /* O (+)= P V         [bq,hd] = [bq,bk] . [bk,hd] */
-  op_gemm dsk[2];  /* dQ (+)= scale dS K [bq,hd] = [bq,bk] . [bk,hd] */
-  op_gemm ptdo[2]; /* dV (+)= P^T dO     [bk,hd] = [bk,bq] . [bq,hd] */
-  op_gemm dstq[2]; /* dK (+)= scale dS^T Q [bk,hd] = [bk,bq] . [bq,hd] */
+  /* per block i, one oneDNN call each: row[8 i + k]; k = 0 to 3, query
+   * block i against all its keys 0..i*blk+nq: 0 qk, 1 dov, 2 pv, 3 dsk;
+   * k = 4 to 7, key block i against all queries from i*blk on: 4 qk, 5 dov
+   * (into a column of blocks, stride bld), 6 ptdo, 7 dstq */
+  op_gemm row[];
 } fused_state;
 
 /* Rows per block, a function of T and the head dim only: 128, measured
@@ -56,11 +54,10 @@ remat_status op_attention_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
   return REMAT_OK;
 }
 
-/* Block [m, b or rem rows] of gemm g: prim for (last m block, last n
- * block, accumulate); a, b, c point at the block's operands. */
-static int blk_run(const op_gemm *g, bool mlast, bool nlast, bool acc,
-                   const float *a, const float *b, float *c, op_worker *w) {
-  dnnl_primitive_t prim = g->prim[mlast][nlast][acc];
+/* Runs gemm g (planned as one block), overwriting or adding into c. */
+static int gemm_run(const op_gemm *g, bool acc, const float *a,
+                    const float *b, float *c, op_worker *w) {
+  dnnl_primitive_t prim = g->prim[0][0][acc];
   if (!prim) return REMAT_ERR_STATE;
   op_arg args[3] = {
       {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
@@ -78,10 +75,6 @@ static fused_at fused_where(const fused_state *s, int64_t bh) {
 /* Rows of block i (the last one may be short). */
 static int64_t blk_rows(const fused_state *s, int64_t i) {
   return op_min64(s->blk, s->T - i * s->blk);
-}
-/* Whether block i is the short last one (so its gemms use [1] prims). */
-static bool blk_short(const fused_state *s, int64_t i) {
-  return s->rem != 0 && i == s->nb - 1;
 }
 /* Row i*blk of part `part` (0 q, 1 k, 2 v) of head h in qkv. */
 static int64_t qkv_at(const fused_state *s, fused_at a, int64_t i, int part) {
@@ -161,27 +154,21 @@ ATTN_CLONES static void softmax_rows(float *S, int64_t ld, int64_t nq,
 // forward. qkv is (B,T,3D), o is (B,T,D), lse is (B,H,T); tile (b,h,i):
 // S [bq, keys 0..i*blk+bq) = scale q_i k^T (in scratch, row stride ld),
 // masked above the diagonal; lse_q = log sum_k exp(S_qk); P = exp(S - lse);
-// o_i = sum_j P_ij v_j, the key blocks j = 0..i added in order.
+// o_i = P v over those keys.
 static int fused_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const fused_state *s = op->state;
   fused_at a = fused_where(s, tile / s->nb);
   int64_t i = tile % s->nb, nq = blk_rows(s, i), T = s->T, q0 = i * s->blk;
-  bool mshort = blk_short(s, i);
+  const op_gemm *g = s->row + 8 * i;
   float *S = op_temp(&s->base, w);
   const float *qkv = b->in[0];
-  int rs = REMAT_OK;
-  for (int64_t j = 0; j <= i && rs == REMAT_OK; j++)
-    rs = blk_run(&s->qk, mshort, blk_short(s, j), false,
-                 qkv + qkv_at(s, a, i, 0), qkv + qkv_at(s, a, j, 1),
-                 S + j * s->blk, w);
+  int rs = gemm_run(&g[0], false, qkv + qkv_at(s, a, i, 0),
+                    qkv + qkv_at(s, a, 0, 1), S, w);
   if (rs != REMAT_OK) return rs;
   softmax_rows(S, s->ld, nq, q0, b->aux[0] + a.bh * T + q0);
-  float *o = b->out + o_at(s, a, i);
-  for (int64_t j = 0; j <= i && rs == REMAT_OK; j++)
-    rs = blk_run(&s->pv[blk_short(s, j)], mshort, false, j > 0,
-                 S + j * s->blk, qkv + qkv_at(s, a, j, 2), o, w);
-  return rs;
+  return gemm_run(&g[2], false, S, qkv + qkv_at(s, a, 0, 2),
+                  b->out + o_at(s, a, i), w);
 }
 
 /* The probabilities and score gradients of block (i, j) from its scores S
@@ -202,17 +189,17 @@ ATTN_CLONES static void probs_and_dscores(const fused_state *s, float *S,
   }
 }
 
-// backward, dq. With delta_q = sum_c do_qc o_qc and, per key block j <= i,
-// P_ij recomputed, dP_ij = do_i v_j^T and dS_ij = P_ij (dP_ij - delta):
-// dq_i = scale sum_j dS_ij k_j, blocks j = 0..i added in order. Also stores
-// delta for the dk/dv tiles (ws[0], (B,H,T)).
+// backward, dq. With delta_q = sum_c do_qc o_qc and, over the keys up to
+// the diagonal, P_i recomputed, dP_i = do_i v^T and dS_i = P_i (dP_i -
+// delta): dq_i = scale dS_i k. Also stores delta for the dk/dv tiles
+// (ws[0], (B,H,T)).
 static int fused_dq(const op_instance *op, const op_bufs *b, int64_t tile,
                     op_worker *w) {
   const fused_state *s = op->state;
   if (!b->din[0]) return REMAT_OK;
   fused_at a = fused_where(s, tile / s->nb);
   int64_t i = tile % s->nb, nq = blk_rows(s, i), T = s->T, q0 = i * s->blk;
-  bool mshort = blk_short(s, i);
+  const op_gemm *g = s->row + 8 * i;
   const float *dout = b->dout + o_at(s, a, i), *out = b->out + o_at(s, a, i);
   float *delta = b->ws[0] + a.bh * T + q0;
   for (int64_t r = 0; r < nq; r++) {
@@ -223,87 +210,94 @@ static int fused_dq(const op_instance *op, const op_bufs *b, int64_t tile,
   }
   const float *lse = b->aux[0] + a.bh * T + q0, *qkv = b->in[0];
   float *S = op_temp(&s->base, w), *dP = S + s->blk * s->ld;
-  int rs = REMAT_OK;
-  for (int64_t j = 0; j <= i && rs == REMAT_OK; j++) {
-    bool nshort = blk_short(s, j);
-    rs = blk_run(&s->qk, mshort, nshort, false, qkv + qkv_at(s, a, i, 0),
-                 qkv + qkv_at(s, a, j, 1), S + j * s->blk, w);
-    if (rs == REMAT_OK)
-      rs = blk_run(&s->dov, mshort, nshort, false, dout,
-                   qkv + qkv_at(s, a, j, 2), dP + j * s->blk, w);
-    if (rs == REMAT_OK)
-      probs_and_dscores(s, S + j * s->blk, dP + j * s->blk, s->ld, i, j, lse,
-                        delta);
-  }
-  float *dq = b->din[0] + qkv_at(s, a, i, 0);
-  for (int64_t j = 0; j <= i && rs == REMAT_OK; j++)
-    rs = blk_run(&s->dsk[blk_short(s, j)], mshort, false,
-                 j > 0 || b->din_accumulate[0], dP + j * s->blk,
-                 qkv + qkv_at(s, a, j, 1), dq, w);
-  return rs;
+  int rs = gemm_run(&g[0], false, qkv + qkv_at(s, a, i, 0),
+                    qkv + qkv_at(s, a, 0, 1), S, w);
+  if (rs == REMAT_OK)
+    rs = gemm_run(&g[1], false, dout, qkv + qkv_at(s, a, 0, 2), dP, w);
+  if (rs != REMAT_OK) return rs;
+  for (int64_t j = 0; j <= i; j++)
+    probs_and_dscores(s, S + j * s->blk, dP + j * s->blk, s->ld, i, j, lse,
+                      delta);
+  return gemm_run(&g[3], b->din_accumulate[0], dP, qkv + qkv_at(s, a, 0, 1),
+                  b->din[0] + qkv_at(s, a, i, 0), w);
 }
 
-// backward, dk and dv of key block j: over query blocks i = j..nb-1 in
-// order, with P_ij and dS_ij as above, dv_j = sum_i P_ij^T do_i and
-// dk_j = scale sum_i dS_ij^T q_i.
+// backward, dk and dv of key block j: with P and dS of the queries from
+// j*blk on against key block j as above (a column of blocks, stride bld),
+// dv_j = P^T do and dk_j = scale dS^T q over those queries.
 static int fused_dkv(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const fused_state *s = op->state;
   if (!b->din[0]) return REMAT_OK;
   fused_at a = fused_where(s, tile / s->nb);
   int64_t j = tile % s->nb, T = s->T;
-  bool kshort = blk_short(s, j);
-  const float *qkv = b->in[0];
-  float *S = op_temp(&s->base, w), *dP = S + s->blk * s->bld;
-  float *dk = b->din[0] + qkv_at(s, a, j, 1);
-  float *dv = b->din[0] + qkv_at(s, a, j, 2);
-  int rs = REMAT_OK;
-  for (int64_t i = j; i < s->nb && rs == REMAT_OK; i++) {
-    bool qshort = blk_short(s, i), acc = i > j || b->din_accumulate[0];
-    const float *dout = b->dout + o_at(s, a, i);
-    const float *lse = b->aux[0] + a.bh * T + i * s->blk;
-    const float *delta = b->ws[0] + a.bh * T + i * s->blk;
-    rs = blk_run(&s->qk_b, qshort, kshort, false, qkv + qkv_at(s, a, i, 0),
-                 qkv + qkv_at(s, a, j, 1), S, w);
-    if (rs == REMAT_OK)
-      rs = blk_run(&s->dov_b, qshort, kshort, false, dout,
-                   qkv + qkv_at(s, a, j, 2), dP, w);
-    if (rs != REMAT_OK) break;
-    probs_and_dscores(s, S, dP, s->bld, i, j, lse, delta);
-    rs = blk_run(&s->ptdo[qshort], kshort, false, acc, S, dout, dv, w);
-    if (rs == REMAT_OK)
-      rs = blk_run(&s->dstq[qshort], kshort, false, acc, dP,
-                   qkv + qkv_at(s, a, i, 0), dk, w);
+  const op_gemm *g = s->row + 8 * j;
+  const float *qkv = b->in[0], *dout = b->dout + o_at(s, a, j);
+  float *S = op_temp(&s->base, w), *dP = S + T * s->bld;
+  int rs = gemm_run(&g[4], false, qkv + qkv_at(s, a, j, 0),
+                    qkv + qkv_at(s, a, j, 1), S, w);
+  if (rs == REMAT_OK)
+    rs = gemm_run(&g[5], false, dout, qkv + qkv_at(s, a, j, 2), dP, w);
+  if (rs != REMAT_OK) return rs;
+  for (int64_t i = j; i < s->nb; i++) {
+    int64_t at = (i - j) * s->blk * s->bld, q = a.bh * T + i * s->blk;
+    probs_and_dscores(s, S + at, dP + at, s->bld, i, j, b->aux[0] + q,
+                      b->ws[0] + q);
   }
+  bool acc = b->din_accumulate[0];
+  rs = gemm_run(&g[6], acc, S, dout, b->din[0] + qkv_at(s, a, j, 2), w);
+  if (rs == REMAT_OK)
+    rs = gemm_run(&g[7], acc, dP, qkv + qkv_at(s, a, j, 0),
+                 b->din[0] + qkv_at(s, a, j, 1), w);
   return rs;
 }
 
-/* The gemms that reduce over a block of `k` rows (k = blk or rem). */
-static remat_status plan_k_gemms(fused_state *s, int x, int64_t k,
-                                 char err[OP_ERRMSG_MAX]) {
-  int64_t T = s->T, hd = s->hd, ld = 3 * s->D, D = s->D, b = s->blk;
-  int64_t sl = s->ld;
-  op_gemm_init(&s->pv[x], T, hd, k, b, hd);
-  op_gemm_layout(&s->pv[x], op_plain(sl), op_plain(ld), D);
-  op_gemm_init(&s->dsk[x], T, hd, k, b, hd);
-  op_gemm_layout(&s->dsk[x], op_plain(sl), op_plain(ld), ld);
-  s->dsk[x].alpha = s->scale;
-  op_gemm_init(&s->ptdo[x], T, hd, k, b, hd);
-  op_gemm_layout(&s->ptdo[x], op_transposed(s->bld), op_plain(D), ld);
-  op_gemm_init(&s->dstq[x], T, hd, k, b, hd);
-  op_gemm_layout(&s->dstq[x], op_transposed(s->bld), op_plain(ld), ld);
-  s->dstq[x].alpha = s->scale;
-  remat_status rs = op_gemm_plan(&s->pv[x], &s->base, err);
-  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dsk[x], &s->base, err);
-  if (rs == REMAT_OK) rs = op_gemm_plan(&s->ptdo[x], &s->base, err);
-  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dstq[x], &s->base, err);
+/* The products of query block i over its nq rows and all its n keys, and
+ * of key block i over its nq keys and all the nr queries at or after it. */
+static remat_status plan_row_gemms(fused_state *s, int64_t i,
+                                   char err[OP_ERRMSG_MAX]) {
+  int64_t nq = blk_rows(s, i), n = i * s->blk + nq, hd = s->hd;
+  int64_t ld = 3 * s->D, D = s->D;
+  op_gemm *g = s->row + 8 * i;
+  op_gemm_init(&g[0], nq, n, hd, nq, n); /* S = scale Q K^T */
+  op_gemm_layout(&g[0], op_plain(ld), op_transposed(ld), s->ld);
+  g[0].alpha = s->scale;
+  g[0].accumulate_too = false;
+  op_gemm_init(&g[1], nq, n, hd, nq, n); /* dP = dO V^T */
+  op_gemm_layout(&g[1], op_plain(D), op_transposed(ld), s->ld);
+  g[1].accumulate_too = false;
+  op_gemm_init(&g[2], nq, hd, n, nq, hd); /* O = P V */
+  op_gemm_layout(&g[2], op_plain(s->ld), op_plain(ld), D);
+  g[2].accumulate_too = false;
+  op_gemm_init(&g[3], nq, hd, n, nq, hd); /* dQ (+)= scale dS K */
+  op_gemm_layout(&g[3], op_plain(s->ld), op_plain(ld), ld);
+  g[3].alpha = s->scale;
+  int64_t nk = nq, nr = s->T - i * s->blk; /* key block i, its queries */
+  op_gemm_init(&g[4], nr, nk, hd, nr, nk); /* S = scale Q K_i^T */
+  op_gemm_layout(&g[4], op_plain(ld), op_transposed(ld), s->bld);
+  g[4].alpha = s->scale;
+  g[4].accumulate_too = false;
+  op_gemm_init(&g[5], nr, nk, hd, nr, nk); /* dP = dO V_i^T */
+  op_gemm_layout(&g[5], op_plain(D), op_transposed(ld), s->bld);
+  g[5].accumulate_too = false;
+  op_gemm_init(&g[6], nk, hd, nr, nk, hd); /* dV_i (+)= P^T dO */
+  op_gemm_layout(&g[6], op_transposed(s->bld), op_plain(D), ld);
+  op_gemm_init(&g[7], nk, hd, nr, nk, hd); /* dK_i (+)= scale dS^T Q */
+  op_gemm_layout(&g[7], op_transposed(s->bld), op_plain(ld), ld);
+  g[7].alpha = s->scale;
+  remat_status rs = REMAT_OK;
+  for (int k = 0; k < 8 && rs == REMAT_OK; k++)
+    rs = op_gemm_plan(&g[k], &s->base, err);
   return rs;
 }
 
 remat_status op_attention_plan(op_instance *inst, dnnl_engine_t engine,
                                char err[OP_ERRMSG_MAX]) {
   const op_shape *qkv = &inst->desc.in[0];
-  fused_state *s = op_state_new(sizeof *s, engine, "attention");
+  int64_t T0 = qkv->dim[1], hd0 = qkv->dim[2] / 3 / inst->desc.attrs.heads;
+  int64_t nb0 = op_div_up(T0, fused_block(T0, hd0));
+  fused_state *s = op_state_new(sizeof *s + (size_t)(8 * nb0) * sizeof(op_gemm),
+                                engine, "attention");
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   inst->state = s;
   s->B = qkv->dim[0];
@@ -314,33 +308,18 @@ remat_status op_attention_plan(op_instance *inst, dnnl_engine_t engine,
   s->scale = (float)(1.0 / sqrt((double)s->hd));
   s->blk = fused_block(s->T, s->hd);
   s->nb = op_div_up(s->T, s->blk);
-  s->rem = s->T % s->blk;
   /* a power-of-two stride would map a block's rows to the same cache sets */
   s->ld = op_div_up(s->T, 16) * 16 + 16;
   s->bld = op_div_up(s->blk, 16) * 16 + 16;
-  int64_t T = s->T, hd = s->hd, ld = 3 * s->D, D = s->D, b = s->blk;
-  op_gemm_init(&s->qk, T, T, hd, b, b);
-  op_gemm_layout(&s->qk, op_plain(ld), op_transposed(ld), s->ld);
-  s->qk.alpha = s->scale;
-  s->qk.accumulate_too = false;
-  op_gemm_init(&s->dov, T, T, hd, b, b);
-  op_gemm_layout(&s->dov, op_plain(D), op_transposed(ld), s->ld);
-  s->dov.accumulate_too = false;
-  /* the dk/dv tiles' blocks: compact, so that a block's rows do not each
-   * sit on a page of their own at long T */
-  s->qk_b = s->qk;
-  s->qk_b.c_rs = s->bld;
-  s->dov_b = s->dov;
-  s->dov_b.c_rs = s->bld;
-  remat_status rs = op_gemm_plan(&s->qk, &s->base, err);
-  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dov, &s->base, err);
-  if (rs == REMAT_OK) rs = op_gemm_plan(&s->qk_b, &s->base, err);
-  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dov_b, &s->base, err);
-  if (rs == REMAT_OK) rs = plan_k_gemms(s, 0, b, err);
-  if (rs == REMAT_OK && s->rem) rs = plan_k_gemms(s, 1, s->rem, err);
+  int64_t T = s->T, hd = s->hd, b = s->blk;
+  remat_status rs = REMAT_OK;
+  for (int64_t i = 0; i < s->nb && rs == REMAT_OK; i++)
+    rs = plan_row_gemms(s, i, err);
   if (rs != REMAT_OK) return rs;
-  /* scratch: S and dP of one query block, row stride ld */
-  s->base.temp_bytes = (size_t)(2 * b * s->ld) * sizeof(float);
+  /* scratch: S and dP of one query block (row stride ld), or of one key
+   * block's column of blocks (stride bld) */
+  s->base.temp_bytes =
+      (size_t)(2 * op_max64(b * s->ld, T * s->bld)) * sizeof(float);
   inst->naux = 1;
   inst->aux_bytes[0] = (size_t)(s->B * s->H * T) * sizeof(float);
   inst->nws = 1;
