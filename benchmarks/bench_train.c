@@ -21,6 +21,7 @@ typedef struct options {
   int64_t budget;
   int json, compare_threads;
   int accum; /* micro-batches of --batch rows per update */
+  int both;  /* --attention both */
 } options;
 
 static double now(void) {
@@ -127,8 +128,11 @@ static void usage(FILE *f) {
           "usage: bench_train [--layers L] [--d-model D] [--heads H] [--seq T]\n"
           "                   [--batch B] [--vocab V] [--steps S] [--threads N]\n"
           "                   [--policy P] [--budget BYTES] [--accum K] [--json]\n"
-          "                   [--compare-threads]\n"
+          "                   [--compare-threads] [--attention fused|materialized|both]\n"
           "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
+          "--attention: the builder's default (materialized) unless given; both\n"
+          "runs the materialized and the fused model in one process, steps\n"
+          "interleaved, and prints one JSON line for each\n"
           "--accum K: a step is K micro-batches of B rows (remat_accumulate)\n"
           "and one update; step time and tokens count all K (default 1)\n"
           "--compare-threads: also run the model on 1 thread, in interleaved\n"
@@ -154,6 +158,7 @@ static int parse_args(int argc, char **argv, options *o) {
       {"budget", 1, 0, 'M'}, {"json", 0, 0, 'j'},    {"help", 0, 0, 'h'},
       {"accum", 1, 0, 'K'},
       {"compare-threads", 0, 0, 'C'},
+      {"attention", 1, 0, 'A'},
       {0, 0, 0, 0}};
   *o = (options){.cfg = {.layers = 8, .d_model = 512, .heads = 8, .seq = 256,
                          .batch = 8, .vocab = 256},
@@ -181,6 +186,19 @@ static int parse_args(int argc, char **argv, options *o) {
       break;
     case 'j': o->json = 1; break;
     case 'C': o->compare_threads = 1; break;
+    case 'A':
+      if (strcmp(optarg, "fused") == 0)
+        o->cfg.attention = REMAT_ATTENTION_FUSED;
+      else if (strcmp(optarg, "materialized") == 0)
+        o->cfg.attention = REMAT_ATTENTION_MATERIALIZED;
+      else if (strcmp(optarg, "both") == 0)
+        o->both = 1;
+      else {
+        fprintf(stderr, "bench_train: --attention '%s': expected fused, "
+                        "materialized or both\n", optarg);
+        ok = 0;
+      }
+      break;
     case 'h': usage(stdout); exit(0);
     default: ok = 0;
     }
@@ -192,6 +210,11 @@ static int parse_args(int argc, char **argv, options *o) {
   if (optind < argc) {
     fprintf(stderr, "bench_train: unexpected argument '%s'\n", argv[optind]);
     usage(stderr);
+    return 0;
+  }
+  if (o->both && o->compare_threads) {
+    fprintf(stderr, "bench_train: --attention both and --compare-threads "
+                    "exclude each other\n");
     return 0;
   }
   return 1;
@@ -255,6 +278,7 @@ static int fail(const char *what) {
  * times and the peaks seen so far. --compare-threads runs two side by side. */
 typedef struct bench {
   int threads, accum;
+  remat_gpt_config cfg; /* the options' model with this run's attention */
   remat_runtime *rt;
   remat_graph *g;
   remat_gpt m;
@@ -266,10 +290,13 @@ typedef struct bench {
   int64_t peak, act_peak;
 } bench;
 
-static int bench_open(bench *b, const options *o, int threads) {
+static int bench_open(bench *b, const options *o, int threads,
+                      remat_attention_kind attention) {
   memset(b, 0, sizeof *b);
   b->threads = threads;
   b->accum = o->accum;
+  b->cfg = o->cfg;
+  b->cfg.attention = attention;
   remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
                             REMAT_SET_MEMORY_BUDGET,
                      .num_threads = threads, .policy = o->policy,
@@ -278,7 +305,7 @@ static int bench_open(bench *b, const options *o, int threads) {
     return fail("runtime");
   if (remat_graph_create(b->rt, &b->g) != REMAT_OK)
     return fail("graph");
-  if (remat_gpt_build(b->g, &o->cfg, &b->m) != REMAT_OK)
+  if (remat_gpt_build(b->g, &b->cfg, &b->m) != REMAT_OK)
     return fail("model");
   remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-4f, .weight_decay = 0.01f};
   if (remat_compile(b->g, b->m.loss, &opt) != REMAT_OK)
@@ -335,35 +362,22 @@ static void bench_close(bench *b) {
     remat_runtime_destroy(b->rt);
 }
 
-int main(int argc, char **argv) {
-  options o;
-  if (!parse_args(argc, argv, &o))
-    return 2;
-  bench main_run, one;
-  int compare = o.compare_threads && o.threads > 1;
-  if (bench_open(&main_run, &o, o.threads) || (compare && bench_open(&one, &o, 1)))
-    return 1;
-  /* Interleaved rounds: the two runs alternate which goes first, so that
-   * neither always follows the other's cache and frequency state. */
-  for (int s = 0; s <= o.steps; s++) {
-    bench *order[2] = {&main_run, &one};
-    if (compare && s % 2) {
-      order[0] = &one;
-      order[1] = &main_run;
-    }
-    for (int r = 0; r < (compare ? 2 : 1); r++)
-      if (bench_step(order[r], s, o.steps))
-        return 1;
-  }
-  const remat_step_stats st = main_run.st;
-  size_t n = (size_t)o.cfg.batch * (size_t)o.cfg.seq;
-  double step_s = median(main_run.times, o.steps);
-  double roofline = median(main_run.roofs, o.steps);
-  double flops = remat_gpt_flops(&o.cfg) * o.accum;
+static const char *attention_name(remat_attention_kind k) {
+  return k == REMAT_ATTENTION_FUSED ? "fused" : "materialized";
+}
+
+/* The JSON line of run b; one: its 1-thread peer (--compare-threads). */
+static void report(const bench *b, const bench *one, const options *o) {
+  const remat_step_stats st = b->st;
+  size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
+  double step_s = median(b->times, o->steps);
+  double roofline = median(b->roofs, o->steps);
+  double flops = remat_gpt_flops(&b->cfg) * o->accum;
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   double mfu = flops / step_s * 1e-9 / roofline;
-  printf("{\"policy\": \"%s\", \"layers\": %d, \"d_model\": %d, \"heads\": %d, "
+  printf("{\"policy\": \"%s\", \"attention\": \"%s\", \"layers\": %d, "
+         "\"d_model\": %d, \"heads\": %d, "
          "\"seq\": %d, \"batch\": %d, \"vocab\": %d, \"threads\": %d, "
          "\"accum\": %d, \"steps\": %d, \"step_s_median\": %.6f, \"tokens_per_s\": %.1f, "
          "\"loss\": %.6f, \"first_loss\": %.6f, \"grad_checksum\": \"%016llx\", "
@@ -372,27 +386,62 @@ int main(int argc, char **argv) {
          "\"flops_per_step\": %.6g, \"recompute_flops\": %.6g, "
          "\"matmul_roofline_gflops\": %.2f, \"mfu\": %.4f, "
          "\"remote_bytes\": %lld, \"remote_bytes_unplaced\": %lld",
-         o.policy, o.cfg.layers, o.cfg.d_model, o.cfg.heads, o.cfg.seq,
-         o.cfg.batch, o.cfg.vocab, o.threads, o.accum, o.steps, step_s,
-         (double)n * o.accum / step_s, st.loss, main_run.first.loss,
-         (unsigned long long)main_run.checksum, (long long)main_run.peak,
-         (long long)main_run.act_peak, (long long)st.predicted_peak_bytes,
+         o->policy, attention_name(b->cfg.attention), o->cfg.layers,
+         o->cfg.d_model, o->cfg.heads, o->cfg.seq,
+         o->cfg.batch, o->cfg.vocab, o->threads, o->accum, o->steps, step_s,
+         (double)n * o->accum / step_s, st.loss, b->first.loss,
+         (unsigned long long)b->checksum, (long long)b->peak,
+         (long long)b->act_peak, (long long)st.predicted_peak_bytes,
          (long long)ru.ru_maxrss * 1024, flops, st.recompute_flops, roofline,
          mfu, (long long)st.remote_bytes, (long long)st.remote_bytes_unplaced);
-  if (compare) {
+  if (one != NULL) {
     /* speedup: the 1-thread step's median over this one's, measured in the
      * same rounds; roofline_speedup: the same ratio for oneDNN's own matmul,
      * the most the machine gave at this moment. */
-    double step_1 = median(one.times, o.steps), roof_1 = median(one.roofs, o.steps);
+    double step_1 = median(one->times, o->steps);
+    double roof_1 = median(one->roofs, o->steps);
     printf(", \"step_s_median_1_thread\": %.6f, \"matmul_roofline_gflops_1_thread\": "
            "%.2f, \"speedup\": %.4f, \"roofline_speedup\": %.4f, "
            "\"checksum_matches_1_thread\": %s",
            step_1, roof_1, step_1 / step_s, roofline / roof_1,
-           one.checksum == main_run.checksum ? "true" : "false");
+           one->checksum == b->checksum ? "true" : "false");
   }
   printf("}\n");
+}
+
+int main(int argc, char **argv) {
+  options o;
+  if (!parse_args(argc, argv, &o))
+    return 2;
+  /* a second run beside the main one: the same model on 1 thread
+   * (--compare-threads), or the fused model beside the materialized one
+   * (--attention both) */
+  bench main_run, peer;
+  int compare = o.compare_threads && o.threads > 1;
+  int second = compare || o.both;
+  remat_attention_kind main_kind =
+      o.both ? REMAT_ATTENTION_MATERIALIZED : o.cfg.attention;
+  if (bench_open(&main_run, &o, o.threads, main_kind) ||
+      (second && bench_open(&peer, &o, compare ? 1 : o.threads,
+                            o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention)))
+    return 1;
+  /* Interleaved rounds: the two runs alternate which goes first, so that
+   * neither always follows the other's cache and frequency state. */
+  for (int s = 0; s <= o.steps; s++) {
+    bench *order[2] = {&main_run, &peer};
+    if (second && s % 2) {
+      order[0] = &peer;
+      order[1] = &main_run;
+    }
+    for (int r = 0; r < (second ? 2 : 1); r++)
+      if (bench_step(order[r], s, o.steps))
+        return 1;
+  }
+  report(&main_run, compare ? &peer : NULL, &o);
+  if (o.both)
+    report(&peer, NULL, &o);
   bench_close(&main_run);
-  if (compare)
-    bench_close(&one);
+  if (second)
+    bench_close(&peer);
   return 0;
 }

@@ -122,7 +122,8 @@ def read_safetensors(path):
 
 # ---- correctness: remat-grads against PyTorch ----
 
-def check(remat_grads, L=2, D=32, H=4, T=16, B=4, V=29, threads=2):
+def check(remat_grads, L=2, D=32, H=4, T=16, B=4, V=29, threads=2,
+          attention="materialized"):
     import numpy as np
     import torch
     torch.set_num_threads(threads)
@@ -131,7 +132,7 @@ def check(remat_grads, L=2, D=32, H=4, T=16, B=4, V=29, threads=2):
         out = subprocess.run(
             [remat_grads, "--layers", str(L), "--d-model", str(D), "--heads", str(H),
              "--seq", str(T), "--batch", str(B), "--vocab", str(V),
-             "--threads", str(threads), prefix],
+             "--threads", str(threads), "--attention", attention, prefix],
             check=True, capture_output=True, text=True).stdout
         remat_loss = json.loads(out)["loss"]
         weights = read_safetensors(prefix + ".weights.safetensors")
@@ -146,7 +147,8 @@ def check(remat_grads, L=2, D=32, H=4, T=16, B=4, V=29, threads=2):
     loss.backward()
     worst, failed = 0.0, []
     loss_rel = abs(loss.item() - remat_loss) / abs(loss.item())
-    print("loss: remat %.7f  torch %.7f  rel diff %.2e" % (remat_loss, loss.item(), loss_rel))
+    print("%s attention, loss: remat %.7f  torch %.7f  rel diff %.2e"
+          % (attention, remat_loss, loss.item(), loss_rel))
     for n in names:
         ref = p[n].grad.numpy()
         scale = max(float(np.abs(ref).max()), 1e-12)

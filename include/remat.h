@@ -178,6 +178,12 @@ REMAT_API remat_tensor *remat_attention_values(remat_graph *g,
 REMAT_API remat_tensor *remat_causal_self_attention(remat_graph *g,
                                                     remat_tensor *qkv,
                                                     int heads);
+/* The same causal attention fused into one op that never stores a T x T
+ * matrix: it saves out[B,T,D] and the per-row log-sum-exp [B,H,T], and its
+ * backward recomputes the probabilities block by block. It has no
+ * "attn_scores" or "attn_probs" tensors. Tags: dot, batched. */
+REMAT_API remat_tensor *remat_fused_attention(remat_graph *g,
+                                              remat_tensor *qkv, int heads);
 /* x[B,T,D] = wte[tokens] + wpe[0..T); tokens[B,T] int32. */
 REMAT_API remat_tensor *remat_embed(remat_graph *g, remat_tensor *tokens,
                                     remat_tensor *wte, remat_tensor *wpe);
@@ -443,9 +449,17 @@ REMAT_API remat_status remat_tensor_plan_of(const remat_graph *g,
 
 /* ---- the GPT-style model ---- */
 
+/* How the GPT builder computes attention. */
+typedef enum remat_attention_kind {
+  REMAT_ATTENTION_DEFAULT = 0,      /* the builder's default (materialized) */
+  REMAT_ATTENTION_FUSED = 1,        /* remat_fused_attention */
+  REMAT_ATTENTION_MATERIALIZED = 2, /* remat_causal_self_attention */
+} remat_attention_kind;
+
 typedef struct remat_gpt_config {
   int layers, d_model, heads, seq, batch, vocab;
   int gelu_erf; /* 0: tanh GELU (default), 1: erf GELU */
+  remat_attention_kind attention;
 } remat_gpt_config;
 
 typedef struct remat_gpt {

@@ -14,8 +14,8 @@ typedef struct attn_state {
   op_gemm fwd, dx, dy; /* scores: fwd, dq, dk; values: fwd, dp, dv */
 } attn_state;
 
-static remat_status check_qkv(const op_desc *d, const op_shape *qkv,
-                              const char *prefix, char err[OP_ERRMSG_MAX]) {
+remat_status op_check_qkv(const op_desc *d, const op_shape *qkv,
+                          const char *prefix, char err[OP_ERRMSG_MAX]) {
   char bq[OP_SHAPE_STR_MAX];
   op_shape_str(qkv, bq);
   if (qkv->ndim != 3 || qkv->dim[2] % 3 != 0)
@@ -65,7 +65,7 @@ remat_status op_attn_scores_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
   static const char *const names[] = {"qkv"};
   static const op_dtype types[] = {OP_F32};
   remat_status rs = op_check_inputs(d, 1, 1, names, types, err);
-  if (rs == REMAT_OK) rs = check_qkv(d, &d->in[0], "", err);
+  if (rs == REMAT_OK) rs = op_check_qkv(d, &d->in[0], "", err);
   if (rs != REMAT_OK) return rs;
   const op_shape *q = &d->in[0];
   op_shape out = {4, {q->dim[0], d->attrs.heads, q->dim[1], q->dim[1]}};
@@ -151,7 +151,7 @@ remat_status op_attn_values_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
   remat_status rs = op_check_inputs(d, 2, 2, names, types, err);
   char bp[OP_SHAPE_STR_MAX], prefix[OP_SHAPE_STR_MAX + 8];
   snprintf(prefix, sizeof prefix, "p %s and ", op_shape_str(&d->in[0], bp));
-  if (rs == REMAT_OK) rs = check_qkv(d, &d->in[1], prefix, err);
+  if (rs == REMAT_OK) rs = op_check_qkv(d, &d->in[1], prefix, err);
   if (rs != REMAT_OK) return rs;
   const op_shape *p = &d->in[0], *q = &d->in[1];
   int64_t B = q->dim[0], T = q->dim[1], H = d->attrs.heads;

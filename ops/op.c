@@ -30,6 +30,8 @@ static const op_entry op_table[OP_NUM_TYPES] = {
                           op_cross_entropy_plan},
     [OP_SUM] = {0, op_reduce_infer, op_reduce_plan},
     [OP_MEAN] = {0, op_reduce_infer, op_reduce_plan},
+    [OP_ATTENTION] = {OP_TAG_DOT | OP_TAG_BATCHED, op_attention_infer,
+                      op_attention_plan},
 };
 
 static bool valid_type(op_type type) {

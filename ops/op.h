@@ -34,6 +34,7 @@ typedef enum op_type {
   OP_CROSS_ENTROPY, /* logits[..,V], targets[..] int32 -> [1] mean over rows */
   OP_SUM,           /* x -> [1], sum of all elements */
   OP_MEAN,          /* x -> [1], mean of all elements */
+  OP_ATTENTION,     /* qkv[B,T,3D] -> o[B,T,D]: fused causal attention, aux lse[B,H,T] */
   OP_NUM_TYPES
 } op_type;
 

@@ -79,6 +79,12 @@ remat_tensor *remat_causal_self_attention(remat_graph *g, remat_tensor *qkv,
   return remat_attention_values(g, probs, qkv, heads);
 }
 
+remat_tensor *remat_fused_attention(remat_graph *g, remat_tensor *qkv,
+                                    int heads) {
+  op_attrs attrs = {.heads = heads};
+  return graph_add_op(g, OP_ATTENTION, &qkv, 1, &attrs);
+}
+
 remat_tensor *remat_embed(remat_graph *g, remat_tensor *tokens,
                           remat_tensor *wte, remat_tensor *wpe) {
   remat_tensor *in[3] = {tokens, wte, wpe};

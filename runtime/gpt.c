@@ -48,7 +48,10 @@ static remat_tensor *block(remat_graph *g, const remat_gpt_config *c, int l,
   remat_region_name(g, region);
   remat_tensor *h = named(g, remat_layernorm(g, x, ln1_g, ln1_b, 1e-5f), "ln1_out");
   remat_tensor *qkv = named(g, remat_linear(g, h, w_qkv, b_qkv), "qkv");
-  remat_tensor *att = named(g, remat_causal_self_attention(g, qkv, c->heads), "attn_values");
+  remat_tensor *att = c->attention == REMAT_ATTENTION_FUSED
+                          ? remat_fused_attention(g, qkv, c->heads)
+                          : remat_causal_self_attention(g, qkv, c->heads);
+  att = named(g, att, "attn_values");
   remat_tensor *o = named(g, remat_linear(g, att, w_o, b_o), "attn_out");
   remat_tensor *x1 = named(g, remat_add(g, x, o), "resid_mid");
   h = named(g, remat_layernorm(g, x1, ln2_g, ln2_b, 1e-5f), "ln2_out");
@@ -69,6 +72,13 @@ static remat_status check_config(remat_graph *g, const remat_gpt_config *c) {
                       ">= 2",
                       c->layers, c->d_model, c->heads, c->seq, c->batch,
                       c->vocab);
+  if (c->attention < REMAT_ATTENTION_DEFAULT ||
+      c->attention > REMAT_ATTENTION_MATERIALIZED)
+    return graph_fail(g, REMAT_ERR_INVALID_ARG,
+                      "remat_gpt_build: attention %d: expected "
+                      "REMAT_ATTENTION_DEFAULT (0), REMAT_ATTENTION_FUSED (1) "
+                      "or REMAT_ATTENTION_MATERIALIZED (2)",
+                      (int)c->attention);
   if (c->d_model % c->heads != 0)
     return graph_fail(g, REMAT_ERR_SHAPE,
                       "remat_gpt_build: d_model %d is not divisible by heads "

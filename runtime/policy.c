@@ -779,6 +779,13 @@ bool policy_saves(const remat_policy *p, const op_desc *producer,
   return true;
 }
 
+static bool has_fused_attention(const remat_graph *g) {
+  for (int32_t o = 0; o < g->nops; o++)
+    if (g->ops[o].desc.type == OP_ATTENTION)
+      return true;
+  return false;
+}
+
 /* Every name a name-based policy lists must be carried by some tensor. */
 remat_status policy_check_names(remat_graph *g, const remat_policy *p) {
   if (p == NULL)
@@ -793,6 +800,14 @@ remat_status policy_check_names(remat_graph *g, const remat_policy *p) {
       found = g->tensors[t]->named && strcmp(g->tensors[t]->name, p->names[i]) == 0;
     if (found)
       continue;
+    if (has_fused_attention(g) && (strcmp(p->names[i], "attn_scores") == 0 ||
+                                   strcmp(p->names[i], "attn_probs") == 0))
+      return graph_fail(g, REMAT_ERR_POLICY,
+                        "policy %s names '%s', which fused attention does "
+                        "not have (it keeps no T x T matrix): use the "
+                        "materialized attention (--attention materialized, "
+                        "REMAT_ATTENTION_MATERIALIZED) or name other tensors",
+                        kind_names[p->kind], p->names[i]);
     char list[REMAT__ERRMSG_MAX / 2] = "";
     size_t n = 0;
     for (int32_t t = 0; t < g->ntensors && n + REMAT__NAME_MAX < sizeof list; t++) {

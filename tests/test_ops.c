@@ -163,6 +163,36 @@ static void ref_attn_values(const op_desc *d, double *const in[],
         }
 }
 
+// qkv is (B,T,3D), o is (B,T,D): o[b,i,h] = sum_{j<=i} softmax_j(q_i . k_j
+// / sqrt(hd)) v_j, the fused op's whole forward
+static void ref_attention(const op_desc *d, double *const in[], double *out) {
+  int64_t B = d->in[0].dim[0], T = d->in[0].dim[1], D = d->in[0].dim[2] / 3;
+  int64_t H = d->attrs.heads, hd = D / H;
+  double *p = calloc((size_t)T, sizeof *p);
+  assert_non_null(p);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < T; i++) {
+        const double *q = in[0] + (b * T + i) * 3 * D + h * hd;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j <= i; j++) {
+          const double *k = in[0] + (b * T + j) * 3 * D + D + h * hd;
+          double acc = 0;
+          for (int64_t c = 0; c < hd; c++) acc += q[c] * k[c];
+          p[j] = acc / sqrt((double)hd);
+          mx = fmax(mx, p[j]);
+        }
+        for (int64_t j = 0; j <= i; j++) sum += p[j] = exp(p[j] - mx);
+        for (int64_t c = 0; c < hd; c++) {
+          double acc = 0;
+          for (int64_t j = 0; j <= i; j++)
+            acc += p[j] * in[0][(b * T + j) * 3 * D + 2 * D + h * hd + c];
+          out[(b * T + i) * D + h * hd + c] = acc / sum;
+        }
+      }
+  free(p);
+}
+
 // tokens is (B,T), wte is (V,D), wpe is (Tmax,D), x is (B,T,D)
 static void ref_embed(const op_desc *d, double *const in[], double *out) {
   int64_t B = d->in[0].dim[0], T = d->in[0].dim[1], D = d->in[1].dim[1];
@@ -514,6 +544,29 @@ static void test_attn_values(void **state) {
   check_case(&c);
 }
 
+/* The fused op (blocks of 128 rows): T not a multiple of the block (150 =
+ * 128 + 22, 200 = 128 + 72, 140 = 128 + 12), a multiple (256), shorter
+ * than a block (13), T = 1, one head, head dims 16, 24, 64 and 128. Inputs
+ * in [-2, 2] give peaked rows. */
+static void test_attention(void **state) {
+  (void)state;
+  static const struct {
+    int64_t B, T, H, hd;
+  } cases[] = {{2, 150, 2, 64}, {1, 200, 2, 16}, {1, 140, 1, 128},
+               {1, 256, 2, 64}, {2, 13, 3, 24},  {2, 1, 1, 16},
+               {1, 1, 2, 64}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    op_case c = make_case(OP_ATTENTION, ref_attention, 1,
+                          S3(cases[k].B, cases[k].T,
+                             3 * cases[k].H * cases[k].hd));
+    c.desc.attrs.heads = (int)cases[k].H;
+    c.lo[0] = -2;
+    c.hi[0] = 2;
+    c.samples = 40;
+    check_case(&c);
+  }
+}
+
 static void test_embed(void **state) {
   (void)state;
   op_case c = make_case(OP_EMBED, ref_embed, 3, S2(3, 40), S2(50, 300),
@@ -737,6 +790,7 @@ int main(void) {
       cmocka_unit_test(test_softmax),
       cmocka_unit_test(test_attn_scores),
       cmocka_unit_test(test_attn_values),
+      cmocka_unit_test(test_attention),
       cmocka_unit_test(test_embed),
       cmocka_unit_test(test_cross_entropy),
       cmocka_unit_test(test_sum_mean),

@@ -36,6 +36,24 @@ static void test_batch_and_seq_defaults(void **state) {
   assert_int_equal(o.cfg.seq, 128);
 }
 
+/* --attention: the builder's default when absent, fused or materialized,
+ * anything else a usage error. */
+static void test_attention_option(void **state) {
+  (void)state;
+  train_options o;
+  const char *none[] = {"remat-train"};
+  assert_int_equal(parse(&o, 1, none), 0);
+  assert_int_equal(o.cfg.attention, REMAT_ATTENTION_DEFAULT);
+  const char *fused[] = {"remat-train", "--attention", "fused"};
+  assert_int_equal(parse(&o, 3, fused), 0);
+  assert_int_equal(o.cfg.attention, REMAT_ATTENTION_FUSED);
+  const char *mat[] = {"remat-train", "--attention", "materialized"};
+  assert_int_equal(parse(&o, 3, mat), 0);
+  assert_int_equal(o.cfg.attention, REMAT_ATTENTION_MATERIALIZED);
+  const char *bad[] = {"remat-train", "--attention", "default"};
+  assert_int_equal(parse(&o, 3, bad), EXIT_USAGE);
+}
+
 /* Writes `n` bytes: `a` copies of 'a', then 'b's. */
 static void write_text(const char *path, int n, int a) {
   FILE *f = fopen(path, "wb");
@@ -127,6 +145,7 @@ static void test_progress_eval(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_batch_and_seq_defaults),
+      cmocka_unit_test(test_attention_option),
       cmocka_unit_test(test_text_split),
       cmocka_unit_test(test_u16_split),
       cmocka_unit_test(test_progress_eval),

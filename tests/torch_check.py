@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """Meson test: remat's loss and gradients on one batch against PyTorch's,
-within 1e-4 relative per tensor (benchmarks/compare_torch.py --check).
+within 1e-4 relative per tensor (benchmarks/compare_torch.py --check), with
+materialized attention and with fused attention (at T = 150: two blocks of
+its 128 rows).
 Exits 77 (skipped) when this python cannot import torch.
 
   /usr/bin/python3 tests/torch_check.py build/tools/remat-grads
@@ -18,4 +20,5 @@ except ImportError:
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 import compare_torch  # noqa: E402
 
-sys.exit(compare_torch.check(sys.argv[1]))
+sys.exit(max(compare_torch.check(sys.argv[1]),
+             compare_torch.check(sys.argv[1], T=150, attention="fused")))

@@ -21,7 +21,7 @@ static int parse(int argc, char **argv, grad_options *o) {
       {"layers", 1, 0, 'L'}, {"d-model", 1, 0, 'D'}, {"heads", 1, 0, 'H'},
       {"seq", 1, 0, 'T'},    {"batch", 1, 0, 'B'},   {"vocab", 1, 0, 'V'},
       {"threads", 1, 0, 'N'}, {"seed", 1, 0, 'S'},   {"policy", 1, 0, 'P'},
-      {0, 0, 0, 0}};
+      {"attention", 1, 0, 'A'}, {0, 0, 0, 0}};
   *o = (grad_options){.cfg = {.layers = 2, .d_model = 32, .heads = 4,
                               .seq = 16, .batch = 4, .vocab = 29},
                       .threads = 2, .seed = 3, .policy = "nothing_saveable"};
@@ -42,13 +42,20 @@ static int parse(int argc, char **argv, grad_options *o) {
       o->policy = optarg;
       continue;
     }
+    if (c == 'A' && (strcmp(optarg, "fused") == 0 ||
+                     strcmp(optarg, "materialized") == 0)) {
+      o->cfg.attention = optarg[0] == 'f' ? REMAT_ATTENTION_FUSED
+                                          : REMAT_ATTENTION_MATERIALIZED;
+      continue;
+    }
     fprintf(stderr, "remat-grads: bad option '%s'\n", argv[optind - 1]);
     return 0;
   }
   if (optind + 1 != argc) {
     fprintf(stderr, "usage: remat-grads [--layers L --d-model D --heads H "
                     "--seq T --batch B --vocab V --threads N --seed S "
-                    "--policy P] OUT_PREFIX\n");
+                    "--policy P --attention fused|materialized] "
+                    "OUT_PREFIX\n");
     return 0;
   }
   o->prefix = argv[optind];

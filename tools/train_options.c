@@ -27,6 +27,10 @@ static void usage(FILE *f) {
 "  --layers N       transformer blocks (default 2)\n"
 "  --d-model N      model width (default 128)\n"
 "  --heads N        attention heads; must divide --d-model (default 4)\n"
+"  --attention A    fused (no T x T matrix stored; the scores recomputed in\n"
+"                   backward) or materialized (attn_scores and attn_probs,\n"
+"                   which name-based policies may name) (default\n"
+"                   materialized)\n"
 "  --seq N          sequence length (default 16; 128 with --data)\n"
 "  --batch N        sequences per step (default 64; 16 with --data)\n"
 "  --steps N        training steps; 0 only evaluates (default 2000)\n"
@@ -182,7 +186,8 @@ enum { OPT_DATA = 256, OPT_LAYERS, OPT_DMODEL, OPT_HEADS, OPT_SEQ, OPT_BATCH,
        OPT_STEPS, OPT_LR, OPT_POLICY, OPT_BUDGET, OPT_THREADS, OPT_SEED,
        OPT_SAVE, OPT_LOAD, OPT_TRACE, OPT_JSON, OPT_HELP,
        OPT_SCHEDULE, OPT_WARMUP, OPT_LR_MIN, OPT_OPTIMIZER, OPT_WD,
-       OPT_RESUME, OPT_SAVE_EVERY, OPT_ACCUM, OPT_CLIP, OPT_TRACE_STEPS };
+       OPT_RESUME, OPT_SAVE_EVERY, OPT_ACCUM, OPT_CLIP, OPT_TRACE_STEPS,
+       OPT_ATTENTION };
 /* data, evaluation and sampling (apply_run) */
 enum { OPT_DATA_FORMAT = 512, OPT_VOCAB, OPT_EVAL_EVERY, OPT_PROMPT,
        OPT_TOKENS, OPT_TEMPERATURE, OPT_TOP_K };
@@ -207,6 +212,7 @@ static const struct option longopts[] = {
     {"eval-every", 1, 0, OPT_EVAL_EVERY}, {"prompt", 1, 0, OPT_PROMPT},
     {"tokens", 1, 0, OPT_TOKENS}, {"temperature", 1, 0, OPT_TEMPERATURE},
     {"top-k", 1, 0, OPT_TOP_K},
+    {"attention", 1, 0, OPT_ATTENTION},
     {0, 0, 0, 0}};
 
 static int apply_training(int c, const char *arg, const char *raw,
@@ -298,6 +304,9 @@ static int apply_training(int c, const char *arg, const char *raw,
   static const char *const schedules[] = {"cosine", "linear", "constant",
                                           NULL};
   static const char *const optimizers[] = {"sgd", "adamw", NULL};
+  /* in the order of remat_attention_kind */
+  static const char *const attentions[] = {"default", "fused",
+                                           "materialized", NULL};
   int kind = 0, r;
   switch (c) {
   case OPT_SCHEDULE:
@@ -318,6 +327,11 @@ static int apply_training(int c, const char *arg, const char *raw,
   case OPT_CLIP: return parse_float("--clip", arg, &o->clip);
   case OPT_TRACE_STEPS:
     return parse_int("--trace-steps", arg, 1, &o->trace_steps);
+  case OPT_ATTENTION:
+    r = parse_name("--attention", arg, attentions + 1, "fused or materialized",
+                   &kind);
+    o->cfg.attention = (remat_attention_kind)(kind + 1);
+    return r;
   case ':': return bad("%s needs a value%s", raw, "");
   default: return bad("unknown option '%s' (see --help)%s", raw, "");
   }

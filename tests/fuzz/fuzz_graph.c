@@ -147,10 +147,11 @@ static void build_one(builder *b, unsigned op) {
     push(b, remat_attention_values(g, probs, qkv, (int)fuzz_byte(&b->in) % 5));
     break;
   }
-  case 13: {
+  case 13: { /* the heads byte's top bit picks the fused op */
     remat_tensor *qkv = pick(b);
-    push(b,
-         remat_causal_self_attention(g, qkv, (int)fuzz_byte(&b->in) % 5));
+    int hb = (int)fuzz_byte(&b->in);
+    push(b, hb & 0x80 ? remat_fused_attention(g, qkv, hb % 5)
+                      : remat_causal_self_attention(g, qkv, hb % 5));
     break;
   }
   case 14: {
