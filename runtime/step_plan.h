@@ -44,6 +44,7 @@ typedef struct remat_step_plan {
   int64_t opt_step;
   _Atomic int nonfinite;
   remat_step_stats last;
+  struct dp_plan *dp;        /* data parallel (dp.h), NULL when not */
 } remat_step_plan;
 
 /* Frees g's compiled step, if any, and everything it holds. */
