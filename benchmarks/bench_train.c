@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "remat.h"
+#include "tools/dp_tool.h"
 
 typedef struct options {
   remat_gpt_config cfg;
@@ -205,7 +206,7 @@ static uint64_t grad_checksum(remat_graph *g) {
 }
 
 static void fill_batch(const remat_gpt_config *c, int32_t *tok, int32_t *tgt) {
-  uint32_t x = 12345u;
+  uint32_t x = 12345u + 7919u * (uint32_t)dp_tool_rank(); /* rank's shard */
   for (int i = 0; i < c->batch * c->seq; i++) {
     x = x * 1664525u + 1013904223u;
     tok[i] = (int32_t)((x >> 16) % (uint32_t)c->vocab);
@@ -221,6 +222,8 @@ static int fail(const char *what) {
 
 int main(int argc, char **argv) {
   options o;
+  if (dp_tool_init(&argc, &argv, "bench_train") != 0)
+    return 1;
   if (!parse_args(argc, argv, &o))
     return 2;
   remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
@@ -237,7 +240,7 @@ int main(int argc, char **argv) {
   if (remat_gpt_build(g, &o.cfg, &m) != REMAT_OK)
     return fail("model");
   remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-4f, .weight_decay = 0.01f};
-  if (remat_compile(g, m.loss, &opt) != REMAT_OK)
+  if (dp_tool_attach(g) != REMAT_OK || remat_compile(g, m.loss, &opt) != REMAT_OK)
     return fail("compile");
   size_t n = (size_t)o.cfg.batch * (size_t)o.cfg.seq;
   int32_t *tok = malloc(n * 4), *tgt = malloc(n * 4);
@@ -260,6 +263,7 @@ int main(int argc, char **argv) {
     if (s == 0) {
       checksum = grad_checksum(g);
       first = st;
+      dp_tool_mark(g);
     } else {
       times[s - 1] = st.seconds;
     }
@@ -276,6 +280,8 @@ int main(int argc, char **argv) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   double mfu = flops / step_s * 1e-9 / roofline;
+  char dp_json[1024];
+  dp_tool_json(g, dp_json, sizeof dp_json); /* collective under MPI */
   printf("{\"policy\": \"%s\", \"layers\": %d, \"d_model\": %d, \"heads\": %d, "
          "\"seq\": %d, \"batch\": %d, \"vocab\": %d, \"threads\": %d, "
          "\"steps\": %d, \"step_s_median\": %.6f, \"tokens_per_s\": %.1f, "
@@ -284,14 +290,14 @@ int main(int argc, char **argv) {
          "\"predicted_peak_bytes\": %lld, \"peak_rss_bytes\": %lld, "
          "\"flops_per_step\": %.6g, \"recompute_flops\": %.6g, "
          "\"matmul_roofline_gflops\": %.2f, \"mfu\": %.4f, "
-         "\"remote_bytes\": %lld, \"remote_bytes_unplaced\": %lld}\n",
+         "\"remote_bytes\": %lld, \"remote_bytes_unplaced\": %lld%s}\n",
          o.policy, o.cfg.layers, o.cfg.d_model, o.cfg.heads, o.cfg.seq,
          o.cfg.batch, o.cfg.vocab, o.threads, o.steps, step_s,
          (double)n / step_s, st.loss, first.loss,
          (unsigned long long)checksum, (long long)peak, (long long)act_peak,
          (long long)st.predicted_peak_bytes, (long long)ru.ru_maxrss * 1024,
          flops, st.recompute_flops, roofline, mfu, (long long)st.remote_bytes,
-         (long long)st.remote_bytes_unplaced);
+         (long long)st.remote_bytes_unplaced, dp_json);
   free(times);
   free(roofs);
   roofline_close(&roof);
@@ -299,5 +305,6 @@ int main(int argc, char **argv) {
   free(tgt);
   remat_graph_destroy(g);
   remat_runtime_destroy(rt);
+  dp_tool_finalize();
   return 0;
 }
