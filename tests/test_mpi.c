@@ -9,7 +9,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <math.h>
+#include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <mpi.h>
@@ -302,6 +304,40 @@ static void test_api_errors(void **state) {
   model_close(&md);
 }
 
+/* --kill: the last rank dies (SIGKILL) after its first step; the others
+ * step on until remat_step fails or mpirun ends them (tests/mpi_test.sh
+ * checks that the job ends non-zero within 60 s). --stall: the last rank
+ * stops stepping; rank 0's step must fail with the timeout's message
+ * (REMAT_DP_TIMEOUT is set short), then the job is aborted. */
+static int run_failure_mode(const char *mode) {
+  model md;
+  model_open(&md, &micro, true);
+  model_feed(&md, micro.batch * world, rank * micro.batch, 3);
+  if (remat_step(md.g, NULL) != REMAT_OK)
+    return 2;
+  if (rank == world - 1) {
+    if (strcmp(mode, "--kill") == 0)
+      raise(SIGKILL);
+    sleep(60); /* --stall: never steps again */
+    return 0;
+  }
+  for (int step = 0; step < 1000; step++) {
+    remat_status s = remat_step(md.g, NULL);
+    if (s != REMAT_OK) {
+      fprintf(stderr, "rank %d: %s\n", rank, remat_last_error());
+      if (strcmp(mode, "--stall") == 0 && s == REMAT_ERR_BACKEND &&
+          strstr(remat_last_error(),
+                 "an allreduce did not complete within 2 s: a rank died or "
+                 "stopped stepping") != NULL)
+        fprintf(stderr, "OK: stall detected\n");
+      fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 3); /* the dead or stalled peer cannot
+                                       finalize with us */
+    }
+  }
+  return 1; /* the failure went unnoticed */
+}
+
 int main(int argc, char **argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -313,6 +349,8 @@ int main(int argc, char **argv) {
     MPI_Finalize();
     return 1;
   }
+  if (argc > 1)
+    return run_failure_mode(argv[1]);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_api_errors),
       cmocka_unit_test(test_matches_one_process),

@@ -82,6 +82,18 @@ void dp_tool_finalize(void) {
 #endif
 }
 
+void dp_tool_abort_on_failure(int rc) {
+#ifdef REMAT_HAVE_MPI
+  if (started && size_ > 1 && rc != 0) {
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, rc);
+  }
+#else
+  (void)rc;
+#endif
+}
+
 int dp_tool_rank(void) { return rank_; }
 int dp_tool_size(void) { return size_; }
 

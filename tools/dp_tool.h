@@ -19,6 +19,10 @@
 int dp_tool_init(int *argc, char ***argv, const char *prog);
 /* Ends MPI if dp_tool_init started it (after every graph is destroyed). */
 void dp_tool_finalize(void);
+/* With several ranks and rc != 0: aborts the whole job (MPI_Abort), since
+ * a failed or dead peer may never join a collective again. The tool's
+ * message is printed before. */
+void dp_tool_abort_on_failure(int rc);
 int dp_tool_rank(void);
 int dp_tool_size(void);
 /* Makes g data parallel over all ranks when there are several. */

@@ -253,6 +253,7 @@ int main(int argc, char **argv) {
     return rc < 0 ? 0 : rc;
   }
   rc = run(&t);
+  dp_tool_abort_on_failure(rc); /* under mpirun: dp_tool.h */
   close_trainer(&t);
   dp_tool_finalize();
   return rc;
