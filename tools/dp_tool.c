@@ -12,8 +12,9 @@
 #include "remat_mpi.h"
 #endif
 
-static int rank_, size_ = 1, started;
+static int rank_, size_ = 1;
 #ifdef REMAT_HAVE_MPI
+static int started;
 static remat_dp_stats marked;
 #endif
 
@@ -23,6 +24,7 @@ static int under_mpirun(void) {
          getenv("PMIX_RANK") != NULL;
 }
 
+#ifdef REMAT_HAVE_MPI
 /* Threads per rank when the user set none: the CPUs this rank may use,
  * shared with the node's other ranks when mpirun bound nothing. */
 static void default_threads(void) {
@@ -39,6 +41,7 @@ static void default_threads(void) {
   snprintf(v, sizeof v, "%ld", cpus < 1 ? 1 : cpus);
   setenv("REMAT_NUM_THREADS", v, 0);
 }
+#endif
 
 int dp_tool_init(int *argc, char ***argv, const char *prog) {
 #ifdef REMAT_HAVE_MPI
