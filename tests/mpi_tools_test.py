@@ -14,9 +14,16 @@ if sys.argv[1] != "1":
     print("remat was built without MPI: skipped")
     sys.exit(77)
 train, bench = sys.argv[2], sys.argv[3]
+here = os.path.dirname(os.path.abspath(__file__))
+# Sanitizer builds: Open MPI's own leaks are suppressed (see mpi_test.sh).
+lsan = ("suppressions=%s/lsan_mpi.supp:print_suppressions=0:"
+        "fast_unwind_on_malloc=0" % here)
+if os.environ.get("LSAN_OPTIONS"):
+    lsan += ":" + os.environ["LSAN_OPTIONS"]
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
-           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-mpirun = ["mpirun", "--oversubscribe", "-np", "2"]
+           OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_mca_base_component_disable_dlclose="1", LSAN_OPTIONS=lsan)
+mpirun = ["mpirun", "--oversubscribe", "-x", "LSAN_OPTIONS", "-np", "2"]
 
 
 def run(cmd):
