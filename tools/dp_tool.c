@@ -61,6 +61,15 @@ int dp_tool_init(int *argc, char ***argv, const char *prog) {
   if (size_ > 1) {
     setenv("REMAT_BIND", "none", 0);
     default_threads();
+    const char *trace = getenv("REMAT_TRACE");
+    if (trace != NULL && rank_ > 0) { /* one trace file per rank */
+      char *own = malloc(strlen(trace) + 32);
+      if (own == NULL)
+        return 1;
+      sprintf(own, "%s.rank%d", trace, rank_);
+      setenv("REMAT_TRACE", own, 1);
+      free(own);
+    }
   }
   if (rank_ != 0 && freopen("/dev/null", "w", stdout) == NULL) {
     fprintf(stderr, "%s: rank %d cannot silence stdout\n", prog, rank_);

@@ -15,7 +15,8 @@
  * other than 0 stdout goes to /dev/null. With several ranks, REMAT_BIND
  * defaults to none (mpirun binds each rank) and REMAT_NUM_THREADS to the
  * rank's CPUs (all of them shared among the node's ranks when mpirun bound
- * nothing). Returns 0, or 1 after printing why. */
+ * nothing); a REMAT_TRACE path gets ".rankN" on rank N > 0. Returns 0, or
+ * 1 after printing why. */
 int dp_tool_init(int *argc, char ***argv, const char *prog);
 /* Ends MPI if dp_tool_init started it (after every graph is destroyed). */
 void dp_tool_finalize(void);
