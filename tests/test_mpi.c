@@ -287,6 +287,54 @@ static void test_oom_on_one_rank(void **state) {
   model_close(&dp);
 }
 
+/* Buckets of at most 1 KiB (one per large gradient) against the default
+ * (one bucket for this small model): every element is still the sum of
+ * the same two values, so the parameters after three steps are bitwise
+ * the same. */
+static void test_bucket_size(void **state) {
+  (void)state;
+  uint64_t h[2];
+  int buckets[2];
+  for (int run = 0; run < 2; run++) {
+    model md;
+    memset(&md, 0, sizeof md);
+    md.cfg = micro;
+    remat_config rc = one_thread();
+    assert_int_equal(remat_runtime_create(&rc, &md.rt), REMAT_OK);
+    assert_int_equal(remat_graph_create(md.rt, &md.g), REMAT_OK);
+    assert_int_equal(remat_graph_seed(md.g, 7), REMAT_OK);
+    assert_int_equal(remat_gpt_build(md.g, &micro, &md.m), REMAT_OK);
+    assert_int_equal(remat_graph_dp_bucket_bytes(md.g, 1024),
+                     REMAT_ERR_INVALID_ARG); /* not data parallel yet */
+    assert_int_equal(remat_graph_data_parallel(md.g, MPI_COMM_WORLD),
+                     REMAT_OK);
+    if (run == 1)
+      assert_int_equal(remat_graph_dp_bucket_bytes(md.g, 1024), REMAT_OK);
+    assert_int_equal(remat_compile(md.g, md.m.loss, &adamw), REMAT_OK);
+    assert_int_equal(remat_graph_dp_bucket_bytes(md.g, 1024),
+                     REMAT_ERR_INVALID_ARG); /* compiled */
+    for (int step = 0; step < 3; step++) {
+      model_feed(&md, micro.batch * world, rank * micro.batch,
+                 40 + (uint32_t)step);
+      assert_int_equal(remat_step(md.g, NULL), REMAT_OK);
+    }
+    remat_dp_stats st;
+    assert_int_equal(remat_graph_dp_stats(md.g, &st), REMAT_OK);
+    buckets[run] = st.buckets;
+    h[run] = param_hash(md.g);
+    model_close(&md);
+  }
+  int large = 0; /* gradients of more than 1 KiB: a bucket each */
+  model md;
+  model_open(&md, &micro, false);
+  for (int i = 0; i < remat_num_params(md.g); i++)
+    large += remat_tensor_numel(remat_param_at(md.g, i)) * 4 > 1024;
+  model_close(&md);
+  assert_int_equal(buckets[0], 1);
+  assert_true(buckets[1] > large);
+  assert_true(h[0] == h[1]);
+}
+
 /* The API's refusals. */
 static void test_api_errors(void **state) {
   (void)state;
@@ -357,6 +405,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_bitwise_across_ranks_and_runs),
       cmocka_unit_test(test_nan_on_one_rank),
       cmocka_unit_test(test_oom_on_one_rank),
+      cmocka_unit_test(test_bucket_size),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   MPI_Finalize();
