@@ -20,7 +20,8 @@ typedef struct options {
   int steps, threads;
   const char *policy;
   int64_t budget;
-  int json;
+  int json, compare_threads;
+  int accum; /* micro-batches of --batch rows per update */
 } options;
 
 static double now(void) {
@@ -126,8 +127,13 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: bench_train [--layers L] [--d-model D] [--heads H] [--seq T]\n"
           "                   [--batch B] [--vocab V] [--steps S] [--threads N]\n"
-          "                   [--policy P] [--budget BYTES] [--json]\n"
-          "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n");
+          "                   [--policy P] [--budget BYTES] [--accum K] [--json]\n"
+          "                   [--compare-threads]\n"
+          "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
+          "--accum K: a step is K micro-batches of B rows (remat_accumulate)\n"
+          "and one update; step time and tokens count all K (default 1)\n"
+          "--compare-threads: also run the model on 1 thread, in interleaved\n"
+          "rounds, and report the speedup of N threads over 1\n");
 }
 
 static int parse_int(const char *opt, const char *v, int *out) {
@@ -147,10 +153,13 @@ static int parse_args(int argc, char **argv, options *o) {
       {"seq", 1, 0, 'T'},    {"batch", 1, 0, 'B'},   {"vocab", 1, 0, 'V'},
       {"steps", 1, 0, 'S'},  {"threads", 1, 0, 'N'}, {"policy", 1, 0, 'P'},
       {"budget", 1, 0, 'M'}, {"json", 0, 0, 'j'},    {"help", 0, 0, 'h'},
+      {"accum", 1, 0, 'K'},
+      {"compare-threads", 0, 0, 'C'},
       {0, 0, 0, 0}};
   *o = (options){.cfg = {.layers = 8, .d_model = 512, .heads = 8, .seq = 256,
                          .batch = 8, .vocab = 256},
-                 .steps = 6, .threads = 2, .policy = "everything_saveable"};
+                 .steps = 6, .threads = 2, .policy = "everything_saveable",
+                 .accum = 1};
   int c;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
     int ok = 1;
@@ -162,6 +171,7 @@ static int parse_args(int argc, char **argv, options *o) {
     case 'B': ok = parse_int("--batch", optarg, &o->cfg.batch); break;
     case 'V': ok = parse_int("--vocab", optarg, &o->cfg.vocab); break;
     case 'S': ok = parse_int("--steps", optarg, &o->steps); break;
+    case 'K': ok = parse_int("--accum", optarg, &o->accum); break;
     case 'N': ok = parse_int("--threads", optarg, &o->threads); break;
     case 'P': o->policy = optarg; break;
     case 'M':
@@ -171,6 +181,7 @@ static int parse_args(int argc, char **argv, options *o) {
       }
       break;
     case 'j': o->json = 1; break;
+    case 'C': o->compare_threads = 1; break;
     case 'h': usage(stdout); exit(0);
     default: ok = 0;
     }
@@ -215,96 +226,182 @@ static void fill_batch(const remat_gpt_config *c, int32_t *tok, int32_t *tgt) {
     tgt[i] = (tok[i] * 7 + 3) % c->vocab;
 }
 
+/* One update from `accum` micro-batches (the same fed batch each time):
+ * st gets the last one's stats with the summed time and the highest
+ * peaks. */
+static remat_status accum_step(remat_graph *g, int accum, remat_step_stats *st) {
+  double seconds = 0.0;
+  int64_t peak = 0, act_peak = 0;
+  for (int k = 0; k < accum; k++) {
+    remat_status s = k + 1 < accum ? remat_accumulate(g, st) : remat_step(g, st);
+    if (s != REMAT_OK)
+      return s;
+    seconds += st->seconds;
+    peak = st->peak_bytes > peak ? st->peak_bytes : peak;
+    if (st->activation_peak_bytes > act_peak)
+      act_peak = st->activation_peak_bytes;
+  }
+  st->seconds = seconds;
+  st->peak_bytes = peak;
+  st->activation_peak_bytes = act_peak;
+  return REMAT_OK;
+}
+
 static int fail(const char *what) {
   fprintf(stderr, "bench_train: %s: %s\n", what, remat_last_error());
   return 1;
 }
 
-int main(int argc, char **argv) {
-  options o;
-  if (dp_tool_init(&argc, &argv, "bench_train") != 0)
-    return 1;
-  if (!parse_args(argc, argv, &o))
-    return 2;
-  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
-                            REMAT_SET_MEMORY_BUDGET,
-                     .num_threads = o.threads, .policy = o.policy,
-                     .memory_budget = o.budget};
+/* One model, runtime and roofline at one thread count, with the per-step
+ * times and the peaks seen so far. --compare-threads runs two side by side. */
+typedef struct bench {
+  int threads, accum;
   remat_runtime *rt;
   remat_graph *g;
   remat_gpt m;
-  if (remat_runtime_create(&rc, &rt) != REMAT_OK)
+  roofline roof;
+  int32_t *tok, *tgt;
+  double *times, *roofs;
+  remat_step_stats st, first;
+  uint64_t checksum;
+  int64_t peak, act_peak;
+} bench;
+
+static int bench_open(bench *b, const options *o, int threads) {
+  memset(b, 0, sizeof *b);
+  b->threads = threads;
+  b->accum = o->accum;
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
+                            REMAT_SET_MEMORY_BUDGET,
+                     .num_threads = threads, .policy = o->policy,
+                     .memory_budget = o->budget};
+  if (remat_runtime_create(&rc, &b->rt) != REMAT_OK)
     return fail("runtime");
-  if (remat_graph_create(rt, &g) != REMAT_OK)
+  if (remat_graph_create(b->rt, &b->g) != REMAT_OK)
     return fail("graph");
-  if (remat_gpt_build(g, &o.cfg, &m) != REMAT_OK)
+  if (remat_gpt_build(b->g, &o->cfg, &b->m) != REMAT_OK)
     return fail("model");
   remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-4f, .weight_decay = 0.01f};
-  if (dp_tool_attach(g) != REMAT_OK || remat_compile(g, m.loss, &opt) != REMAT_OK)
+  /* Under mpirun the main run is data parallel (dp_tool.h). */
+  if ((threads == o->threads && dp_tool_attach(b->g) != REMAT_OK) ||
+      remat_compile(b->g, b->m.loss, &opt) != REMAT_OK)
     return fail("compile");
-  size_t n = (size_t)o.cfg.batch * (size_t)o.cfg.seq;
-  int32_t *tok = malloc(n * 4), *tgt = malloc(n * 4);
-  fill_batch(&o.cfg, tok, tgt);
-  remat_feed(g, m.tokens, tok, n * 4);
-  remat_feed(g, m.targets, tgt, n * 4);
-  roofline roof;
-  if (!roofline_open(&roof, o.threads)) {
+  size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
+  b->tok = malloc(n * 4);
+  b->tgt = malloc(n * 4);
+  b->times = calloc((size_t)o->steps, sizeof *b->times);
+  b->roofs = calloc((size_t)o->steps, sizeof *b->roofs);
+  if (!b->tok || !b->tgt || !b->times || !b->roofs) {
+    fprintf(stderr, "bench_train: out of memory\n");
+    return 1;
+  }
+  fill_batch(&o->cfg, b->tok, b->tgt);
+  if (remat_feed(b->g, b->m.tokens, b->tok, n * 4) != REMAT_OK ||
+      remat_feed(b->g, b->m.targets, b->tgt, n * 4) != REMAT_OK)
+    return fail("feed");
+  if (!roofline_open(&b->roof, threads)) {
     fprintf(stderr, "bench_train: cannot create the roofline matmul\n");
     return 1;
   }
-  double *times = calloc((size_t)o.steps, sizeof *times);
-  double *roofs = calloc((size_t)o.steps, sizeof *roofs);
-  remat_step_stats st = {0}, first = {0};
-  uint64_t checksum = 0;
-  int64_t peak = 0, act_peak = 0;
-  for (int s = 0; s <= o.steps; s++) { /* step 0 is the warm-up */
-    if (remat_step(g, &st) != REMAT_OK)
-      return fail("step");
-    if (s == 0) {
-      checksum = grad_checksum(g);
-      first = st;
-      dp_tool_mark(g);
-    } else {
-      times[s - 1] = st.seconds;
-    }
-    if (s < o.steps)
-      roofs[s] = roofline_measure(&roof, 5);
-    if (st.peak_bytes > peak)
-      peak = st.peak_bytes;
-    if (st.activation_peak_bytes > act_peak)
-      act_peak = st.activation_peak_bytes;
+  return 0;
+}
+
+/* Step s of 0..steps: step 0 is the warm-up; every step but the last is
+ * followed by a roofline measurement on the same thread count. */
+static int bench_step(bench *b, int s, int steps) {
+  if (accum_step(b->g, b->accum, &b->st) != REMAT_OK)
+    return fail("step");
+  if (s == 0) {
+    b->checksum = grad_checksum(b->g);
+    b->first = b->st;
+    dp_tool_mark(b->g);
+  } else {
+    b->times[s - 1] = b->st.seconds;
   }
-  double step_s = median(times, o.steps);
-  double roofline = median(roofs, o.steps);
-  double flops = remat_gpt_flops(&o.cfg);
+  if (s < steps)
+    b->roofs[s] = roofline_measure(&b->roof, 5);
+  if (b->st.peak_bytes > b->peak)
+    b->peak = b->st.peak_bytes;
+  if (b->st.activation_peak_bytes > b->act_peak)
+    b->act_peak = b->st.activation_peak_bytes;
+  return 0;
+}
+
+static void bench_close(bench *b) {
+  free(b->times);
+  free(b->roofs);
+  roofline_close(&b->roof);
+  free(b->tok);
+  free(b->tgt);
+  if (b->g)
+    remat_graph_destroy(b->g);
+  if (b->rt)
+    remat_runtime_destroy(b->rt);
+}
+
+int main(int argc, char **argv) {
+  options o;
+  if (dp_tool_init(&argc, &argv, "bench_train") != 0) /* under mpirun */
+    return 1;
+  if (!parse_args(argc, argv, &o))
+    return 2;
+  bench main_run, one;
+  int compare = o.compare_threads && o.threads > 1;
+  if (bench_open(&main_run, &o, o.threads) || (compare && bench_open(&one, &o, 1)))
+    return 1;
+  /* Interleaved rounds: the two runs alternate which goes first, so that
+   * neither always follows the other's cache and frequency state. */
+  for (int s = 0; s <= o.steps; s++) {
+    bench *order[2] = {&main_run, &one};
+    if (compare && s % 2) {
+      order[0] = &one;
+      order[1] = &main_run;
+    }
+    for (int r = 0; r < (compare ? 2 : 1); r++)
+      if (bench_step(order[r], s, o.steps))
+        return 1;
+  }
+  const remat_step_stats st = main_run.st;
+  size_t n = (size_t)o.cfg.batch * (size_t)o.cfg.seq;
+  double step_s = median(main_run.times, o.steps);
+  double roofline = median(main_run.roofs, o.steps);
+  double flops = remat_gpt_flops(&o.cfg) * o.accum;
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   double mfu = flops / step_s * 1e-9 / roofline;
   char dp_json[1024];
-  dp_tool_json(g, dp_json, sizeof dp_json); /* collective under MPI */
+  dp_tool_json(main_run.g, dp_json, sizeof dp_json); /* collective under MPI */
   printf("{\"policy\": \"%s\", \"layers\": %d, \"d_model\": %d, \"heads\": %d, "
          "\"seq\": %d, \"batch\": %d, \"vocab\": %d, \"threads\": %d, "
-         "\"steps\": %d, \"step_s_median\": %.6f, \"tokens_per_s\": %.1f, "
+         "\"accum\": %d, \"steps\": %d, \"step_s_median\": %.6f, \"tokens_per_s\": %.1f, "
          "\"loss\": %.6f, \"first_loss\": %.6f, \"grad_checksum\": \"%016llx\", "
          "\"peak_bytes\": %lld, \"activation_peak_bytes\": %lld, "
          "\"predicted_peak_bytes\": %lld, \"peak_rss_bytes\": %lld, "
          "\"flops_per_step\": %.6g, \"recompute_flops\": %.6g, "
          "\"matmul_roofline_gflops\": %.2f, \"mfu\": %.4f, "
-         "\"remote_bytes\": %lld, \"remote_bytes_unplaced\": %lld%s}\n",
+         "\"remote_bytes\": %lld, \"remote_bytes_unplaced\": %lld",
          o.policy, o.cfg.layers, o.cfg.d_model, o.cfg.heads, o.cfg.seq,
-         o.cfg.batch, o.cfg.vocab, o.threads, o.steps, step_s,
-         (double)n / step_s, st.loss, first.loss,
-         (unsigned long long)checksum, (long long)peak, (long long)act_peak,
-         (long long)st.predicted_peak_bytes, (long long)ru.ru_maxrss * 1024,
-         flops, st.recompute_flops, roofline, mfu, (long long)st.remote_bytes,
-         (long long)st.remote_bytes_unplaced, dp_json);
-  free(times);
-  free(roofs);
-  roofline_close(&roof);
-  free(tok);
-  free(tgt);
-  remat_graph_destroy(g);
-  remat_runtime_destroy(rt);
+         o.cfg.batch, o.cfg.vocab, o.threads, o.accum, o.steps, step_s,
+         (double)n * o.accum / step_s, st.loss, main_run.first.loss,
+         (unsigned long long)main_run.checksum, (long long)main_run.peak,
+         (long long)main_run.act_peak, (long long)st.predicted_peak_bytes,
+         (long long)ru.ru_maxrss * 1024, flops, st.recompute_flops, roofline,
+         mfu, (long long)st.remote_bytes, (long long)st.remote_bytes_unplaced);
+  if (compare) {
+    /* speedup: the 1-thread step's median over this one's, measured in the
+     * same rounds; roofline_speedup: the same ratio for oneDNN's own matmul,
+     * the most the machine gave at this moment. */
+    double step_1 = median(one.times, o.steps), roof_1 = median(one.roofs, o.steps);
+    printf(", \"step_s_median_1_thread\": %.6f, \"matmul_roofline_gflops_1_thread\": "
+           "%.2f, \"speedup\": %.4f, \"roofline_speedup\": %.4f, "
+           "\"checksum_matches_1_thread\": %s",
+           step_1, roof_1, step_1 / step_s, roofline / roof_1,
+           one.checksum == main_run.checksum ? "true" : "false");
+  }
+  printf("%s}\n", dp_json);
+  bench_close(&main_run);
+  if (compare)
+    bench_close(&one);
   dp_tool_finalize();
   return 0;
 }

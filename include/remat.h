@@ -265,6 +265,10 @@ REMAT_API remat_status remat_policy_format(const remat_policy *policy,
 REMAT_API remat_status remat_region_begin(remat_graph *g,
                                           const remat_policy *policy);
 REMAT_API remat_status remat_region_end(remat_graph *g);
+/* Names the innermost open region (e.g. "h3" for a transformer block):
+ * traces and plan reports name its tensors "h3.qkv", "h3.attn_probs".
+ * Names follow the rules of checkpoint names above. */
+REMAT_API remat_status remat_region_name(remat_graph *g, const char *name);
 /* Names an activation for the name-based policies. */
 REMAT_API remat_status remat_checkpoint_name(remat_graph *g, remat_tensor *t,
                                              const char *name);
@@ -329,11 +333,53 @@ typedef struct remat_step_stats {
                                   dealt to, from the plan (0 on one node) */
   int64_t remote_bytes_unplaced; /* the same tiles with every buffer on
                                     node 0 and no parameter copies */
+  double grad_norm;            /* global L2 norm of the parameter gradients
+                                  (for remat_step after remat_accumulate,
+                                  of their mean), before clipping; summed
+                                  in a fixed order; 0 without an optimizer */
+  int64_t accumulated;         /* micro-batches summed: remat_accumulate
+                                  counts those since the last update, this
+                                  one included; remat_step those its update
+                                  averaged (1 without accumulation) */
 } remat_step_stats;
 
 /* Forward, backward and update. On REMAT_ERR_NUMERIC (NaN/Inf in the loss or
  * a gradient) no parameter is updated. `stats` may be NULL. */
 REMAT_API remat_status remat_step(remat_graph *g, remat_step_stats *stats);
+/* Gradient accumulation: forward and backward of the fed micro-batch, whose
+ * parameter gradients are added to per-parameter sums (allocated at the
+ * first call, counted as REMAT_MEM_GRADS), and no update. The next
+ * remat_step runs one more micro-batch and updates with the mean gradient
+ * of all of them, so K-1 calls of remat_accumulate and one remat_step on
+ * micro-batches of b rows give, within float rounding, the update of one
+ * step on the K*b rows (the loss being a mean over rows); the loss of that
+ * batch is the mean of the K stats.loss. The activation peak is that of one
+ * micro-batch. A micro-step that fails (REMAT_ERR_NUMERIC included) adds
+ * nothing to the sums and changes no parameter; the sums are kept, so the
+ * caller may go on with another micro-batch. Needs an optimizer. The sums
+ * are not part of a checkpoint: save after remat_step. */
+REMAT_API remat_status remat_accumulate(remat_graph *g, remat_step_stats *stats);
+/* Clips the gradient by its global L2 norm n (over every parameter, summed
+ * in a fixed order, so the same at any thread count): when n > max_norm,
+ * each update uses gradient * max_norm / (n + 1e-6). 0 turns it off (the
+ * default). Needs an optimizer. */
+REMAT_API remat_status remat_set_clip(remat_graph *g, float max_norm);
+/* Writes a Chrome trace (Perfetto, chrome://tracing) of the next `steps`
+ * runs of g (remat_step, remat_accumulate or remat_forward) to PATH,
+ * rewritten after each of them so that it always holds the runs traced so
+ * far as one JSON document. For this graph it takes the place of
+ * REMAT_TRACE while steps remain; 0 stops. The trace has a thread per
+ * worker and one "X" event per task, named by layer and tensor
+ * ("h3.attn_probs recompute", "h3.ffn_in dW", with regions named by
+ * remat_region_name), a "steps" thread with one event per run, and a
+ * "live bytes" counter ("C") of parameters, optimizer state, gradients,
+ * activations saved, activations not saved (freed in forward),
+ * recomputed, activation gradients and scratch, wherever it changes.
+ * PATH must be a regular file or a new name (REMAT_ERR_IO). A trace that
+ * cannot be written after a step does not fail the step: see
+ * remat_step_stats.trace_status. */
+REMAT_API remat_status remat_trace_steps(remat_graph *g, const char *path,
+                                         int steps);
 /* Forward only (for serving): no backward, no update. */
 REMAT_API remat_status remat_forward(remat_graph *g, remat_step_stats *stats);
 

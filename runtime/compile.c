@@ -99,7 +99,8 @@ static remat_status run_stages(remat_step_plan *p) {
     s = plan_ops(g);
   if (s == REMAT_OK) {
     plan_target target = {g, p->loss, p->has_opt, p->opt.kind,
-                          g->rt->config.memory_budget, nworkers};
+                          g->rt->config.memory_budget, nworkers,
+                          pl->nnodes < 1 ? 1 : pl->nnodes};
     s = plan_remat(&target, &p->decision);
   }
   if (s == REMAT_OK) {
@@ -118,8 +119,8 @@ static remat_status run_stages(remat_step_plan *p) {
   if (s == REMAT_OK)
     s = numa_place_copies(p);
   if (s == REMAT_OK) {
-    s = memplan_predict(g, &p->low, nworkers, &p->arena, &p->predicted);
-    p->predicted.peak += p->numa.copy_bytes; /* memplan knows no copies */
+    s = memplan_predict(g, &p->low, nworkers, p->numa.nnodes, &p->arena,
+                        &p->predicted);
   }
   if (s == REMAT_OK)
     s = report_plan(p);

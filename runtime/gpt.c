@@ -43,6 +43,9 @@ static remat_tensor *block(remat_graph *g, const remat_gpt_config *c, int l,
   remat_tensor *b_pr = param(g, b, "ffn.b_out", 1, d, 0, REMAT_INIT_ZEROS, 0);
 
   remat_region_begin(g, NULL);
+  char region[16];
+  snprintf(region, sizeof region, "h%d", l);
+  remat_region_name(g, region);
   remat_tensor *h = named(g, remat_layernorm(g, x, ln1_g, ln1_b, 1e-5f), "ln1_out");
   remat_tensor *qkv = named(g, remat_linear(g, h, w_qkv, b_qkv), "qkv");
   remat_tensor *att = named(g, remat_causal_self_attention(g, qkv, c->heads), "attn_values");

@@ -145,6 +145,7 @@ typedef struct graph_region {
   int32_t parent;               /* enclosing region, -1 for a top-level one */
   int32_t top;                  /* the top-level region it lies in */
   struct remat_policy *policy;  /* owned copy; NULL: the runtime's default */
+  char name[REMAT__NAME_MAX];   /* remat_region_name, "" none */
 } graph_region;
 
 struct remat_graph {

@@ -55,7 +55,7 @@ static plan_knode *add_knode(lower_ctx *p, knode_kind kind, int32_t op,
   kn->op = op;
   kn->region = -1;
   kn->seed = (knode_seed_bufs){-1, -1};
-  kn->optim = (knode_optim_bufs){-1, -1, -1, -1, -1};
+  kn->optim = (knode_optim_bufs){-1, -1, -1, -1, -1, 0};
   kn->kernel = k;
   kn->tiles = k != NULL ? k->tiles : 1;
   kn->flops = k != NULL ? k->flops : 0.0;
@@ -351,8 +351,11 @@ static remat_status emit_updates(lower_ctx *p) {
       kn->optim.param_tensor = t;
       kn->tiles = optim_tiles(op_numel(&x->shape));
       kn->optim.grad = p->l->grad_buf[t];
-      if (kind == KNODE_CHECK)
+      if (kind == KNODE_CHECK) {
+        kn->optim.check_tile0 = p->l->ncheck_tiles;
+        p->l->ncheck_tiles += kn->tiles;
         continue;
+      }
       kn->optim.param = p->l->value_buf[t];
       if (p->req->opt_kind != REMAT_OPT_ADAMW)
         continue;

@@ -24,6 +24,13 @@ typedef struct plan_buffer {
   float *data;
 } plan_buffer;
 
+/* Whether a buffer has a copy on every one of `nnodes` nodes (parameters,
+ * read whole by every tile of a linear; numa_place.c makes the copies, and
+ * the memory prediction counts them). */
+static inline bool plan_buffer_replicated(const plan_buffer *b, int nnodes) {
+  return nnodes > 1 && b->cat == REMAT_MEM_PARAMS && b->tensor >= 0;
+}
+
 typedef enum knode_kind {
   KNODE_FORWARD,
   KNODE_SEED,      /* d(loss) = 1 */
@@ -50,6 +57,8 @@ typedef struct knode_optim_bufs {
   int32_t param_tensor;      /* tensor id of the parameter */
   int32_t param, grad;       /* check reads grad; update writes param */
   int32_t adam_m, adam_v;    /* AdamW's moments, written by the update */
+  int64_t check_tile0;       /* check: its first tile's index among the
+                                step's check tiles (their sums of squares) */
 } knode_optim_bufs;
 
 /* One kernel of one op (or a seed, check, gate or update), lowered to a
@@ -93,6 +102,7 @@ typedef struct plan_lowering {
   int32_t *grad_buf;   /* [ntensors] gradient buffer, -1 none */
   int32_t *recomp_buf; /* [ntensors] recomputed buffer, -1 none */
   double flops, recompute_flops;
+  int64_t ncheck_tiles; /* tiles of all check nodes together */
 } plan_lowering;
 
 /* Lowers the graph with the request's decision into `out` (zeroed first).

@@ -60,14 +60,14 @@ static void region_figures(const plan_lowering *l, const int64_t *live,
 
 static remat_status measure_lowering(const remat_graph *g,
                                      const plan_lowering *l, int nworkers,
-                                     plan_measures *m) {
+                                     int nnodes, plan_measures *m) {
   int64_t *live = remat__malloc(((size_t)l->nknodes + 1) * sizeof *live);
   if (live == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   int64_t transient = memplan_transient_peak(l, live);
   remat_status s = transient < 0 ? REMAT_ERR_OUT_OF_MEMORY : REMAT_OK;
   if (s == REMAT_OK) {
-    m->persistent = memplan_persistent_bytes(g, l, nworkers);
+    m->persistent = memplan_persistent_bytes(g, l, nworkers, nnodes);
     m->peak = m->persistent + transient;
     region_figures(l, live, m);
     s = saved_at_seed(l, m->region_saved);
@@ -77,7 +77,7 @@ static remat_status measure_lowering(const remat_graph *g,
 }
 
 remat_status measure_decision(const lower_request *req, int nworkers,
-                              plan_measures *out) {
+                              int nnodes, plan_measures *out) {
   memset(out, 0, sizeof *out);
   size_t n = (size_t)req->g->nregions + 1;
   out->region_saved = remat__calloc(n, sizeof *out->region_saved);
@@ -90,7 +90,7 @@ remat_status measure_decision(const lower_request *req, int nworkers,
     if (s == REMAT_OK)
       s = lifetimes_assign(&l);
     if (s == REMAT_OK)
-      s = measure_lowering(req->g, &l, nworkers, out);
+      s = measure_lowering(req->g, &l, nworkers, nnodes, out);
     lowering_free(&l);
   }
   if (s != REMAT_OK)

@@ -24,7 +24,7 @@ typedef struct plan_measures {
 /* Lowers `req`, measures it into `out` (arrays allocated here, free with
  * measures_free) and frees the lowering. */
 remat_status measure_decision(const lower_request *req, int nworkers,
-                              plan_measures *out);
+                              int nnodes, plan_measures *out);
 void measures_free(plan_measures *m);
 
 #endif

@@ -11,11 +11,12 @@
 static int64_t rounded(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
 int64_t memplan_persistent_bytes(const remat_graph *g, const plan_lowering *l,
-                                 int nworkers) {
+                                 int nworkers, int nnodes) {
   int64_t bytes = 0;
   for (int32_t b = 0; b < l->nbufs; b++)
     if (l->bufs[b].persistent)
-      bytes += rounded(l->bufs[b].bytes);
+      bytes += rounded(l->bufs[b].bytes) *
+               (plan_buffer_replicated(&l->bufs[b], nnodes) ? nnodes : 1);
   size_t scratch = 0;
   for (int32_t o = 0; o < g->nops; o++)
     if (g->ops[o].inst.scratch_bytes > scratch)
@@ -101,7 +102,7 @@ static remat_status expect_blocks(const plan_lowering *p, mem_arena *arena) {
 }
 
 remat_status memplan_predict(const remat_graph *g, const plan_lowering *l,
-                             int nworkers, mem_arena *arena,
+                             int nworkers, int nnodes, mem_arena *arena,
                              memplan_prediction *out) {
   remat_status s = expect_blocks(l, arena);
   if (s != REMAT_OK)
@@ -109,7 +110,8 @@ remat_status memplan_predict(const remat_graph *g, const plan_lowering *l,
   out->transient_peak = memplan_transient_peak(l, NULL);
   if (out->transient_peak < 0)
     return REMAT_ERR_OUT_OF_MEMORY;
-  out->peak = memplan_persistent_bytes(g, l, nworkers) + out->transient_peak;
+  out->peak =
+      memplan_persistent_bytes(g, l, nworkers, nnodes) + out->transient_peak;
   return REMAT_OK;
 }
 

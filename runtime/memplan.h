@@ -9,7 +9,7 @@
 /* Parameters, their gradients, optimizer moments, inputs, kept tensors and
  * the per-worker scratchpads, rounded as the arena rounds them. */
 int64_t memplan_persistent_bytes(const remat_graph *g, const plan_lowering *l,
-                                 int nworkers);
+                                 int nworkers, int nnodes);
 /* Peak of the transient (per-step) bytes in program order; live[i] (live
  * may be NULL) gets the transient bytes while node i runs. -1: out of
  * memory. */
@@ -23,7 +23,7 @@ typedef struct memplan_prediction {
 /* Predicts the step's peak and tells the arena how many blocks of each size
  * program order holds at once, so that the first step reserves them. */
 remat_status memplan_predict(const remat_graph *g, const plan_lowering *l,
-                             int nworkers, mem_arena *arena,
+                             int nworkers, int nnodes, mem_arena *arena,
                              memplan_prediction *out);
 
 #endif

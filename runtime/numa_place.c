@@ -281,8 +281,7 @@ static remat_status alloc_plan(remat_step_plan *p, numa_plan *n, int nnodes) {
   for (int32_t b = 0; b < nb; b++) {
     const plan_buffer *buf = &p->low.bufs[b];
     place_whole(n, b, buf->bytes, 0);
-    n->replicated[b] = nnodes > 1 && buf->cat == REMAT_MEM_PARAMS &&
-                       buf->tensor >= 0;
+    n->replicated[b] = plan_buffer_replicated(buf, nnodes);
     if (n->replicated[b])
       n->copy_bytes += (nnodes - 1) * ((buf->bytes + 63) / 64 * 64);
   }

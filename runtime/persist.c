@@ -1,7 +1,7 @@
 /* Stage "persistent allocation" (persist.h): the buffers that live with the
  * graph (parameters, their gradients, optimizer moments, inputs, kept
- * tensors), parameter initialization from the graph's seed, and the
- * per-worker scratchpads. */
+ * tensors), parameter initialization from the graph's seed, the
+ * per-worker scratchpads and the per-tile gradient sums of squares. */
 #include <math.h>
 #include <string.h>
 
@@ -59,7 +59,11 @@ remat_status persist_allocate(remat_step_plan *p) {
   p->workers = remat__calloc((size_t)nw, sizeof *p->workers);
   p->worker_recompute_flops =
       remat__calloc((size_t)nw * 8, sizeof *p->worker_recompute_flops);
-  if (p->workers == NULL || p->worker_recompute_flops == NULL)
+  p->check_sumsq =
+      remat__calloc((size_t)p->low.ncheck_tiles + 1, sizeof *p->check_sumsq);
+  p->grad_scale = 1.0f;
+  if (p->workers == NULL || p->worker_recompute_flops == NULL ||
+      p->check_sumsq == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   if (p->scratch_bytes > 0) {
     p->scratch = mem_alloc(&p->arena, p->scratch_bytes * (size_t)nw,

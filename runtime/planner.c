@@ -171,7 +171,7 @@ static remat_status measure(planner *pl, const int *choice, plan_measures *m) {
     return s;
   lower_request req = {pl->g, pl->out->saved, pl->t->loss, pl->t->has_opt,
                        pl->t->opt_kind};
-  return measure_decision(&req, pl->t->nworkers, m);
+  return measure_decision(&req, pl->t->nworkers, pl->t->nnodes, m);
 }
 
 /* Measures every planned region on candidate c (the others on their own

@@ -67,6 +67,7 @@ typedef struct plan_target {
   remat_optimizer_kind opt_kind;
   int64_t budget;   /* 0: none */
   int nworkers;
+  int nnodes;       /* parameters have a copy on each (numa_place.c) */
 } plan_target;
 
 remat_status plan_remat(const plan_target *t, remat_decision *out);

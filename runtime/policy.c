@@ -667,6 +667,7 @@ remat_status remat_region_begin(remat_graph *g, const remat_policy *policy) {
   r->parent = g->region_depth ? g->region_stack[g->region_depth - 1] : -1;
   r->top = r->parent < 0 ? g->nregions : g->regions[r->parent].top;
   r->policy = NULL;
+  r->name[0] = '\0';
   if (policy != NULL && (r->policy = policy_clone(policy)) == NULL)
     return graph_fail(g, REMAT_ERR_OUT_OF_MEMORY,
                       "remat_region_begin: out of memory");
@@ -719,6 +720,27 @@ remat_status remat_checkpoint_name(remat_graph *g, remat_tensor *t,
                       REMAT__NAME_MAX - 1);
   snprintf(t->name, sizeof t->name, "%s", name);
   t->named = true;
+  return REMAT_OK;
+}
+
+remat_status remat_region_name(remat_graph *g, const char *name) {
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG, "remat_region_name: graph is NULL");
+  if (g->status != REMAT_OK)
+    return g->status;
+  if (g->region_depth == 0)
+    return graph_fail(g, REMAT_ERR_STATE,
+                      "remat_region_name: no checkpoint region is open");
+  size_t len = name != NULL ? strlen(name) : 0;
+  char flaw[64];
+  if (name == NULL || name_flaw(name, len, 0, flaw, sizeof flaw))
+    return graph_fail(g, REMAT_ERR_INVALID_ARG,
+                      "remat_region_name: name '%s' is not valid: %s; "
+                      NAME_RULE,
+                      name ? quoted(&(quote){0}, name, len) : "(null)",
+                      name ? flaw : "it is NULL", REMAT__NAME_MAX - 1);
+  graph_region *r = &g->regions[g->region_stack[g->region_depth - 1]];
+  snprintf(r->name, sizeof r->name, "%s", name);
   return REMAT_OK;
 }
 

@@ -1,12 +1,15 @@
-/* Running a compiled step: feeds and reads, remat_step and remat_forward
- * (resetting the per-step counters, reserving the step's blocks, running
+/* Running a compiled step: feeds and reads, remat_step, remat_accumulate
+ * and remat_forward (resetting the per-step counters, reserving the step's blocks, running
  * the task DAG, and reporting its statistics). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
+#include "base/alloc.h"
 #include "runtime/dp.h"
 #include "runtime/step_plan.h"
 
@@ -148,6 +151,44 @@ static remat_status do_write(remat_graph *g, remat_tensor *param, const float *s
   return REMAT_OK;
 }
 
+static remat_status do_set_clip(remat_graph *g, float max_norm) {
+  if (!g->plan->has_opt || !isfinite(max_norm) || max_norm < 0.0f)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_set_clip: needs a graph compiled with an "
+                       "optimizer and a finite max_norm >= 0 (0: no "
+                       "clipping), got %g",
+                       (double)max_norm);
+  g->plan->clip = max_norm;
+  return REMAT_OK;
+}
+
+static remat_status do_trace_steps(remat_graph *g, const char *path,
+                                   int steps) {
+  step_trace *t = &g->plan->trace;
+  if (steps < 0 || (steps > 0 && (path == NULL || path[0] == '\0')))
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_trace_steps: expected a file and steps >= 1, "
+                       "or steps 0 to stop tracing");
+  if (steps > 0 && strlen(path) >= sizeof t->path)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_trace_steps: the path is longer than %zu bytes",
+                       sizeof t->path - 1);
+  struct stat st;
+  if (steps > 0 && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+    return remat__fail(REMAT_ERR_IO,
+                       "remat_trace_steps: '%s' is not a regular file", path);
+  FILE *f = steps > 0 ? fopen(path, "a") : NULL;
+  if (steps > 0 && f == NULL)
+    return remat__fail(REMAT_ERR_IO, "remat_trace_steps: cannot write '%s': %s",
+                       path, strerror(errno));
+  if (f != NULL)
+    fclose(f);
+  snprintf(t->path, sizeof t->path, "%s", steps > 0 ? path : "");
+  t->steps_left = steps;
+  t->nsteps = 0;
+  return REMAT_OK;
+}
+
 static remat_status do_set_lr(remat_graph *g, float lr) {
   if (!g->plan->has_opt || !isfinite(lr) || lr <= 0.0f)
     return remat__fail(REMAT_ERR_INVALID_ARG,
@@ -183,7 +224,9 @@ static void fill_stats(remat_step_plan *p, remat_step_stats *st, double secs) {
     st->executed_recompute_flops += p->worker_recompute_flops[w * 8];
   st->peak_bytes = atomic_load(&p->arena.total_peak);
   st->activation_peak_bytes = atomic_load(&p->arena.transient_peak);
-  st->predicted_peak_bytes = p->predicted.peak;
+  st->predicted_peak_bytes = p->predicted.peak + p->accum_bytes;
+  st->grad_norm = p->forward_only ? 0.0 : p->grad_norm;
+  st->accumulated = p->forward_only ? 0 : p->accum_count + 1;
   for (int c = 0; c < REMAT_MEM_NUM_CATEGORIES; c++) {
     st->peak[c] = atomic_load(&p->arena.peak[c]);
     st->current[c] = atomic_load(&p->arena.current[c]);
@@ -196,12 +239,13 @@ static void fill_stats(remat_step_plan *p, remat_step_stats *st, double secs) {
 /* A trace that could not be written after a step that succeeded: the
  * step's updates are applied, so the step still succeeds; stats say so and
  * remat_last_error() has the words. */
-static void note_trace(const sched_trace_result *traced, remat_step_stats *st,
+static void note_trace(remat_step_plan *p, remat_step_stats *st,
                        const char *what) {
-  st->trace_status = traced->status;
-  if (traced->status != REMAT_OK)
-    remat__fail(traced->status, "%s: the step succeeded but its trace was "
-                "not written: %s", what, traced->err);
+  char err[SCHED_ERRMSG_MAX];
+  st->trace_status = step_trace_end(p, err, sizeof err);
+  if (st->trace_status != REMAT_OK)
+    remat__fail(st->trace_status, "%s: the step succeeded but its trace was "
+                "not written: %s", what, err);
 }
 
 static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
@@ -213,19 +257,27 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
   memset(p->worker_recompute_flops, 0,
          (size_t)g->rt->nworkers * 8 * sizeof *p->worker_recompute_flops);
   mem_reset_peaks(&p->arena);
-  p->opt_step++;
-  sched_trace_result traced;
-  sched_run_opts opts = {.trace_path = g->rt->config.trace_path,
-                         .trace_result = &traced};
+  int64_t updates = p->accumulating ? 0 : 1;
+  p->opt_step += updates;
+  p->grad_norm = 0.0;
+  sched_run_opts opts = {0};
   char err[SCHED_ERRMSG_MAX];
   double t0 = now_seconds();
   remat_status s = dp_step_begin(p); /* data parallel: dp.h */
   if (s != REMAT_OK) {
-    p->opt_step--;
+    p->opt_step -= updates;
     return s;
   }
+  if (step_trace_begin(p, g->rt->config.trace_path, &opts.records) !=
+      REMAT_OK) {
+    p->opt_step -= updates;
+    dp_step_end(p, REMAT_ERR_OUT_OF_MEMORY, err, sizeof err);
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
+                       "%s: out of memory for the trace", what);
+  }
   if (mem_reserve(&p->arena) != REMAT_OK) {
-    p->opt_step--;
+    step_trace_cancel(p);
+    p->opt_step -= updates;
     dp_step_end(p, REMAT_ERR_OUT_OF_MEMORY, err, sizeof err);
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "%s: out of memory reserving the step's tensors", what);
@@ -236,22 +288,26 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
   s = dp_step_end(p, s, err, sizeof err);
   double secs = now_seconds() - t0;
   if (s != REMAT_OK) {
+    step_trace_cancel(p);
     release_transients(p);
-    p->opt_step--;
+    p->opt_step -= updates;
     return remat__fail(s, "%s: %s", what,
                        s == REMAT_ERR_OUT_OF_MEMORY && local == s
                            ? "out of memory" : err);
   }
   fill_stats(p, &p->last, secs);
+  if (!p->last.nonfinite && !p->forward_only)
+    p->accum_count = p->accumulating ? p->accum_count + 1 : 0;
   if (p->last.nonfinite) {
-    p->opt_step--; /* no update was applied */
+    step_trace_cancel(p);
+    p->opt_step -= updates; /* no update was applied */
     s = remat__fail(REMAT_ERR_NUMERIC,
                     "%s: the loss or a gradient is NaN or Inf; the updates "
                     "were skipped",
                     what);
   }
   if (s == REMAT_OK)
-    note_trace(&traced, &p->last, what);
+    note_trace(p, &p->last, what);
   if (stats != NULL)
     *stats = p->last;
   return s;
@@ -269,6 +325,64 @@ remat_status remat_step(remat_graph *g, remat_step_stats *stats) {
                     "remat_forward");
   else
     s = run_plan(g, stats, "remat_step");
+  graph_leave(g);
+  return s;
+}
+
+/* The sums of gradients of the micro-steps, one per parameter, beside its
+ * gradient (same size and NUMA home), counted as gradients. */
+static remat_status alloc_accum(remat_step_plan *p) {
+  if (p->accum != NULL)
+    return REMAT_OK;
+  p->accum = remat__calloc((size_t)p->g->ntensors, sizeof *p->accum);
+  bool ok = p->accum != NULL;
+  for (int32_t i = 0; ok && i < p->low.nknodes; i++) {
+    const plan_knode *kn = &p->low.knodes[i];
+    if (kn->kind != KNODE_UPDATE)
+      continue;
+    const plan_buffer *grad = &p->low.bufs[kn->optim.grad];
+    p->accum[kn->optim.param_tensor] = mem_alloc(
+        &p->arena, (size_t)grad->bytes, REMAT_MEM_GRADS, grad->node, false);
+    ok = p->accum[kn->optim.param_tensor] != NULL;
+    p->accum_bytes += ok ? grad->bytes : 0;
+  }
+  if (ok)
+    return REMAT_OK;
+  if (p->accum != NULL)
+    for (int32_t t = 0; t < p->g->ntensors; t++)
+      if (p->accum[t] != NULL) {
+        const plan_buffer *grad = &p->low.bufs[p->low.grad_buf[t]];
+        mem_free(&p->arena, p->accum[t], (size_t)grad->bytes,
+                 REMAT_MEM_GRADS, grad->node, false);
+      }
+  free(p->accum);
+  p->accum = NULL;
+  p->accum_bytes = 0;
+  return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
+                     "remat_accumulate: out of memory for the gradient sums");
+}
+
+static remat_status do_accumulate(remat_graph *g, remat_step_stats *stats) {
+  remat_step_plan *p = g->plan;
+  if (p->forward_only || !p->has_opt)
+    return remat__fail(REMAT_ERR_STATE,
+                       "remat_accumulate: the graph was compiled without %s: "
+                       "accumulation sums gradients for an optimizer update",
+                       p->forward_only ? "a loss" : "an optimizer");
+  remat_status s = alloc_accum(p);
+  if (s != REMAT_OK)
+    return s;
+  p->accumulating = true;
+  s = run_plan(g, stats, "remat_accumulate");
+  p->accumulating = false;
+  return s;
+}
+
+remat_status remat_accumulate(remat_graph *g, remat_step_stats *stats) {
+  remat_status s = enter(g, "remat_accumulate");
+  if (s != REMAT_OK)
+    return s;
+  s = do_accumulate(g, stats);
   graph_leave(g);
   return s;
 }
@@ -323,6 +437,24 @@ remat_status remat_write(remat_graph *g, remat_tensor *param, const float *src,
   if (s != REMAT_OK)
     return s;
   s = do_write(g, param, src, bytes);
+  graph_leave(g);
+  return s;
+}
+
+remat_status remat_set_clip(remat_graph *g, float max_norm) {
+  remat_status s = enter(g, "remat_set_clip");
+  if (s != REMAT_OK)
+    return s;
+  s = do_set_clip(g, max_norm);
+  graph_leave(g);
+  return s;
+}
+
+remat_status remat_trace_steps(remat_graph *g, const char *path, int steps) {
+  remat_status s = enter(g, "remat_trace_steps");
+  if (s != REMAT_OK)
+    return s;
+  s = do_trace_steps(g, path, steps);
   graph_leave(g);
   return s;
 }

@@ -19,6 +19,16 @@ void step_plan_destroy(remat_graph *g) {
       mem_free(&p->arena, buf->data, (size_t)buf->bytes, buf->cat, buf->node,
                !buf->persistent);
   }
+  for (int32_t t = 0; p->accum != NULL && t < g->ntensors; t++)
+    if (p->accum[t] != NULL) {
+      const plan_buffer *grad = &p->low.bufs[p->low.grad_buf[t]];
+      mem_free(&p->arena, p->accum[t], (size_t)grad->bytes, REMAT_MEM_GRADS,
+               grad->node, false);
+    }
+  free(p->accum);
+  free(p->task_names);
+  step_trace_free(&p->trace);
+  free(p->check_sumsq);
   if (p->scratch != NULL)
     mem_free(&p->arena, p->scratch, p->scratch_bytes * (size_t)g->rt->nworkers,
              REMAT_MEM_WORKSPACE, 0, false);

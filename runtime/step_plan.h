@@ -9,6 +9,7 @@
 #include "runtime/memplan.h"
 #include "runtime/numa_place.h"
 #include "runtime/planner.h"
+#include "runtime/step_trace.h"
 
 /* The argument of one tile task. */
 typedef struct plan_tile {
@@ -44,6 +45,23 @@ typedef struct remat_step_plan {
   int64_t opt_step;
   _Atomic int nonfinite;
   remat_step_stats last;
+  /* Gradient accumulation and clipping (step.c runs them, tasks.c does the
+   * arithmetic). A check tile writes its gradient's sum of squares in
+   * check_sumsq, the gate adds them in a fixed order into grad_norm and
+   * sets grad_scale, the clip factor every update applies. */
+  double *check_sumsq;       /* [low.ncheck_tiles] */
+  double grad_norm;
+  float grad_scale;
+  float clip;                /* max global gradient norm; 0: no clipping */
+  bool accumulating;         /* this run adds its gradients to accum and
+                                updates nothing (remat_accumulate) */
+  float **accum;             /* [ntensors]: per parameter the sum of its
+                                gradients over the micro-steps, allocated
+                                at the first remat_accumulate */
+  int64_t accum_bytes;
+  int64_t accum_count;       /* micro-steps summed in accum */
+  char *task_names;          /* [nknodes * TASK_NAME_MAX] (task_names.h) */
+  step_trace trace;          /* step_trace.h */
   struct dp_plan *dp;        /* data parallel (dp.h), NULL when not */
 } remat_step_plan;
 

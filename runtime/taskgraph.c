@@ -9,6 +9,7 @@
 #include "base/alloc.h"
 #include "runtime/dp.h"
 #include "runtime/step_plan.h"
+#include "runtime/task_names.h"
 #include "runtime/taskgraph.h"
 #include "runtime/tasks.h"
 
@@ -188,6 +189,9 @@ static const char *node_name(const plan_knode *kn) {
  * workers never let a later node starve an earlier one. A tile's affinity
  * is the one the NUMA placement stage gave it (numa_place.c). */
 static remat_status add_tasks(remat_step_plan *p) {
+  p->task_names = task_names_build(p->g, &p->low);
+  if (p->task_names == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
   int64_t ntiles = 0;
   for (int32_t i = 0; i < p->low.nknodes; i++)
     ntiles += p->low.knodes[i].tiles;
@@ -199,6 +203,8 @@ static remat_status add_tasks(remat_step_plan *p) {
   for (int32_t i = 0; i < p->low.nknodes; i++) {
     plan_knode *kn = &p->low.knodes[i];
     kn->plan = p;
+    /* kernel names ("linear.fwd"): the scheduler's messages and the
+     * simulator's cost groups; traces use p->task_names */
     const char *name = node_name(kn), *cat = node_category(kn);
     kn->start_task = sched_dag_add(p->dag, tasks_start, kn, -i, -1, name, cat);
     kn->done_task = sched_dag_add(p->dag, tasks_done, kn, -i, -1, name, cat);

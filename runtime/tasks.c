@@ -2,6 +2,7 @@
  * home the NUMA placement gave it), one tile of an op kernel or of the
  * optimizer (parameters read from the copy on the worker's node), and
  * freeing after a buffer's last user. */
+#include <math.h>
 #include <string.h>
 
 #include "runtime/optim.h"
@@ -60,11 +61,31 @@ static int64_t param_numel(const remat_step_plan *p, const plan_knode *kn) {
   return op_numel(&p->g->tensors[kn->optim.param_tensor]->shape);
 }
 
+/* The last micro-step of an accumulation first folds the sum of the
+ * earlier ones into its gradient (the mean of all); then the tile's sum of
+ * squares goes to its own slot, for the finite check and the gate's norm. */
 static int check_tile(remat_step_plan *p, const plan_knode *kn, int64_t tile) {
   int64_t lo, hi;
   optim_tile_range(param_numel(p, kn), tile, &lo, &hi);
-  if (!optim_all_finite(buf_data(p, kn->optim.grad) + lo, hi - lo))
+  float *grad = buf_data(p, kn->optim.grad) + lo;
+  if (p->accum_count > 0 && !p->accumulating)
+    optim_fold(grad, p->accum[kn->optim.param_tensor] + lo,
+               hi - lo, 1.0f / (float)(p->accum_count + 1));
+  double sumsq = optim_sum_squares(grad, hi - lo);
+  p->check_sumsq[kn->optim.check_tile0 + tile] = sumsq;
+  if (!isfinite(sumsq))
     atomic_store(&p->nonfinite, 1);
+  return REMAT_OK;
+}
+
+/* After every check: the global gradient norm, summed over the check tiles
+ * in their fixed order, and the clip factor of the updates. */
+static int gate_tile(remat_step_plan *p) {
+  double total = 0.0;
+  for (int64_t i = 0; i < p->low.ncheck_tiles; i++)
+    total += p->check_sumsq[i];
+  p->grad_norm = sqrt(total);
+  p->grad_scale = p->accumulating ? 1.0f : optim_clip_scale(p->grad_norm, p->clip);
   return REMAT_OK;
 }
 
@@ -78,6 +99,12 @@ static int update_tile(remat_step_plan *p, const plan_knode *kn,
   const remat_tensor *t = p->g->tensors[kn->optim.param_tensor];
   int64_t lo, hi;
   optim_tile_range(param_numel(p, kn), tile, &lo, &hi);
+  if (p->accumulating) {
+    optim_accumulate(p->accum[kn->optim.param_tensor] + lo,
+                     buf_data(p, kn->optim.grad) + lo, hi - lo,
+                     p->accum_count == 0);
+    return REMAT_OK;
+  }
   float *m = buf_data(p, kn->optim.adam_m), *v = buf_data(p, kn->optim.adam_v);
   optim_tile_args a = {
       .param = numa_data(p, kn->optim.param, node) + lo,
@@ -86,7 +113,8 @@ static int update_tile(remat_step_plan *p, const plan_knode *kn,
       .adam_v = v != NULL ? v + lo : NULL,
       .n = hi - lo,
       .step = p->opt_step,
-      .decay = t->shape.ndim >= 2 ? p->opt.weight_decay : 0.0f};
+      .decay = t->shape.ndim >= 2 ? p->opt.weight_decay : 0.0f,
+      .grad_scale = p->grad_scale};
   optim_update(&p->opt, &a);
   numa_refresh(p, kn->optim.param, node, lo, hi);
   return REMAT_OK;
@@ -122,7 +150,7 @@ int tasks_tile(void *arg, int worker) {
   case KNODE_SEED: return seed_tile(p, kn);
   case KNODE_UPDATE: return update_tile(p, kn, t->tile, worker_node(p, worker));
   case KNODE_CHECK: return check_tile(p, kn, t->tile);
-  case KNODE_GATE: return REMAT_OK;
+  case KNODE_GATE: return gate_tile(p);
   case KNODE_RECOMPUTE:
     p->worker_recompute_flops[worker * 8] += kn->flops / (double)kn->tiles;
     break;

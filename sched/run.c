@@ -28,6 +28,7 @@
  * worker spins, yields, then sleeps (pool.c). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/alloc.h"
 #include "sched/sched_internal.h"
@@ -373,12 +374,16 @@ static void execute(sched_pool *pool) {
 
 static remat_status run_locked(sched_pool *pool, const sched_dag *dag,
                                const char *trace_path,
+                               sched_trace_record *records,
                                sched_trace_result *traced,
                                char err[SCHED_ERRMSG_MAX]) {
   remat_status status = ensure_capacity(pool, dag->ntasks, err);
   if (status != REMAT_OK)
     return status;
-  if (trace_path) {
+  if (records != NULL && !trace_path) {
+    pool->trace = records;
+    pool->trace_origin_ns = sched_now_ns();
+  } else if (trace_path) {
     pool->trace =
         remat__calloc(dag->ntasks ? (size_t)dag->ntasks : 1, sizeof *pool->trace);
     if (!pool->trace) {
@@ -400,9 +405,11 @@ static remat_status run_locked(sched_pool *pool, const sched_dag *dag,
   }
   if (trace_path) {
     traced->status = sched_trace_write(pool, dag, trace_path, traced->err);
+    if (records != NULL)
+      memcpy(records, pool->trace, (size_t)dag->ntasks * sizeof *records);
     free(pool->trace);
-    pool->trace = NULL;
   }
+  pool->trace = NULL;
   return status;
 }
 
@@ -418,7 +425,8 @@ remat_status sched_run(sched_pool *pool, sched_dag *dag,
     return status;
   pthread_mutex_lock(&pool->run_mutex);
   atomic_store(&pool->error_status, 0);
-  status = run_locked(pool, dag, opts ? opts->trace_path : NULL, traced, err);
+  status = run_locked(pool, dag, opts ? opts->trace_path : NULL,
+                      opts ? opts->records : NULL, traced, err);
   pthread_mutex_unlock(&pool->run_mutex);
   if (traced == &local && local.status != REMAT_OK && status == REMAT_OK) {
     snprintf(err, SCHED_ERRMSG_MAX, "%s", local.err);

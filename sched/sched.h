@@ -100,9 +100,23 @@ typedef struct sched_trace_result {
   char err[SCHED_ERRMSG_MAX];
 } sched_trace_result;
 
+/* Where and when one task ran (times from sched_now_ns, CLOCK_MONOTONIC). */
+typedef struct sched_trace_record {
+  int32_t worker;
+  int64_t start_ns;
+  int64_t end_ns;
+} sched_trace_record;
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+int64_t sched_now_ns(void);
+
 /* Per-run options. */
 typedef struct sched_run_opts {
   const char *trace_path; /* NULL: no trace; else Chrome trace-event JSON */
+  /* NULL, or the caller's array of one record per task, which the run
+   * fills (for a caller that writes its own trace); with trace_path NULL
+   * nothing is allocated or written for it. */
+  sched_trace_record *records;
   /* Where the outcome of writing the trace goes, apart from the run's
    * status: the trace is written after the tasks, whose effects are done by
    * then, so a trace that cannot be written must not turn a run that

@@ -282,12 +282,6 @@ typedef struct sched_node {
   atomic_int sleepers; /* workers of this node asleep in a run */
 } sched_node;
 
-/* Where and when one task ran, for the trace. */
-typedef struct sched_trace_record {
-  int32_t worker;
-  int64_t start_ns;
-  int64_t end_ns;
-} sched_trace_record;
 
 struct sched_pool {
   sched_placement place;
@@ -332,7 +326,6 @@ void sched_sleep_until_work(sched_worker *w);
 void sched_wake_node(struct sched_pool *pool, int node);
 void sched_wake_all(struct sched_pool *pool);
 bool sched_run_over(const sched_worker *w);
-int64_t sched_now_ns(void);
 
 /* trace.c: writes the records of the run that just ended. */
 remat_status sched_trace_write(const struct sched_pool *pool,

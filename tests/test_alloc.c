@@ -238,14 +238,52 @@ static void test_warm_step_allocates_nothing(void **state) {
   assert_int_equal(made, 0);
 }
 
-/* A traced warm step allocates its trace records, so an allocation can
- * still fail after warm-up; it fails before any task runs. */
+/* A warm step traced by REMAT_TRACE reuses its trace records: it
+ * allocates nothing either. */
 static void test_warm_traced_step(void **state) {
   (void)state;
   char path[128];
   snprintf(path, sizeof path, "%s/trace.json", dir);
   step_case c = {.threads = 1, .warm = 1, .trace_path = path};
-  every_allocation(step_phase, &c, 1);
+  int64_t made;
+  assert_int_equal(step_phase(&c, 1, &made), REMAT_OK);
+  assert_int_equal(made, 0);
+}
+
+/* The first step that remat_trace_steps traces allocates its records and
+ * the writer's scratch before any task runs: each allocation fails the
+ * step cleanly (step_phase checks that no parameter changed). */
+static remat_status trace_steps_phase(void *ctx, int64_t n, int64_t *made) {
+  const char *path = ctx;
+  fixture f;
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TRACE,
+                     .num_threads = 1};
+  assert_int_equal(fixture_open_config(&f, &tiny, &rc, &adamw), REMAT_OK);
+  remat_step_stats st;
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_int_equal(remat_trace_steps(f.g, path, 1), REMAT_OK);
+  size_t count, again;
+  float *before = fixture_snapshot(f.g, &count);
+  remat__alloc_fail_after(n);
+  remat_status s = remat_step(f.g, &st);
+  *made = disarm();
+  if (s != REMAT_OK) {
+    expect_oom(n, s, "remat_step: out of memory for the trace");
+    float *after = fixture_snapshot(f.g, &again);
+    assert_memory_equal(before, after, count * sizeof *before);
+    free(after);
+    assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  }
+  free(before);
+  fixture_close(&f);
+  return s;
+}
+
+static void test_trace_steps_first_step(void **state) {
+  (void)state;
+  char path[128];
+  snprintf(path, sizeof path, "%s/steps.json", dir);
+  every_allocation(trace_steps_phase, path, 3);
 }
 
 /* Two threads: most allocations of a cold step fall inside the run, while
@@ -284,6 +322,7 @@ int main(void) {
       cmocka_unit_test(test_cold_step_reserves_first),
       cmocka_unit_test(test_warm_step_allocates_nothing),
       cmocka_unit_test(test_warm_traced_step),
+      cmocka_unit_test(test_trace_steps_first_step),
       cmocka_unit_test(test_step_two_threads),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);

@@ -5,12 +5,14 @@
  * with a checkpoint (exit 130). The binary's path comes from REMAT_TRAIN
  * (set by tests/meson.build). */
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <time.h>
 #include <setjmp.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,7 @@
 
 #include <cmocka.h>
 
+#include "remat.h"
 #include "tmpdir.h"
 
 extern char **environ;
@@ -156,7 +159,7 @@ static void test_data_errors(void **state) {
   run(&r, "--data", binary, NULL);
   snprintf(want, sizeof want,
            "--data '%s' looks binary (NUL or control bytes): --data takes a "
-           "text file", binary);
+           "text file, or token ids with --data-format u16", binary);
   expect(&r, 1, want);
   const char *small = tmp_path("small.txt");
   char text[100];
@@ -167,6 +170,173 @@ static void test_data_errors(void **state) {
            "--seq 128 is longer than the data: '%s' has 100 bytes, at least "
            "129 are needed", small);
   expect(&r, 1, want);
+  /* 100 bytes hold a training window of 17 but not a held-out one */
+  run(&r, "--data", small, "--seq", "16", NULL);
+  snprintf(want, sizeof want,
+           "--data '%s' has 100 bytes, too few for a held-out split: its "
+           "last tenth must hold --seq + 1 = 17, so at least 170 are needed",
+           small);
+  expect(&r, 1, want);
+}
+
+/* Writes `n` uint16 ids, little-endian, from ids[i % period] + shift. */
+static void write_ids(const char *path, const uint16_t *ids, int period,
+                      size_t n, int shift) {
+  static unsigned char buf[1 << 16];
+  assert_true(2 * n <= sizeof buf);
+  for (size_t i = 0; i < n; i++) {
+    unsigned id = ids[i % period] + (unsigned)shift;
+    buf[2 * i] = (unsigned char)(id & 0xff);
+    buf[2 * i + 1] = (unsigned char)(id >> 8);
+  }
+  write_file(path, buf, 2 * n);
+}
+
+/* Token files: every kind of bad file or option gets its message. */
+static void test_token_file_errors(void **state) {
+  (void)state;
+  result r;
+  char want[512];
+  char odd[160], ids[160]; /* tmp_path's buffers are reused by run */
+  snprintf(odd, sizeof odd, "%s/odd.bin", dir);
+  snprintf(ids, sizeof ids, "%s/ids.bin", dir);
+  write_file(odd, "abc", 3);
+  run(&r, "--data", odd, "--data-format", "u16", NULL);
+  snprintf(want, sizeof want, "--data '%s' has 3 bytes, an odd number: "
+           "--data-format u16 takes 2-byte tokens", odd);
+  expect(&r, 1, want);
+  write_file(odd, "", 0);
+  run(&r, "--data", odd, "--data-format", "u16", NULL);
+  snprintf(want, sizeof want, "--data '%s' is empty", odd);
+  expect(&r, 1, want);
+  /* ids 0, 1, ..., 299, 0, 1, ...: the first id at or above --vocab is
+   * named, with its position */
+  uint16_t seq300[300];
+  for (int i = 0; i < 300; i++)
+    seq300[i] = (uint16_t)i;
+  write_ids(ids, seq300, 300, 2000, 0);
+  run(&r, "--data", ids, "--data-format", "u16", "--vocab", "299", NULL);
+  snprintf(want, sizeof want, "--data '%s': token id 299 at position 299 is "
+           "outside --vocab 299 (ids 0 to 298)", ids);
+  expect(&r, 1, want);
+  write_ids(ids, seq300, 300, 169, 0);
+  run(&r, "--data", ids, "--data-format", "u16", "--seq", "16", NULL);
+  snprintf(want, sizeof want, "--data '%s' has 169 tokens, too few for a "
+           "held-out split: its last tenth must hold --seq + 1 = 17, so at "
+           "least 170 are needed", ids);
+  expect(&r, 1, want);
+  run(&r, "--data", ids, "--data-format", "u16", "--seq", "169", NULL);
+  snprintf(want, sizeof want, "--seq 169 is longer than the data: '%s' has "
+           "169 tokens, at least 170 are needed", ids);
+  expect(&r, 1, want);
+  run(&r, "--data-format", "u8", NULL);
+  expect(&r, 2, "--data-format 'u8': expected bytes or u16");
+  run(&r, "--data-format", "u16", NULL);
+  expect(&r, 2, "--data-format u16 needs --data FILE");
+  run(&r, "--data", ids, "--vocab", "300", NULL);
+  expect(&r, 2, "--vocab needs --data-format u16 (the vocabulary of bytes is "
+                "256, that of the addition task 14)");
+  run(&r, "--data", ids, "--data-format", "u16", "--vocab", "65537", NULL);
+  expect(&r, 2, "--vocab 65537 is above 65536: u16 token ids are 0 to 65535");
+  run(&r, "--data", ids, "--data-format", "u16", "--vocab", "0", NULL);
+  expect(&r, 2, "--vocab '0': expected a whole number from 1 to 1000000");
+}
+
+/* A token file whose ids are a text's bytes, with --vocab 256, trains
+ * exactly like the text (the same losses at every step and held out); the
+ * default vocabulary is the largest id + 1. */
+static void test_token_file_trains(void **state) {
+  (void)state;
+  char text[160], ids[160], shifted[160], w[160];
+  snprintf(text, sizeof text, "%s/fox.txt", dir);
+  snprintf(ids, sizeof ids, "%s/fox.bin", dir);
+  snprintf(shifted, sizeof shifted, "%s/shifted.bin", dir);
+  snprintf(w, sizeof w, "%s/shifted.ckpt", dir);
+  static const char fox[] = "the quick brown fox jumps over the lazy dog\n";
+  uint16_t fox_ids[44];
+  char buf[2000];
+  for (int i = 0; i < 44; i++)
+    fox_ids[i] = (uint16_t)fox[i];
+  for (size_t i = 0; i < sizeof buf; i++)
+    buf[i] = fox[i % 44];
+  write_file(text, buf, sizeof buf);
+  write_ids(ids, fox_ids, 44, sizeof buf, 0);
+  result a, b;
+  run(&a, TINY, "--seq", "32", "--steps", "3", "--json", "--data", text,
+      NULL);
+  run(&b, TINY, "--seq", "32", "--steps", "3", "--json", "--data", ids,
+      "--data-format", "u16", "--vocab", "256", NULL);
+  assert_int_equal(a.code, 0);
+  assert_int_equal(b.code, 0);
+  assert_string_equal(b.err, "");
+  for (const char *pa = a.out, *pb = b.out;
+       (pa = strstr(pa, "\"loss\": ")) != NULL; pa++, pb++) {
+    pb = strstr(pb, "\"loss\": ");
+    assert_non_null(pb);
+    assert_float_equal(json_number(pa, "\"loss\": "),
+                       json_number(pb, "\"loss\": "), 0.0);
+  }
+  assert_float_equal(json_number(strstr(b.out, "{\"done\""),
+                                 "\"heldout_loss\": "),
+                     json_number(strstr(a.out, "{\"done\""),
+                                 "\"heldout_loss\": "),
+                     0.0);
+  /* The same ids after llm.c's header: the same training. */
+  char llmc[160];
+  snprintf(llmc, sizeof llmc, "%s/fox-llmc.bin", dir);
+  static unsigned char file[1024 + 2 * sizeof buf];
+  int32_t header[256] = {20240520, 1, (int32_t)sizeof buf};
+  for (int i = 0; i < 3; i++)
+    for (int k = 0; k < 4; k++)
+      file[4 * i + k] = (unsigned char)((uint32_t)header[i] >> 8 * k);
+  for (size_t i = 0; i < sizeof buf; i++)
+    file[1024 + 2 * i] = (unsigned char)buf[i]; /* high bytes 0 */
+  write_file(llmc, file, sizeof file);
+  run(&b, TINY, "--seq", "32", "--steps", "3", "--json", "--data", llmc,
+      "--data-format", "u16", "--vocab", "256", NULL);
+  assert_int_equal(b.code, 0);
+  assert_float_equal(json_number(strstr(b.out, "{\"done\""),
+                                 "\"heldout_loss\": "),
+                     json_number(strstr(a.out, "{\"done\""),
+                                 "\"heldout_loss\": "),
+                     0.0);
+  char want[512];
+  write_file(llmc, file, sizeof file - 2); /* a token short */
+  run(&b, "--data", llmc, "--data-format", "u16", NULL);
+  snprintf(want, sizeof want, "--data '%s' has llm.c's header for 2000 "
+           "tokens, but 3998 bytes follow it", llmc);
+  expect(&b, 1, want);
+  file[4] = 2;
+  write_file(llmc, file, sizeof file);
+  run(&b, "--data", llmc, "--data-format", "u16", NULL);
+  snprintf(want, sizeof want, "--data '%s' has llm.c's header of version 2: "
+           "--data-format u16 reads version 1 (uint16 tokens)", llmc);
+  expect(&b, 1, want);
+  /* Shifted to ids 1000 + byte, read from standard input: the default
+   * vocabulary is 1000 + 'z' + 1, as the saved embedding's shape shows. */
+  write_ids(shifted, fox_ids, 44, sizeof buf, 1000);
+  run_stdin(&b, shifted, TINY, "--seq", "32", "--steps", "2", "--data", "-",
+            "--data-format", "u16", "--save", w, NULL);
+  assert_int_equal(b.code, 0);
+  assert_non_null(strstr(b.out, "sample (prompt, then greedy completion):\n"
+                                "  1100 1111 1103 1010 "));
+  /* sampling prints ids separated by spaces, all in the vocabulary */
+  run(&b, TINY, "--seq", "32", "--data", shifted, "--data-format", "u16",
+      "--load", w, "--prompt", "1116,1104 1101", "--tokens", "5", NULL);
+  assert_int_equal(b.code, 0);
+  assert_memory_equal(b.out, "1116 1104 1101 ", 15);
+  char *p = b.out;
+  for (int i = 0; i < 8; i++) {
+    long id = strtol(p, &p, 10);
+    assert_true(id >= 0 && id < 1123);
+    assert_int_equal(*p++, i < 7 ? ' ' : '\n');
+  }
+  assert_int_equal(*p, '\0');
+  run(&b, TINY, "--seq", "32", "--steps", "0", "--data", shifted,
+      "--data-format", "u16", "--vocab", "1124", "--load", w, NULL);
+  snprintf(want, sizeof want, "remat_load_safetensors: '%s': tensor 'wte' "
+           "has shape [1123,16] in the file but [1124,16] in the model", w);
+  expect(&b, 1, want);
 }
 
 /* --data reads only a regular file of at most 1 GiB, or standard input up
@@ -202,7 +372,7 @@ static void test_data_not_a_file(void **state) {
   /* Standard input that never ends stops at its first 64 KiB. */
   run_stdin(&r, "/dev/zero", "--data", "-", NULL);
   expect(&r, 1, "--data '-' looks binary (NUL or control bytes): --data "
-                "takes a text file");
+                "takes a text file, or token ids with --data-format u16");
 }
 
 /* Text on standard input trains like the same file. */
@@ -580,6 +750,235 @@ static void test_progress_terminal(void **state) {
   assert_non_null(strstr(text, "step 20/20 ["));
 }
 
+/* The line of `text` that starts with `head`, without its newline. */
+static void copy_line(const char *text, const char *head, char *buf,
+                      size_t len) {
+  const char *p = strstr(text, head);
+  assert_non_null(p);
+  snprintf(buf, len, "%.*s", (int)strcspn(p, "\n"), p);
+}
+
+/* The evaluation lines of a --json run: their steps and held-out losses;
+ * returns how many. Each comes right after its step's line. */
+static int eval_lines(const char *out, int *steps, double *losses, int max) {
+  int n = 0;
+  for (const char *p = out; (p = strstr(p, "{\"eval_step\": ")) != NULL;
+       p++) {
+    assert_true(n < max);
+    steps[n] = atoi(p + 14);
+    losses[n] = json_number(p, "\"heldout_loss\": ");
+    char before[64];
+    snprintf(before, sizeof before, "{\"step\": %d, ", steps[n]);
+    assert_true(p > out); /* not the first line */
+    const char *line = p - 1; /* the newline that ends the line before */
+    while (line > out && line[-1] != '\n')
+      line--;
+    assert_memory_equal(line, before, strlen(before));
+    n++;
+  }
+  return n;
+}
+
+/* --eval-every: a JSON line after every N steps with the held-out loss of
+ * the weights of that step (a 10-step run ends with the 20-step run's
+ * evaluation at step 10), the training unchanged by it, the best step in
+ * the summary, the figures in the progress line. */
+static void test_eval_every(void **state) {
+  (void)state;
+  result a, b, c;
+  int steps[8];
+  double losses[8];
+#define EVAL_ARGS TINY, "--schedule", "constant", "--json"
+  run(&a, EVAL_ARGS, "--steps", "20", "--eval-every", "5", NULL);
+  run(&b, EVAL_ARGS, "--steps", "20", NULL);
+  run(&c, EVAL_ARGS, "--steps", "10", NULL);
+#undef EVAL_ARGS
+  assert_int_equal(a.code, 0);
+  assert_string_equal(a.err, "");
+  assert_int_equal(eval_lines(a.out, steps, losses, 8), 4);
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(steps[i], 5 * (i + 1));
+  assert_null(strstr(b.out, "eval_step"));
+  assert_non_null(strstr(a.out, "{\"eval_step\": 5, \"heldout_loss\": "));
+  assert_non_null(strstr(a.out, ", \"accuracy\": 0."));
+  for (int step = 1; step <= 20; step++) {
+    char key[32];
+    snprintf(key, sizeof key, "{\"step\": %d, ", step);
+    assert_float_equal(json_number(strstr(a.out, key), "\"loss\": "),
+                       json_number(strstr(b.out, key), "\"loss\": "), 0.0);
+  }
+  const char *done = strstr(a.out, "{\"done\"");
+  assert_float_equal(losses[1],
+                     json_number(strstr(c.out, "{\"done\""),
+                                 "\"heldout_loss\": "), 0.0);
+  assert_float_equal(losses[3], json_number(done, "\"heldout_loss\": "), 0.0);
+  int best = 0;
+  for (int i = 1; i < 4; i++)
+    best = losses[i] < losses[best] ? i : best;
+  assert_int_equal((int)json_number(done, "\"best_step\": "), steps[best]);
+  assert_float_equal(json_number(done, "\"best_heldout_loss\": "),
+                     losses[best], 0.0);
+  /* Trained on "abab...", held out on "cdcd...": the held-out loss rises
+   * again as the model learns its training text, so the best step is not
+   * the last; a text file has no accuracy. */
+  char ab[160];
+  static char text[2000];
+  snprintf(ab, sizeof ab, "%s/ab.txt", dir);
+  for (int i = 0; i < 2000; i++)
+    text[i] = (char)((i < 1800 ? 'a' : 'c') + i % 2);
+  write_file(ab, text, sizeof text);
+  run(&a, TINY, "--data", ab, "--seq", "16", "--steps", "20", "--json",
+      "--eval-every", "5", NULL);
+  assert_int_equal(eval_lines(a.out, steps, losses, 8), 4);
+  assert_non_null(strstr(a.out, "{\"eval_step\": 10, \"heldout_loss\": "));
+  assert_null(strstr(a.out, "\"accuracy\": 0"));
+  best = 0;
+  for (int i = 1; i < 4; i++)
+    best = losses[i] < losses[best] ? i : best;
+  assert_true(best < 3);
+  done = strstr(a.out, "{\"done\"");
+  assert_int_equal((int)json_number(done, "\"best_step\": "), steps[best]);
+  /* Without --json: the figures in the progress line, within 79 columns,
+   * and the best step in the summary. */
+  unsetenv("COLUMNS");
+  run(&a, TINY, "--data", ab, "--seq", "16", "--steps", "20",
+      "--eval-every", "5", NULL);
+  assert_int_equal(progress_lines(a.err, 79), 10);
+  char line[96], want[96];
+  copy_line(a.err, "step  4/20 [", line, sizeof line); /* no evaluation yet */
+  assert_null(strstr(line, "val"));
+  copy_line(a.err, "step  6/20 [", line, sizeof line);
+  snprintf(want, sizeof want, " | val %.4f |", losses[0]);
+  assert_non_null(strstr(line, want));
+  snprintf(want, sizeof want, "\nbest held-out loss %.4f at step %d "
+           "(evaluated every 5 steps)\n", losses[best], steps[best]);
+  assert_non_null(strstr(a.out, want));
+  run(&a, TINY, "--eval-every", "0", NULL);
+  expect(&a, 2, "--eval-every '0': expected a whole number from 1 to 1000000");
+}
+
+/* Greedy decoding through the library alone: a forward-only GPT of one
+ * row with the weights of `path`, fed the last cfg->seq tokens of the
+ * context and padded with 'x' (remat-train pads with 0: a causal model
+ * must not see it); returns prompt + `tokens` new bytes in `out`. */
+static void library_greedy(const char *path, const remat_gpt_config *cfg,
+                           const char *prompt, int tokens, char *out) {
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS, .num_threads = 1};
+  remat_runtime *rt;
+  remat_graph *g;
+  remat_gpt m;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  assert_int_equal(remat_gpt_build(g, cfg, &m), REMAT_OK);
+  assert_int_equal(remat_keep(g, m.logits), REMAT_OK);
+  assert_int_equal(remat_compile(g, NULL, NULL), REMAT_OK);
+  assert_int_equal(remat_load_safetensors(g, path), REMAT_OK);
+  int32_t window[64] = {0}, vocab = cfg->vocab, seq = cfg->seq;
+  static float logits[64 * 256];
+  assert_true(seq <= 64 && vocab <= 256);
+  assert_int_equal(remat_feed(g, m.targets, window, seq * sizeof *window),
+                   REMAT_OK);
+  int n = (int)strlen(prompt);
+  memcpy(out, prompt, (size_t)n);
+  for (; n < (int)strlen(prompt) + tokens; n++) {
+    int start = n > seq ? n - seq : 0;
+    for (int t = 0; t < seq; t++)
+      window[t] = t < n - start ? (unsigned char)out[start + t] : 'x';
+    assert_int_equal(remat_feed(g, m.tokens, window, seq * sizeof *window),
+                     REMAT_OK);
+    assert_int_equal(remat_forward(g, NULL), REMAT_OK);
+    assert_int_equal(remat_read(g, m.logits, logits,
+                                (size_t)seq * vocab * sizeof *logits),
+                     REMAT_OK);
+    const float *at = logits + (size_t)(n - start - 1) * vocab;
+    int best = 0;
+    for (int i = 1; i < vocab; i++)
+      best = at[i] > at[best] ? i : best;
+    out[n] = (char)best;
+  }
+  out[n] = '\0';
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
+/* --prompt: greedy text is the library's argmax decoding, through a
+ * window that slides past --seq; a seed gives the same draws, another
+ * seed others; --top-k 1 is greedy at any temperature. */
+static void test_sample(void **state) {
+  (void)state;
+  char text[160], w[160];
+  snprintf(text, sizeof text, "%s/fox.txt", dir);
+  snprintf(w, sizeof w, "%s/fox.ckpt", dir);
+  static const char fox[] = "the quick brown fox jumps over the lazy dog\n";
+  static char buf[2000];
+  for (size_t i = 0; i < sizeof buf; i++)
+    buf[i] = fox[i % 44];
+  write_file(text, buf, sizeof buf);
+  result r, greedy, again;
+#define FOX TINY, "--seq", "16", "--data", text
+  run(&r, FOX, "--steps", "60", "--save", w, NULL);
+  assert_int_equal(r.code, 0);
+  run(&greedy, FOX, "--load", w, "--prompt", "the quick", "--tokens", "30",
+      "--temperature", "0", NULL);
+  assert_int_equal(greedy.code, 0);
+  assert_string_equal(greedy.err, "");
+  char want[64];
+  remat_gpt_config cfg = {.layers = 1, .d_model = 16, .heads = 2, .seq = 16,
+                          .batch = 1, .vocab = 256};
+  library_greedy(w, &cfg, "the quick", 30, want);
+  strcat(want, "\n");
+  assert_string_equal(greedy.out, want);
+  print_message("greedy: %s", greedy.out);
+  /* temperature 1: a seed's draws, repeatable; another seed's differ */
+  run(&r, FOX, "--load", w, "--prompt", "the quick", "--tokens", "30",
+      "--seed", "7", NULL);
+  run(&again, FOX, "--load", w, "--prompt", "the quick", "--tokens", "30",
+      "--seed", "7", NULL);
+  assert_int_equal(r.code, 0);
+  assert_string_equal(r.out, again.out);
+  assert_memory_equal(r.out, "the quick", 9);
+  assert_int_equal(strlen(r.out), 9 + 30 + 1);
+  assert_string_not_equal(r.out, greedy.out);
+  run(&again, FOX, "--load", w, "--prompt", "the quick", "--tokens", "30",
+      "--seed", "8", NULL);
+  assert_string_not_equal(r.out, again.out);
+  run(&r, FOX, "--load", w, "--prompt", "the quick", "--tokens", "30",
+      "--seed", "8", "--top-k", "1", "--temperature", "2", NULL);
+  assert_string_equal(r.out, greedy.out);
+  /* a temperature near 0 sharpens the draws onto the most likely token */
+  run(&r, FOX, "--load", w, "--prompt", "the quick", "--tokens", "30",
+      "--seed", "7", "--temperature", "0.0001", NULL);
+  assert_string_equal(r.out, greedy.out);
+  /* errors */
+  run(&r, FOX, "--prompt", "the", NULL);
+  expect(&r, 2, "--prompt needs --load FILE: the weights to sample from");
+  run(&r, FOX, "--top-k", "3", NULL);
+  expect(&r, 2, "--top-k needs --prompt TEXT");
+  run(&r, FOX, "--load", w, "--prompt", "the", "--steps", "5", NULL);
+  expect(&r, 2, "--steps does not apply to --prompt, which samples from the "
+                "weights of --load without training");
+  run(&r, FOX, "--load", w, "--prompt", "", NULL);
+  expect(&r, 2, "--prompt is empty: give at least one token");
+  run(&r, FOX, "--load", w, "--prompt", "a", "--temperature", "-1", NULL);
+  expect(&r, 2, "--temperature '-1': expected a number >= 0");
+  run(&r, FOX, "--load", w, "--prompt", "a", "--top-k", "0", NULL);
+  expect(&r, 2, "--top-k '0': expected a whole number from 1 to 1000000");
+#undef FOX
+  run(&r, TINY, "--load", w, "--prompt", "12a", NULL);
+  expect(&r, 2, "--prompt '12a': 'a' is not a token of the addition task "
+                "(digits, + and =)");
+  char ids[160];
+  uint16_t fox_ids[44];
+  for (int i = 0; i < 44; i++)
+    fox_ids[i] = (uint16_t)fox[i];
+  snprintf(ids, sizeof ids, "%s/fox.bin", dir);
+  write_ids(ids, fox_ids, 44, sizeof buf, 0);
+  run(&r, TINY, "--seq", "16", "--data", ids, "--data-format", "u16",
+      "--load", w, "--prompt", "116, 104 x", NULL);
+  expect(&r, 2, "--prompt '116, 104 x': expected token ids 0 to 122 "
+                "separated by spaces or commas");
+}
+
 /* The "lr" of each JSON step line, joined by ' '. */
 static void lr_list(const char *out, char *buf, size_t len) {
   buf[0] = '\0';
@@ -621,12 +1020,100 @@ static void test_schedules(void **state) {
                       "0.00317157 0.00230448");
 }
 
+/* --accum 2 of --batch 4 trains as --batch 8 (the same rows, drawn in
+ * order); --clip bounds the update, and grad_norm is in the JSON. */
+static void test_accum_clip(void **state) {
+  (void)state;
+#define ACCUM_ARGS TINY, "--optimizer", "sgd", "--schedule", "constant", \
+    "--warmup", "0", "--lr", "0.1", "--steps", "5", "--json"
+  result one, acc;
+  run(&one, ACCUM_ARGS, NULL);
+  run(&acc, ACCUM_ARGS, "--batch", "4", "--accum", "2", NULL);
+  assert_int_equal(one.code, 0);
+  assert_int_equal(acc.code, 0);
+  for (const char *key = "\"loss\": "; key != NULL;
+       key = key[1] == 'l' ? "\"grad_norm\": " : NULL) {
+    double a = json_number(strstr(one.out, "{\"step\": 5, "), key);
+    double b = json_number(strstr(acc.out, "{\"step\": 5, "), key);
+    if (fabs(a - b) > 1e-5 * fabs(a) || a == 0.0)
+      fail_msg("%s %.9g with --batch 8, %.9g with --accum 2", key, a, b);
+  }
+  double h1 = json_number(strstr(one.out, "{\"done\""), "\"heldout_loss\": ");
+  double h2 = json_number(strstr(acc.out, "{\"done\""), "\"heldout_loss\": ");
+  assert_true(fabs(h1 - h2) < 1e-5 * h1);
+  /* A clip far below the norm: the weights hardly move, so the held-out
+   * loss stays at the untrained model's. */
+  result clipped, untrained;
+  run(&clipped, ACCUM_ARGS, "--clip", "1e-6", NULL);
+  run(&untrained, TINY, "--steps", "0", "--json", NULL);
+  double hc = json_number(strstr(clipped.out, "{\"done\""), "\"heldout_loss\": ");
+  double h0 = json_number(strstr(untrained.out, "{\"done\""), "\"heldout_loss\": ");
+  assert_true(fabs(hc - h0) < 1e-5 * h0 && fabs(h1 - h0) > 1e-3 * h0);
+  run(&clipped, ACCUM_ARGS, "--clip", "0", NULL);
+  expect(&clipped, 2, "--clip '0': expected a number > 0");
+  run(&clipped, ACCUM_ARGS, "--accum", "0", NULL);
+  expect(&clipped, 2,
+         "--accum '0': expected a whole number from 1 to 1000000");
+#undef ACCUM_ARGS
+  /* Checkpoints fall between updates: a resumed run with --accum and
+   * --clip ends bitwise where a straight one does. */
+  char straight[160], half[160], resumed[160];
+  snprintf(straight, sizeof straight, "%s/accum-straight.ckpt", dir);
+  snprintf(half, sizeof half, "%s/accum-half.ckpt", dir);
+  snprintf(resumed, sizeof resumed, "%s/accum-resumed.ckpt", dir);
+#define RESUME_ARGS TINY, "--batch", "4", "--accum", "3", "--clip", "0.5", \
+    "--schedule", "constant", "--json"
+  run(&one, RESUME_ARGS, "--steps", "6", "--save", straight, NULL);
+  run(&acc, RESUME_ARGS, "--steps", "2", "--save", half, NULL);
+  assert_int_equal(one.code + acc.code, 0);
+  run(&acc, RESUME_ARGS, "--steps", "6", "--resume", half, "--save", resumed,
+      NULL);
+#undef RESUME_ARGS
+  assert_int_equal(acc.code, 0);
+  assert_same_file(straight, resumed);
+}
+
+static int count(const char *text, const char *what) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, what)) != NULL; p += strlen(what))
+    n++;
+  return n;
+}
+
+/* --trace records the training steps asked for, not the evaluation. */
+static void test_trace_steps(void **state) {
+  (void)state;
+  char path[160];
+  static char text[1 << 21];
+  snprintf(path, sizeof path, "%s/train-trace.json", dir);
+  result r;
+  run(&r, TINY, "--steps", "3", "--accum", "2", "--trace", path,
+      "--trace-steps", "3", "--json", NULL);
+  assert_int_equal(r.code, 0);
+  slurp(path, text, sizeof text);
+  assert_int_equal(count(text, "\"cat\":\"step\""), 3);
+  assert_int_equal(count(text, "(remat_accumulate)"), 2);
+  assert_int_equal(count(text, "(remat_step)"), 1);
+  assert_int_equal(count(text, "remat_forward"), 0);
+  assert_true(count(text, "\"name\":\"h0.ffn_in dW\"") > 0);
+  assert_true(count(text, "\"name\":\"live bytes\",\"ph\":\"C\"") > 10);
+  run(&r, TINY, "--steps", "1", "--trace", dir, NULL);
+  char want[256];
+  snprintf(want, sizeof want, "remat_trace_steps: '%s' is not a regular file",
+           dir);
+  expect(&r, 1, want);
+  run(&r, TINY, "--trace-steps", "0", NULL);
+  expect(&r, 2, "--trace-steps '0': expected a whole number from 1 to 1000000");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_usage_errors),
       cmocka_unit_test(test_data_errors),
       cmocka_unit_test(test_data_not_a_file),
       cmocka_unit_test(test_data_stdin),
+      cmocka_unit_test(test_token_file_errors),
+      cmocka_unit_test(test_token_file_trains),
       cmocka_unit_test(test_budget_infeasible),
       cmocka_unit_test(test_budget_evaluation),
       cmocka_unit_test(test_save_load),
@@ -637,6 +1124,10 @@ int main(void) {
       cmocka_unit_test(test_output_streams),
       cmocka_unit_test(test_progress_terminal),
       cmocka_unit_test(test_schedules),
+      cmocka_unit_test(test_eval_every),
+      cmocka_unit_test(test_sample),
+      cmocka_unit_test(test_accum_clip),
+      cmocka_unit_test(test_trace_steps),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

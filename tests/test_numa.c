@@ -362,8 +362,9 @@ static void test_pinned_tiles_run_on_their_node(void **state) {
   int64_t slices = 0, pinned = 0, at_home = 0, per_node[2] = {0};
   const cJSON *e;
   cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
-    if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(e, "ph")), "X") != 0)
-      continue;
+    if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(e, "ph")), "X") != 0 ||
+        strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(e, "cat")), "step") == 0)
+      continue; /* tasks only, not the step's own event */
     int node = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "args"), "node")
                    ->valueint;
     int tid = cJSON_GetObjectItem(e, "tid")->valueint;
@@ -413,6 +414,63 @@ static void test_remote_bytes_of_the_default_model(void **state) {
   expect_remote_quarter(four_nodes, 4);
 }
 
+/* The predicted peak of the mid model on `topo` under `policy` and
+ * `budget` (0: none), or -1 when compile refuses the budget. */
+static int64_t predicted_peak(const char *topo, const char *policy,
+                              int64_t budget, int64_t *copy_bytes) {
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TOPOLOGY |
+                            REMAT_SET_POLICY | REMAT_SET_MEMORY_BUDGET,
+                     .num_threads = 2, .topology = topo, .policy = policy,
+                     .memory_budget = budget};
+  remat_runtime *rt = NULL;
+  remat_graph *g = NULL;
+  remat_gpt m;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  assert_int_equal(remat_gpt_build(g, &mid, &m), REMAT_OK);
+  remat_status s = remat_compile(g, m.loss, &adamw);
+  int64_t peak = -1;
+  if (s == REMAT_OK) {
+    peak = g->plan->predicted.peak;
+    if (copy_bytes != NULL)
+      *copy_bytes = g->plan->numa.copy_bytes;
+  } else {
+    assert_int_equal(s, REMAT_ERR_BUDGET);
+  }
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+  return peak;
+}
+
+/* The parameters' per-node copies are memory like any other: the budget
+ * planner counts them, so every budget it accepts on two nodes bounds the
+ * predicted peak, copies included, and the predicted peak on two nodes is
+ * that of one node plus exactly the copies. */
+static void test_budget_counts_the_copies(void **state) {
+  (void)state;
+  int64_t copies = 0;
+  int64_t full = predicted_peak(two_nodes, "everything_saveable", 0, &copies);
+  int64_t least = predicted_peak(two_nodes, "nothing_saveable", 0, NULL);
+  int64_t one = predicted_peak(one_node, "everything_saveable", 0, NULL);
+  assert_true(copies > 0);
+  assert_int_equal(full, one + copies);
+  assert_true(least < full);
+  int accepted = 0;
+  for (int i = 0; i <= 8; i++) {
+    int64_t budget = least - copies + (full + copies - least) * i / 8;
+    int64_t peak = predicted_peak(two_nodes, "auto", budget, NULL);
+    if (peak < 0)
+      continue;
+    accepted++;
+    if (peak > budget)
+      fail_msg("budget %lld accepted with a predicted peak of %lld",
+               (long long)budget, (long long)peak);
+  }
+  assert_true(accepted >= 4);
+  assert_int_equal(predicted_peak(two_nodes, "auto", least - copies / 2, NULL),
+                   -1);
+}
+
 static int setup(void **state) {
   unsetenv("REMAT_TOPOLOGY");
   unsetenv("REMAT_TRACE");
@@ -426,6 +484,7 @@ int main(void) {
       cmocka_unit_test(test_same_bits_on_every_machine),
       cmocka_unit_test(test_pinned_tiles_run_on_their_node),
       cmocka_unit_test(test_remote_bytes_of_the_default_model),
+      cmocka_unit_test(test_budget_counts_the_copies),
   };
   return cmocka_run_group_tests(tests, setup, remove_dir);
 }

@@ -1,7 +1,8 @@
 /* Tests of remat-train's pieces that its output does not show: option
- * defaults (batch and seq with and without --data) and the text data's
- * split (training windows never read held-out bytes; held-out evaluation
- * starts where training ends). */
+ * defaults (batch and seq with and without --data), the split of a text
+ * or token file (training windows never read held-out tokens; held-out
+ * evaluation starts where training ends), and the fields the progress
+ * line keeps as the width shrinks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -65,10 +66,70 @@ static void test_text_split(void **state) {
   dataset_destroy(d);
 }
 
+/* A token file: 900 ids of 300 (little-endian: 0x2c 0x01), then 100 of
+ * 301, held out. */
+static void test_u16_split(void **state) {
+  (void)state;
+  char path[128], err[256];
+  snprintf(path, sizeof path, "%s/ids.bin", dir);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  for (int i = 0; i < 1000; i++) {
+    fputc(i < 900 ? 0x2c : 0x2d, f);
+    fputc(0x01, f);
+  }
+  fclose(f);
+  dataset *d = dataset_u16(path, 16, 0, err, sizeof err);
+  assert_non_null(d);
+  assert_int_equal(dataset_vocab(d), 302);
+  assert_int_equal(d->train_len, 900);
+  assert_int_equal(d->heldout_start, 900);
+  assert_int_equal(dataset_at(d, 899), 300);
+  assert_int_equal(dataset_at(d, 900), 301);
+  int32_t tokens[8 * 99], targets[8 * 99];
+  for (int round = 0; round < 1000; round++) {
+    dataset_batch(d, 8, 99, tokens, targets);
+    for (int i = 0; i < 8 * 99; i++)
+      if (tokens[i] != 300 || targets[i] != 300)
+        fail_msg("round %d: position %d reads %d, %d", round, i, tokens[i],
+                 targets[i]);
+  }
+  dataset_destroy(d);
+}
+
+/* With a held-out evaluation, the fields drop in the order peak, speed,
+ * ETA, then the evaluation, as the width shrinks; the bar fills the rest. */
+static void test_progress_eval(void **state) {
+  (void)state;
+  progress_fields f = {.step = 6, .steps = 20, .loss = 2.5f,
+                       .tokens_per_s = 52100.0, .peak = "12.3 MiB",
+                       .eta_s = 65, .evaluated = 1, .heldout_loss = 1.25,
+                       .accuracy = 0.984};
+  char line[160];
+  progress_format(line, sizeof line, 120, &f);
+  assert_string_equal(line, "step  6/20 [=========>                    ] "
+                            "loss 2.5000 | val 1.2500 98.4% | 52.1k tok/s | "
+                            "peak 12.3 MiB | ETA 1m05s");
+  progress_format(line, sizeof line, 80, &f);
+  assert_string_equal(line, "step  6/20 [==>      ] loss 2.5000 | val 1.2500 "
+                            "98.4% | 52.1k tok/s | ETA 1m05s");
+  progress_format(line, sizeof line, 60, &f);
+  assert_string_equal(line, "step  6/20 [====>          ] loss 2.5000 | val "
+                            "1.2500 98.4%");
+  progress_format(line, sizeof line, 40, &f);
+  assert_string_equal(line, "step  6/20 [====>         ] loss 2.5000");
+  f.accuracy = -1.0; /* a file's data: no accuracy */
+  progress_format(line, sizeof line, 60, &f);
+  assert_string_equal(line, "step  6/20 [==>      ] loss 2.5000 | val 1.2500 "
+                            "| ETA 1m05s");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_batch_and_seq_defaults),
       cmocka_unit_test(test_text_split),
+      cmocka_unit_test(test_u16_split),
+      cmocka_unit_test(test_progress_eval),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

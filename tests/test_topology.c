@@ -247,6 +247,13 @@ static void check_step_trace(const char *path, remat_runtime *rt,
   cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents")) {
     const char *ph = json_string(e, "ph");
     const cJSON *args = cJSON_GetObjectItem(e, "args");
+    const char *name = json_string(e, "name");
+    const char *thread = cJSON_GetStringValue(cJSON_GetObjectItem(args, "name"));
+    /* the process's name, the steps' thread and events, and counters */
+    if (strcmp(name, "process_name") == 0 || strcmp(ph, "C") == 0 ||
+        (thread != NULL && strcmp(thread, "steps") == 0) ||
+        strncmp(name, "step ", 5) == 0)
+      continue;
     int tid = json_int(e, "tid");
     if (strcmp(ph, "M") == 0) {
       char name[64];

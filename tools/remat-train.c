@@ -2,7 +2,8 @@
  * chosen data, trains it (AdamW or SGD, warm-up then a schedule) while
  * drawing a progress bar, writes a checkpoint if asked (at the end, every
  * N steps, and when a signal stops the run), then reports held-out results
- * and sample completions. */
+ * and sample completions; with --prompt it samples from --load's weights
+ * instead (train_sample.c). */
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -24,6 +25,10 @@ typedef struct trainer {
   int64_t peak_bytes;
   int first_step; /* steps done before this run (--resume) */
   int tty;        /* the progress line is redrawn in place */
+  /* held-out evaluations: the latest, the best (lowest loss), their time */
+  eval_result last;
+  int evaluated, best_step;
+  double best_loss, eval_s;
 } trainer;
 
 static double now(void) {
@@ -51,10 +56,6 @@ static int open_model(trainer *t) {
     rc.set |= REMAT_SET_POLICY;
     rc.policy = o->policy;
   }
-  if (o->trace_path != NULL) {
-    rc.set |= REMAT_SET_TRACE;
-    rc.trace_path = o->trace_path;
-  }
   remat_optimizer opt = {.kind = o->optimizer, .lr = o->lr,
                          .weight_decay = o->wd};
   if (remat_runtime_create(&rc, &t->rt) != REMAT_OK ||
@@ -62,7 +63,10 @@ static int open_model(trainer *t) {
       remat_graph_seed(t->g, o->seed) != REMAT_OK ||
       remat_gpt_build(t->g, &o->cfg, &t->m) != REMAT_OK ||
       dp_tool_attach(t->g) != REMAT_OK || /* under mpirun: dp_tool.h */
-      remat_compile(t->g, t->m.loss, &opt) != REMAT_OK)
+      remat_compile(t->g, t->m.loss, &opt) != REMAT_OK ||
+      remat_set_clip(t->g, o->clip) != REMAT_OK ||
+      (o->trace_path != NULL &&
+       remat_trace_steps(t->g, o->trace_path, o->trace_steps) != REMAT_OK))
     return fail("");
   if (o->load_path != NULL && remat_load_safetensors(t->g, o->load_path))
     return fail("");
@@ -98,10 +102,14 @@ static void progress(const trainer *t, int step, float loss, double elapsed,
   char peak[32], line[128];
   format_bytes(peak, sizeof peak, t->peak_bytes);
   int here = step - t->first_step; /* steps of this run */
+  double training_s = elapsed - t->eval_s;
   progress_fields f = {
       .step = step, .steps = steps, .loss = loss, .peak = peak,
-      .tokens_per_s = (double)here * t->o.cfg.batch * t->o.cfg.seq / elapsed,
-      .eta_s = (int)(elapsed / here * (steps - step) + 0.5)};
+      .tokens_per_s = (double)here * t->o.accum * t->o.cfg.batch *
+                      t->o.cfg.seq / (training_s > 0.0 ? training_s : elapsed),
+      .eta_s = (int)(elapsed / here * (steps - step) + 0.5),
+      .evaluated = t->evaluated, .heldout_loss = t->last.heldout_loss,
+      .accuracy = t->last.accuracy};
   progress_format(line, sizeof line, progress_width(STDERR_FILENO), &f);
   /* \033[K clears what a longer line left */
   fprintf(stderr, "%s%s%s", tty ? "\r" : "", line,
@@ -109,14 +117,76 @@ static void progress(const trainer *t, int step, float loss, double elapsed,
   fflush(stderr);
 }
 
-/* One step on the next batch at the schedule's learning rate. */
+/* "0.984000", or "null" where accuracy does not apply (a file's data). */
+static const char *json_accuracy(char buf[32], double accuracy) {
+  if (accuracy < 0.0)
+    return "null";
+  snprintf(buf, 32, "%.6f", accuracy);
+  return buf;
+}
+
+/* Records the evaluation after step `step` (the latest, the best) and,
+ * with --json and `print`, writes its line with the `seconds` it took. */
+static void note_eval(trainer *t, int step, const eval_result *r,
+                      double seconds, int print) {
+  t->last = *r;
+  t->evaluated = 1;
+  if (t->best_step < 0 || r->heldout_loss < t->best_loss) {
+    t->best_step = step;
+    t->best_loss = r->heldout_loss;
+  }
+  char acc[32];
+  if (t->o.json && print) {
+    printf("{\"eval_step\": %d, \"heldout_loss\": %.6f, \"accuracy\": %s, "
+           "\"eval_s\": %.3f}\n", step, r->heldout_loss,
+           json_accuracy(acc, r->accuracy), seconds);
+    fflush(stdout);
+  }
+}
+
+/* --eval-every: held-out loss (and accuracy) after step `done`, but for
+ * the last step, whose evaluation is the final report's. */
+static int evaluate_during(trainer *t, int done) {
+  const train_options *o = &t->o;
+  if (o->eval_every == 0 || done % o->eval_every != 0 || done == o->steps)
+    return 0;
+  double start = now();
+  eval_result r;
+  if (evaluate(t->eval, t->g, t->data, NULL, &r) != REMAT_OK) {
+    if (t->tty)
+      fputc('\n', stderr); /* end the progress line first */
+    return fail("evaluation: ");
+  }
+  double seconds = now() - start;
+  t->eval_s += seconds;
+  note_eval(t, done, &r, seconds, 1);
+  return 0;
+}
+
+/* One step at the schedule's learning rate: --accum micro-batches, the
+ * last of which updates; st gets the last one's stats with the mean loss,
+ * the summed time and the highest peak. */
 static int train_step(trainer *t, int step, remat_step_stats *st) {
   const train_options *o = &t->o;
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
-  dataset_batch(t->data, o->cfg.batch, o->cfg.seq, t->tokens, t->targets);
-  return remat_feed(t->g, t->m.tokens, t->tokens, n * sizeof *t->tokens) ||
-         remat_feed(t->g, t->m.targets, t->targets, n * sizeof *t->targets) ||
-         remat_set_lr(t->g, train_lr_at(o, step)) || remat_step(t->g, st);
+  double loss = 0.0, seconds = 0.0;
+  int64_t peak = 0;
+  for (int k = 0; k < o->accum; k++) {
+    dataset_batch(t->data, o->cfg.batch, o->cfg.seq, t->tokens, t->targets);
+    int last = k == o->accum - 1;
+    if (remat_feed(t->g, t->m.tokens, t->tokens, n * sizeof *t->tokens) ||
+        remat_feed(t->g, t->m.targets, t->targets, n * sizeof *t->targets) ||
+        remat_set_lr(t->g, train_lr_at(o, step)) ||
+        (last ? remat_step(t->g, st) : remat_accumulate(t->g, st)))
+      return 1;
+    loss += st->loss;
+    seconds += st->seconds;
+    peak = st->peak_bytes > peak ? st->peak_bytes : peak;
+  }
+  st->loss = (float)(loss / o->accum);
+  st->seconds = seconds;
+  st->peak_bytes = peak;
+  return 0;
 }
 
 /* After a step: a checkpoint every --save-every steps, and the stop that
@@ -143,7 +213,7 @@ static int after_step(trainer *t, int done) {
 
 static int train(trainer *t) {
   const train_options *o = &t->o;
-  size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
+  size_t n = (size_t)o->accum * (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   int tty = t->tty = isatty(STDERR_FILENO) && !o->json, rc = 0;
   double start = now(), last_draw = 0.0;
   signals_catch(1);
@@ -158,16 +228,20 @@ static int train(trainer *t) {
     if (st.peak_bytes > t->peak_bytes)
       t->peak_bytes = st.peak_bytes;
     double elapsed = now() - start;
-    if (o->json)
+    if (o->json) {
       printf("{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"step_s\": %.6f, "
              "\"tokens_per_s\": %.1f, \"peak_bytes\": %lld, "
-             "\"elapsed_s\": %.3f}\n",
+             "\"grad_norm\": %.6g, \"elapsed_s\": %.3f}\n",
              step + 1, st.loss, train_lr_at(o, step), st.seconds,
              st.seconds > 0.0 ? (double)n / st.seconds : 0.0,
-             (long long)st.peak_bytes, elapsed);
-    if (o->json)
+             (long long)st.peak_bytes, st.grad_norm, elapsed);
       fflush(stdout); /* a line as soon as its step is done */
-    else if (!tty || elapsed - last_draw > 0.1 || step + 1 == o->steps) {
+    }
+    if ((rc = evaluate_during(t, step + 1)) != 0)
+      break;
+    elapsed = now() - start;
+    if (!o->json &&
+        (!tty || elapsed - last_draw > 0.1 || step + 1 == o->steps)) {
       progress(t, step + 1, st.loss, elapsed, tty);
       last_draw = elapsed;
     }
@@ -178,22 +252,26 @@ static int train(trainer *t) {
 }
 
 /* The results on stdout: completions, then held-out loss and accuracy
- * (a JSON object with --json, accuracy null for a text file). */
+ * and the best step of the evaluations (a JSON object with --json,
+ * accuracy null for a file's data). */
 static int report(trainer *t, double wall) {
   const train_options *o = &t->o;
   eval_result r;
+  double start = now();
   if (evaluate(t->eval, t->g, t->data, o->json ? NULL : stdout, &r))
     return fail("evaluation: ");
-  char peak[32], accuracy[32] = "null";
+  note_eval(t, o->steps, &r, now() - start, o->eval_every > 0 &&
+            o->steps % o->eval_every == 0 && o->steps > t->first_step);
+  char peak[32], acc[32];
   format_bytes(peak, sizeof peak, t->peak_bytes);
-  if (r.accuracy >= 0.0)
-    snprintf(accuracy, sizeof accuracy, "%.6f", r.accuracy);
   if (o->json) {
     char dp_json[1024];
     dp_tool_json(t->g, dp_json, sizeof dp_json); /* collective under MPI */
     printf("{\"done\": true, \"steps\": %d, \"heldout_loss\": %.6f, "
-           "\"accuracy\": %s, \"peak_bytes\": %lld, \"wall_s\": %.3f%s}\n",
-           o->steps, r.heldout_loss, accuracy, (long long)t->peak_bytes, wall,
+           "\"accuracy\": %s, \"best_step\": %d, \"best_heldout_loss\": "
+           "%.6f, \"peak_bytes\": %lld, \"wall_s\": %.3f%s}\n",
+           o->steps, r.heldout_loss, json_accuracy(acc, r.accuracy),
+           t->best_step, t->best_loss, (long long)t->peak_bytes, wall,
            dp_json);
     return 0;
   }
@@ -202,6 +280,9 @@ static int report(trainer *t, double wall) {
     printf(", exact-match accuracy %.1f%% (%d problems)", 100.0 * r.accuracy,
            r.problems);
   printf("; %d steps in %.1f s, peak memory %s\n", o->steps, wall, peak);
+  if (o->eval_every > 0)
+    printf("best held-out loss %.4f at step %d (evaluated every %d steps)\n",
+           t->best_loss, t->best_step, o->eval_every);
   return 0;
 }
 
@@ -217,13 +298,14 @@ static void close_trainer(trainer *t) {
 static int run(trainer *t) {
   train_options *o = &t->o;
   char err[512];
-  t->data = o->data_path ? dataset_text(o->data_path, o->cfg.seq, err, sizeof err)
-                         : dataset_addition(o->seed);
+  t->data = dataset_open(o, err, sizeof err);
   if (t->data == NULL) {
-    fprintf(stderr, "remat-train: %s\n", o->data_path ? err : "out of memory");
+    fprintf(stderr, "remat-train: %s\n", err);
     return EXIT_RUNTIME;
   }
   o->cfg.vocab = dataset_vocab(t->data);
+  if (o->prompt != NULL)
+    return sample_run(o, t->data);
   double start = now();
   int rc = open_model(t);
   if (rc == 0 && dataset_shard(t->data, o->cfg.seq, dp_tool_rank(),
@@ -245,6 +327,7 @@ static int run(trainer *t) {
 int main(int argc, char **argv) {
   trainer t;
   memset(&t, 0, sizeof t);
+  t.best_step = -1;
   if (dp_tool_init(&argc, &argv, "remat-train") != 0)
     return EXIT_RUNTIME;
   int rc = options_parse(argc, argv, &t.o);

@@ -24,6 +24,8 @@ typedef enum train_schedule {
 typedef struct train_options {
   remat_gpt_config cfg; /* vocab comes from the data source */
   const char *data_path; /* NULL: the built-in addition task */
+  int data_u16;          /* --data-format u16: little-endian uint16 ids */
+  int vocab;             /* --vocab; 0: the largest id in the file + 1 */
   int steps, threads;
   float lr;
   uint64_t seed;
@@ -37,9 +39,19 @@ typedef struct train_options {
   int warmup;           /* steps; -1: the schedule's default */
   float lr_min;         /* -1: a tenth of --lr */
   float wd;             /* AdamW's weight decay */
+  int accum;            /* micro-batches of --batch rows per update */
+  float clip;           /* max global gradient norm; 0: none */
+  int trace_steps;      /* training steps (runs) --trace records */
   /* checkpoints */
   const char *resume_path;
   int save_every;       /* steps; 0: only at the end */
+  int eval_every;       /* steps between held-out evaluations; 0: at the end */
+  /* sampling instead of training (--prompt), from the weights of --load */
+  const char *prompt;
+  int sample_tokens;    /* --tokens; 0: 100 */
+  float temperature;    /* 0: greedy */
+  int top_k;            /* 0: every token */
+  const char *sample_opt; /* the last of --tokens, --temperature, --top-k */
 } train_options;
 
 /* The learning rate of step `step` (from 0): linear warm-up, then the
@@ -59,11 +71,14 @@ enum { TOK_PLUS = 10, TOK_EQUALS = 11, TOK_END = 12, TOK_PAD = 13,
        ADD_HELDOUT = 512 };
 
 typedef struct dataset {
-  int addition;          /* 1: the addition task, 0: a text file */
+  int addition;          /* 1: the addition task, 0: a file */
   uint64_t rng;
-  /* text: train on bytes [train_lo, train_len), hold out
-   * [heldout_start, len); train_lo > 0 only on data-parallel ranks */
+  /* a file: bytes (text) or uint16 token ids (ids), one of them set; train
+   * on tokens [train_lo, train_len), hold out [heldout_start, len);
+   * train_lo > 0 only on data-parallel ranks */
   unsigned char *text;
+  uint16_t *ids;
+  int vocab;
   int64_t len, train_len, heldout_start, train_lo;
   /* addition: held-out problems (a, b) */
   int heldout_a[ADD_HELDOUT], heldout_b[ADD_HELDOUT];
@@ -76,7 +91,21 @@ dataset *dataset_addition(uint64_t seed);
  * a one-line message in `err` (missing, empty or binary file, or shorter
  * than seq + 1 bytes). */
 dataset *dataset_text(const char *path, int seq, char *err, size_t err_len);
+/* A token file as nanoGPT and llm.c write them: little-endian uint16 ids
+ * (after llm.c's 1 KiB header when the file starts with it), all below
+ * `vocab` (0: the vocabulary is the largest id + 1). Returns NULL after
+ * putting a one-line message in `err` (an odd size, a header that does not
+ * match, an id outside the vocabulary, too few tokens for a training and a
+ * held-out window). */
+dataset *dataset_u16(const char *path, int seq, int vocab, char *err,
+                     size_t err_len);
+/* The data that the options name (--data, --data-format, --vocab). */
+dataset *dataset_open(const train_options *o, char *err, size_t err_len);
 void dataset_destroy(dataset *d);
+/* Token `i` of a file's data. */
+static inline int32_t dataset_at(const dataset *d, int64_t i) {
+  return d->ids != NULL ? d->ids[i] : d->text[i];
+}
 int dataset_vocab(const dataset *d);
 uint64_t dataset_next(uint64_t *state);
 /* The 13 tokens of "aaa+bbb=ssss\n". */
@@ -90,7 +119,8 @@ void dataset_batch(dataset *d, int batch, int seq, int32_t *tokens,
  * when the text is too short for that many windows of seq + 1 bytes. */
 int dataset_shard(dataset *d, int seq, int rank, int ranks, char *err,
                   size_t err_len);
-/* The text of token `tok` for printing ("\\n" for a newline). */
+/* The text of token `tok` for printing ("\\n" for a newline, the id of a
+ * token file's token). */
 const char *dataset_token_text(const dataset *d, int32_t tok, char buf[8]);
 
 /* ---- checkpoints and signals (train_state.c) ---- */
@@ -115,6 +145,9 @@ typedef struct progress_fields {
   double tokens_per_s;
   const char *peak; /* "12.3 MiB" */
   int eta_s;
+  int evaluated;       /* 1: show the latest held-out evaluation */
+  double heldout_loss; /* its loss, and accuracy (< 0: none) */
+  double accuracy;
 } progress_fields;
 
 /* The columns a progress line may use on `fd`: COLUMNS when set, else the
@@ -146,5 +179,21 @@ remat_status evaluator_open(remat_runtime *rt, const train_options *o,
 remat_status evaluate(eval_model *e, remat_graph *train, dataset *d,
                       FILE *out, eval_result *r);
 void evaluator_close(eval_model *e);
+/* The same graph with `rows` sequences, for sampling (one row). */
+remat_status evaluator_open_rows(remat_runtime *rt, const train_options *o,
+                                 int rows, eval_model **out);
+/* Loads the weights of a safetensors file or checkpoint. */
+remat_status evaluator_load(eval_model *e, const char *path);
+/* The logits [vocab] of the token after context[0..n), n >= 1, seen
+ * through the last --seq tokens (in row 0); valid until the next call. */
+remat_status evaluator_next(eval_model *e, const int32_t *context, int n,
+                            const float **logits);
+
+/* ---- sampling (train_sample.c) ---- */
+
+/* --prompt: continues the prompt by --tokens tokens with the weights of
+ * --load and prints it on stdout; returns an exit status after printing
+ * the reason of a failure. */
+int sample_run(const train_options *o, const dataset *d);
 
 #endif

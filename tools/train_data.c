@@ -1,6 +1,8 @@
 /* The data sources of remat-train: the built-in three-digit addition task
- * (generated here, with a held-out set of problems never trained on) and
- * byte-level language modelling on a text file. */
+ * (generated here, with a held-out set of problems never trained on),
+ * byte-level language modelling on a text file, and token files of
+ * little-endian uint16 ids as nanoGPT and llm.c write them; a file's last
+ * tenth is held out. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -12,6 +14,8 @@
 
 enum { BINARY_CHECK = 1 << 16 }; /* bytes looked at to tell a text file */
 #define DATA_MAX ((size_t)1 << 30) /* the most --data reads */
+#define NOT_TEXT "looks binary (NUL or control bytes): --data takes a text " \
+                 "file, or token ids with --data-format u16"
 
 /* splitmix64: the data's random numbers, reproducible from --seed. */
 uint64_t dataset_next(uint64_t *state) {
@@ -104,11 +108,11 @@ static int open_data(const char *path, char *err, size_t err_len) {
   return -1;
 }
 
-/* Reads until the end, at most DATA_MAX bytes; stops as soon as the first
- * BINARY_CHECK bytes look binary (standard input may be /dev/zero). Sets
- * `err` and returns NULL on failure. */
-static unsigned char *read_data(int fd, const char *path, int64_t *len,
-                                char *err, size_t err_len) {
+/* Reads until the end, at most DATA_MAX bytes; for text, stops as soon as
+ * the first BINARY_CHECK bytes look binary (standard input may be
+ * /dev/zero). Sets `err` and returns NULL on failure. */
+static unsigned char *read_data(int fd, const char *path, int text,
+                                int64_t *len, char *err, size_t err_len) {
   size_t cap = BINARY_CHECK, n = 0;
   unsigned char *buf = malloc(cap);
   int bad = 0;
@@ -133,10 +137,9 @@ static unsigned char *read_data(int fd, const char *path, int64_t *len,
     n += got > 0 ? (size_t)got : 0;
     if ((bad = got < 0))
       snprintf(err, err_len, "--data '%s': %s", path, strerror(errno));
-    else if ((bad = before < BINARY_CHECK && n >= BINARY_CHECK &&
+    else if ((bad = text && before < BINARY_CHECK && n >= BINARY_CHECK &&
                     looks_binary(buf, (int64_t)n)))
-      snprintf(err, err_len, "--data '%s' looks binary (NUL or control "
-               "bytes): --data takes a text file", path);
+      snprintf(err, err_len, "--data '%s' %s", path, NOT_TEXT);
     else if ((bad = n > DATA_MAX))
       snprintf(err, err_len, "--data '%s' has more than the limit of 1 GiB",
                path);
@@ -149,54 +152,166 @@ static unsigned char *read_data(int fd, const char *path, int64_t *len,
   return buf;
 }
 
-dataset *dataset_text(const char *path, int seq, char *err, size_t err_len) {
-  int64_t len = 0;
+/* The whole of --data, or NULL after a message in `err`. */
+static unsigned char *load(const char *path, int text, int64_t *len,
+                           char *err, size_t err_len) {
   int fd = open_data(path, err, err_len);
   if (fd < 0)
     return NULL;
-  unsigned char *text = read_data(fd, path, &len, err, err_len);
+  unsigned char *data = read_data(fd, path, text, len, err, err_len);
   if (fd != STDIN_FILENO)
     close(fd);
-  if (text == NULL)
-    return NULL;
-  const char *why = NULL;
-  if (len == 0)
-    why = "is empty";
-  else if (looks_binary(text, len))
-    why = "looks binary (NUL or control bytes): --data takes a text file";
-  if (why != NULL || len < (int64_t)seq + 1) {
-    if (why != NULL)
-      snprintf(err, err_len, "--data '%s' %s", path, why);
-    else
-      snprintf(err, err_len,
-               "--seq %d is longer than the data: '%s' has %lld bytes, at "
-               "least %d are needed",
-               seq, path, (long long)len, seq + 1);
-    free(text);
-    return NULL;
+  if (data != NULL && *len == 0) {
+    snprintf(err, err_len, "--data '%s' is empty", path);
+    free(data);
+    data = NULL;
   }
+  return data;
+}
+
+/* Trains on all but the last tenth, which is held out; each part must hold
+ * a window of seq + 1 tokens. Returns -1 after a message in `err`. */
+static int split(dataset *d, const char *path, int seq, const char *unit,
+                 char *err, size_t err_len) {
+  int64_t window = (int64_t)seq + 1, tail = d->len / 10;
+  if (d->len < window) {
+    snprintf(err, err_len, "--seq %d is longer than the data: '%s' has %lld "
+             "%s, at least %lld are needed", seq, path, (long long)d->len,
+             unit, (long long)window);
+    return -1;
+  }
+  if (tail < window) {
+    snprintf(err, err_len, "--data '%s' has %lld %s, too few for a held-out "
+             "split: its last tenth must hold --seq + 1 = %lld, so at least "
+             "%lld are needed", path, (long long)d->len, unit,
+             (long long)window, (long long)(10 * window));
+    return -1;
+  }
+  d->train_len = d->heldout_start = d->len - tail;
+  return 0;
+}
+
+/* A dataset of `len` tokens that owns `text` or `ids`, split for `seq`;
+ * NULL (and both freed) after a message in `err`. */
+static dataset *file_dataset(unsigned char *text, uint16_t *ids, int64_t len,
+                             int vocab, const char *path, int seq, char *err,
+                             size_t err_len) {
   dataset *d = calloc(1, sizeof *d);
   if (d == NULL) {
-    free(text);
     snprintf(err, err_len, "out of memory");
+  } else {
+    *d = (dataset){.text = text, .ids = ids, .len = len, .vocab = vocab};
+    if (split(d, path, seq, ids != NULL ? "tokens" : "bytes", err,
+              err_len) == 0)
+      return d;
+  }
+  free(d);
+  free(text);
+  free(ids);
+  return NULL;
+}
+
+dataset *dataset_text(const char *path, int seq, char *err, size_t err_len) {
+  int64_t len = 0;
+  unsigned char *text = load(path, 1, &len, err, err_len);
+  if (text != NULL && looks_binary(text, len)) {
+    snprintf(err, err_len, "--data '%s' %s", path, NOT_TEXT);
+    free(text);
+    text = NULL;
+  }
+  if (text == NULL)
+    return NULL;
+  return file_dataset(text, NULL, len, 256, path, seq, err, err_len);
+}
+
+/* The little-endian int32 at p. */
+static int64_t le32(const unsigned char *p) {
+  return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 |
+                   (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+}
+
+/* The bytes of llm.c's header before the tokens (256 int32: magic
+ * 20240520, version 1, token count), 0 for a flat file, -1 after a
+ * message in `err` for a header that does not match the file. */
+static int64_t llmc_header(const unsigned char *raw, int64_t bytes,
+                           const char *path, char *err, size_t err_len) {
+  enum { HEADER = 256 * 4, MAGIC = 20240520 };
+  if (bytes < HEADER || le32(raw) != MAGIC)
+    return 0;
+  int64_t version = le32(raw + 4), tokens = le32(raw + 8);
+  if (version != 1)
+    snprintf(err, err_len, "--data '%s' has llm.c's header of version %lld: "
+             "--data-format u16 reads version 1 (uint16 tokens)", path,
+             (long long)version);
+  else if (tokens < 0 || bytes - HEADER != 2 * tokens)
+    snprintf(err, err_len, "--data '%s' has llm.c's header for %lld tokens, "
+             "but %lld bytes follow it", path, (long long)tokens,
+             (long long)(bytes - HEADER));
+  else
+    return HEADER;
+  return -1;
+}
+
+dataset *dataset_u16(const char *path, int seq, int vocab, char *err,
+                     size_t err_len) {
+  int64_t bytes = 0;
+  unsigned char *raw = load(path, 0, &bytes, err, err_len);
+  if (raw == NULL)
+    return NULL;
+  int64_t skip = llmc_header(raw, bytes, path, err, err_len);
+  if (skip == 0 && bytes % 2 != 0)
+    snprintf(err, err_len, "--data '%s' has %lld bytes, an odd number: "
+             "--data-format u16 takes 2-byte tokens", path, (long long)bytes);
+  if (skip < 0 || bytes % 2 != 0) {
+    free(raw);
     return NULL;
   }
-  d->text = text;
-  d->len = len;
-  /* Hold out the last tenth when it fits a window, else evaluate on all. */
-  int64_t tail = len / 10;
-  d->train_len = tail >= seq + 1 && len - tail >= seq + 1 ? len - tail : len;
-  d->heldout_start = d->train_len < len ? d->train_len : 0;
+  /* in place: id i is read from bytes skip + 2i and skip + 2i + 1 before
+   * it is stored in bytes 2i and 2i + 1 */
+  uint16_t *ids = (uint16_t *)(void *)raw;
+  const unsigned char *in = raw + skip;
+  int64_t len = (bytes - skip) / 2;
+  int largest = 0;
+  for (int64_t i = 0; i < len; i++) {
+    int id = in[2 * i] | in[2 * i + 1] << 8;
+    ids[i] = (uint16_t)id;
+    largest = id > largest ? id : largest;
+    if (vocab > 0 && id >= vocab) {
+      snprintf(err, err_len, "--data '%s': token id %d at position %lld is "
+               "outside --vocab %d (ids 0 to %d)", path, id, (long long)i,
+               vocab, vocab - 1);
+      free(raw);
+      return NULL;
+    }
+  }
+  return file_dataset(NULL, ids, len, vocab > 0 ? vocab : largest + 1, path,
+                      seq, err, err_len);
+}
+
+dataset *dataset_open(const train_options *o, char *err, size_t err_len) {
+  dataset *d;
+  if (o->data_path == NULL)
+    d = dataset_addition(o->seed);
+  else if (o->data_u16)
+    return dataset_u16(o->data_path, o->cfg.seq, o->vocab, err, err_len);
+  else
+    return dataset_text(o->data_path, o->cfg.seq, err, err_len);
+  if (d == NULL)
+    snprintf(err, err_len, "out of memory");
   return d;
 }
 
 void dataset_destroy(dataset *d) {
-  if (d != NULL)
+  if (d != NULL) {
     free(d->text);
+    free(d->ids);
+  }
   free(d);
 }
 
-int dataset_vocab(const dataset *d) { return d->addition ? ADD_VOCAB : 256; }
+int dataset_vocab(const dataset *d) {
+  return d->addition ? ADD_VOCAB : d->vocab;
+}
 
 static void addition_row(dataset *d, int seq, int32_t *tokens,
                          int32_t *targets) {
@@ -224,8 +339,8 @@ void dataset_batch(dataset *d, int batch, int seq, int32_t *tokens,
     int64_t start = d->train_lo + (int64_t)(dataset_next(&d->rng) %
                               (uint64_t)(d->train_len - d->train_lo - seq));
     for (int t = 0; t < seq; t++) {
-      tok[t] = d->text[start + t];
-      tgt[t] = d->text[start + t + 1];
+      tok[t] = dataset_at(d, start + t);
+      tgt[t] = dataset_at(d, start + t + 1);
     }
   }
 }
@@ -241,8 +356,8 @@ int dataset_shard(dataset *d, int seq, int rank, int ranks, char *err,
   int64_t slice = d->train_len / ranks;
   if (slice < seq + 1) {
     snprintf(err, err_len,
-             "the training text (%lld bytes) is too short for %d windows of "
-             "%d bytes, one per rank",
+             "the training data (%lld tokens) is too short for %d windows of "
+             "%d tokens, one per rank",
              (long long)d->train_len, ranks, seq + 1);
     return -1;
   }
@@ -255,7 +370,9 @@ int dataset_shard(dataset *d, int seq, int rank, int ranks, char *err,
 
 const char *dataset_token_text(const dataset *d, int32_t tok, char buf[8]) {
   static const char *const add_symbols[] = {"+", "=", "", "_"};
-  if (d->addition) {
+  if (d->ids != NULL) {
+    snprintf(buf, 8, "%d", (int)tok);
+  } else if (d->addition) {
     if (tok >= 0 && tok < 10)
       snprintf(buf, 8, "%c", (char)('0' + tok));
     else

@@ -190,13 +190,14 @@ static remat_status text_loss(eval_model *e, const dataset *d, double *loss) {
     for (int r = 0; r < e->batch; r++) {
       int64_t start = d->heldout_start + span * (w + r) / TEXT_WINDOWS;
       for (int t = 0; t < e->seq; t++)
-        e->tokens[(size_t)r * e->seq + t] = d->text[start + t];
+        e->tokens[(size_t)r * e->seq + t] = dataset_at(d, start + t);
     }
     s = eval_forward(e);
     for (int r = 0; r < e->batch && s == REMAT_OK; r++) {
       int64_t start = d->heldout_start + span * (w + r) / TEXT_WINDOWS;
       for (int t = 0; t < e->seq; t++, tokens++)
-        sum += nll(logits_at(e, r, t), e->vocab, d->text[start + t + 1]);
+        sum += nll(logits_at(e, r, t), e->vocab,
+                   dataset_at(d, start + t + 1));
     }
   }
   *loss = sum / (double)(tokens ? tokens : 1);
@@ -213,13 +214,13 @@ static remat_status text_sample(eval_model *e, const dataset *d, FILE *out) {
   if (seqbuf == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   for (int t = 0; t < prompt; t++)
-    seqbuf[t] = d->text[d->heldout_start + t];
+    seqbuf[t] = dataset_at(d, d->heldout_start + t);
   remat_status s = REMAT_OK;
   int len = prompt;
   for (; len < prompt + GENERATE && s == REMAT_OK; len++) {
     int start = len > e->seq ? len - e->seq : 0, n = len - start;
     for (int t = 0; t < e->seq; t++)
-      e->tokens[t] = t < n ? seqbuf[start + t] : ' ';
+      e->tokens[t] = t < n ? seqbuf[start + t] : 0; /* causal: unread */
     s = eval_forward(e);
     if (s == REMAT_OK)
       seqbuf[len] = argmax(logits_at(e, 0, n - 1), e->vocab);
@@ -229,6 +230,8 @@ static remat_status text_sample(eval_model *e, const dataset *d, FILE *out) {
   for (int t = 0; t < len; t++) {
     if (t == prompt)
       fputs(" >>> ", out);
+    else if (t > 0 && d->ids != NULL)
+      fputc(' ', out); /* token ids */
     fputs(dataset_token_text(d, seqbuf[t], buf), out);
   }
   fputc('\n', out);
@@ -236,12 +239,31 @@ static remat_status text_sample(eval_model *e, const dataset *d, FILE *out) {
   return s;
 }
 
-remat_status evaluator_open(remat_runtime *rt, const train_options *o,
-                            const dataset *d, eval_model **out) {
+remat_status evaluator_open_rows(remat_runtime *rt, const train_options *o,
+                                 int rows, eval_model **out) {
   *out = malloc(sizeof **out);
   if (*out == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
-  return eval_open(*out, rt, o, d->addition ? 64 : 8);
+  return eval_open(*out, rt, o, rows);
+}
+
+remat_status evaluator_open(remat_runtime *rt, const train_options *o,
+                            const dataset *d, eval_model **out) {
+  return evaluator_open_rows(rt, o, d->addition ? 64 : 8, out);
+}
+
+remat_status evaluator_load(eval_model *e, const char *path) {
+  return remat_load_safetensors(e->g, path);
+}
+
+remat_status evaluator_next(eval_model *e, const int32_t *context, int n,
+                            const float **logits) {
+  int start = n > e->seq ? n - e->seq : 0, len = n - start;
+  for (int t = 0; t < e->seq; t++)
+    e->tokens[t] = t < len ? context[start + t] : 0; /* causal: unread */
+  remat_status s = eval_forward(e);
+  *logits = logits_at(e, 0, len - 1);
+  return s;
 }
 
 remat_status evaluate(eval_model *e, remat_graph *train, dataset *d,

@@ -17,7 +17,13 @@ static void usage(FILE *f) {
 "language model of FILE.\n"
 "\n"
 "  --data FILE      train on the bytes of a text file: a regular file of\n"
-"                   at most 1 GiB, or - for standard input (same limit)\n"
+"                   at most 1 GiB, or - for standard input (same limit);\n"
+"                   its last tenth is held out for evaluation\n"
+"  --data-format F  bytes (a text file, default) or u16: a token file of\n"
+"                   little-endian uint16 ids, flat (nanoGPT) or after\n"
+"                   llm.c's 1 KiB header\n"
+"  --vocab N        vocabulary of a u16 file, at most 65536 (default: its\n"
+"                   largest id + 1); every id must be below it\n"
 "  --layers N       transformer blocks (default 2)\n"
 "  --d-model N      model width (default 128)\n"
 "  --heads N        attention heads; must divide --d-model (default 4)\n"
@@ -32,13 +38,19 @@ static void usage(FILE *f) {
 "  --lr-min X       learning rate at the end of the decay (default --lr/10)\n"
 "  --optimizer O    adamw or sgd (default adamw)\n"
 "  --wd X           AdamW's weight decay of matrices (default 0.01)\n"
+"  --accum K        gradient accumulation: each step sums the gradients of K\n"
+"                   micro-batches of --batch sequences, then updates once\n"
+"                   (as a batch of K x --batch, with one micro-batch's\n"
+"                   activation memory; default 1)\n"
+"  --clip X         clip the gradient to global L2 norm X (default: off)\n"
 "  --policy P       remat policy of every block, e.g. nothing_saveable,\n"
 "                   dots_saveable, everything_saveable, auto\n"
 "  --budget BYTES   budget for the step's peak memory, e.g. 64MiB; the\n"
 "                   evaluation graph must fit it too (checked before the\n"
 "                   first step)\n"
 "  --threads N      worker threads (default: REMAT_NUM_THREADS or cores)\n"
-"  --seed N         seed of the weights and of the data (default 1)\n"
+"  --seed N         seed of the weights, the data and the draws of\n"
+"                   --prompt (default 1)\n"
 "  --save FILE      write a checkpoint (safetensors: the weights, the\n"
 "                   optimizer state, the step and the data position) after\n"
 "                   training, before evaluation, and on SIGINT or SIGTERM;\n"
@@ -48,8 +60,23 @@ static void usage(FILE *f) {
 "                   checkpoint), with a fresh optimizer\n"
 "  --resume FILE    continue the training saved in checkpoint FILE up to\n"
 "                   --steps (the total), with the same options\n"
-"  --trace FILE     write a Chrome trace (REMAT_TRACE) to FILE\n"
-"  --json           one JSON object per step, and one at the end, on stdout\n"
+"  --trace FILE     write a Chrome trace of the first training steps to\n"
+"                   FILE (Perfetto): tasks by layer and tensor, live bytes\n"
+"                   by category\n"
+"  --trace-steps N  steps --trace records, each micro-batch of --accum\n"
+"                   counting as one (default 1)\n"
+"  --eval-every N   held-out loss (and accuracy) every N steps, in the\n"
+"                   progress line and the JSON; the summary names the best\n"
+"  --json           one JSON object per step, one per evaluation\n"
+"                   ({\"eval_step\": ...}) and one at the end, on stdout\n"
+"  --prompt TEXT    sample instead of training: continue TEXT with the\n"
+"                   weights of --load (and the options they were trained\n"
+"                   with) on stdout; TEXT is bytes, token ids separated by\n"
+"                   spaces or commas (u16), or digits, + and = (addition)\n"
+"  --tokens N       tokens to generate (default 100)\n"
+"  --temperature T  0: the most likely token; else drawn from\n"
+"                   softmax(logits / T) (default 1)\n"
+"  --top-k K        draw among the K most likely tokens (default all)\n"
 "  --help           this text\n"
 "\n"
 "Exit status: 0 done, 1 failure while running (data, files, memory\n"
@@ -138,7 +165,10 @@ enum { OPT_DATA = 256, OPT_LAYERS, OPT_DMODEL, OPT_HEADS, OPT_SEQ, OPT_BATCH,
        OPT_STEPS, OPT_LR, OPT_POLICY, OPT_BUDGET, OPT_THREADS, OPT_SEED,
        OPT_SAVE, OPT_LOAD, OPT_TRACE, OPT_JSON, OPT_HELP,
        OPT_SCHEDULE, OPT_WARMUP, OPT_LR_MIN, OPT_OPTIMIZER, OPT_WD,
-       OPT_RESUME, OPT_SAVE_EVERY };
+       OPT_RESUME, OPT_SAVE_EVERY, OPT_ACCUM, OPT_CLIP, OPT_TRACE_STEPS };
+/* data, evaluation and sampling (apply_run) */
+enum { OPT_DATA_FORMAT = 512, OPT_VOCAB, OPT_EVAL_EVERY, OPT_PROMPT,
+       OPT_TOKENS, OPT_TEMPERATURE, OPT_TOP_K };
 
 static const struct option longopts[] = {
     {"data", 1, 0, OPT_DATA},       {"layers", 1, 0, OPT_LAYERS},
@@ -154,10 +184,67 @@ static const struct option longopts[] = {
     {"lr-min", 1, 0, OPT_LR_MIN},       {"optimizer", 1, 0, OPT_OPTIMIZER},
     {"wd", 1, 0, OPT_WD},               {"resume", 1, 0, OPT_RESUME},
     {"save-every", 1, 0, OPT_SAVE_EVERY},
+    {"accum", 1, 0, OPT_ACCUM},         {"clip", 1, 0, OPT_CLIP},
+    {"trace-steps", 1, 0, OPT_TRACE_STEPS},
+    {"data-format", 1, 0, OPT_DATA_FORMAT}, {"vocab", 1, 0, OPT_VOCAB},
+    {"eval-every", 1, 0, OPT_EVAL_EVERY}, {"prompt", 1, 0, OPT_PROMPT},
+    {"tokens", 1, 0, OPT_TOKENS}, {"temperature", 1, 0, OPT_TEMPERATURE},
+    {"top-k", 1, 0, OPT_TOP_K},
     {0, 0, 0, 0}};
 
 static int apply_training(int c, const char *arg, const char *raw,
                           train_options *o);
+
+/* The options of the data, evaluation and sampling; the rest go on to
+ * apply_training. */
+static int apply_run(int c, const char *arg, const char *raw,
+                     train_options *o) {
+  static const char *const formats[] = {"bytes", "u16", NULL};
+  switch (c) {
+  case OPT_DATA_FORMAT:
+    return parse_name("--data-format", arg, formats, "bytes or u16",
+                      &o->data_u16);
+  case OPT_VOCAB: return parse_int("--vocab", arg, 1, &o->vocab);
+  case OPT_EVAL_EVERY:
+    return parse_int("--eval-every", arg, 1, &o->eval_every);
+  case OPT_PROMPT: o->prompt = arg; return 0;
+  case OPT_TOKENS:
+    o->sample_opt = "--tokens";
+    return parse_int("--tokens", arg, 1, &o->sample_tokens);
+  case OPT_TEMPERATURE:
+    o->sample_opt = "--temperature";
+    return parse_nonneg("--temperature", arg, &o->temperature);
+  case OPT_TOP_K:
+    o->sample_opt = "--top-k";
+    return parse_int("--top-k", arg, 1, &o->top_k);
+  default: return apply_training(c, arg, raw, o);
+  }
+}
+
+/* --data-format, --vocab and sampling; `trains` names the last option
+ * given that only training takes. */
+static int check_run(const train_options *o, const char *trains) {
+  char why[160] = "";
+  if (o->prompt == NULL && o->sample_opt != NULL)
+    snprintf(why, sizeof why, "%s needs --prompt TEXT", o->sample_opt);
+  else if (o->prompt != NULL && o->load_path == NULL)
+    snprintf(why, sizeof why, "--prompt needs --load FILE: the weights to "
+             "sample from");
+  else if (o->prompt != NULL && trains != NULL)
+    snprintf(why, sizeof why, "--%s does not apply to --prompt, which "
+             "samples from the weights of --load without training", trains);
+  else if (o->data_u16 && o->data_path == NULL)
+    snprintf(why, sizeof why, "--data-format u16 needs --data FILE");
+  else if (o->vocab > 0 && !o->data_u16)
+    snprintf(why, sizeof why, "--vocab needs --data-format u16 (the "
+             "vocabulary of bytes is 256, that of the addition task 14)");
+  else if (o->vocab > 65536)
+    snprintf(why, sizeof why, "--vocab %d is above 65536: u16 token ids are "
+             "0 to 65535", o->vocab);
+  if (why[0] != '\0')
+    fprintf(stderr, "remat-train: %s\n", why);
+  return why[0] != '\0';
+}
 
 /* One option; returns 0, -1 for --help, or EXIT_USAGE. */
 static int apply(int c, const char *arg, const char *raw, train_options *o,
@@ -182,7 +269,7 @@ static int apply(int c, const char *arg, const char *raw, train_options *o,
   case OPT_TRACE: o->trace_path = arg; return 0;
   case OPT_JSON: o->json = 1; return 0;
   case OPT_HELP: usage(stdout); return -1;
-  default: return apply_training(c, arg, raw, o);
+  default: return apply_run(c, arg, raw, o);
   }
 }
 
@@ -208,6 +295,10 @@ static int apply_training(int c, const char *arg, const char *raw,
   case OPT_WD: return parse_nonneg("--wd", arg, &o->wd);
   case OPT_RESUME: o->resume_path = arg; return 0;
   case OPT_SAVE_EVERY: return parse_int("--save-every", arg, 1, &o->save_every);
+  case OPT_ACCUM: return parse_int("--accum", arg, 1, &o->accum);
+  case OPT_CLIP: return parse_float("--clip", arg, &o->clip);
+  case OPT_TRACE_STEPS:
+    return parse_int("--trace-steps", arg, 1, &o->trace_steps);
   case ':': return bad("%s needs a value%s", raw, "");
   default: return bad("unknown option '%s' (see --help)%s", raw, "");
   }
@@ -233,16 +324,25 @@ int options_parse(int argc, char **argv, train_options *o) {
                                .seq = 16, .batch = 64},
                        .steps = 2000, .lr = 3e-3f, .seed = 1,
                        .optimizer = REMAT_OPT_ADAMW, .warmup = -1,
-                       .lr_min = -1.0f, .wd = 0.01f};
-  int seq_set = 0, batch_set = 0, c;
+                       .lr_min = -1.0f, .wd = 0.01f, .temperature = 1.0f,
+                       .accum = 1, .trace_steps = 1};
+  int seq_set = 0, batch_set = 0, c, at = 0;
+  const char *trains = NULL; /* the last option that only training takes */
   opterr = 0;
   optind = 1;
-  while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":", longopts, &at)) != -1) {
     const char *raw = argv[optind - 1];
     int r = apply(c, optarg, raw, o, &seq_set, &batch_set);
     if (r != 0)
       return r;
+    char name[32];
+    snprintf(name, sizeof name, " %s ", longopts[at].name);
+    if (strstr(" steps save save-every resume eval-every json trace "
+               "trace-steps accum clip ", name))
+      trains = longopts[at].name;
   }
+  if (o->sample_tokens == 0)
+    o->sample_tokens = 100;
   if (optind < argc)
     return bad("unexpected argument '%s' (see --help)%s", argv[optind], "");
   if (o->data_path != NULL && !seq_set)
@@ -254,7 +354,7 @@ int options_parse(int argc, char **argv, train_options *o) {
             o->cfg.d_model, o->cfg.heads);
     return EXIT_USAGE;
   }
-  if (check_training(o) != 0)
+  if (check_training(o) != 0 || check_run(o, trains) != 0)
     return EXIT_USAGE;
   if (o->data_path == NULL && o->cfg.seq < ADD_LEN) {
     fprintf(stderr, "remat-train: --seq %d is shorter than an addition "
