@@ -180,6 +180,60 @@ static void test_matches_one_process(void **state) {
   model_close(&ref);
 }
 
+/* Accumulation with clipping: each rank accumulates two micro-batches of
+ * b rows and steps; one process does the same with 2b rows per
+ * micro-batch (rows of each micro-batch split between the ranks). The
+ * parameters after the update (SGD), the gradient norm and the mean loss
+ * agree within 1e-6. */
+static void test_accumulate_matches_one_process(void **state) {
+  (void)state;
+  remat_gpt_config big = micro;
+  big.batch = micro.batch * world;
+  model dp, ref;
+  model_open_opt(&dp, &micro, true, &sgd);
+  model_open_opt(&ref, &big, false, &sgd);
+  assert_int_equal(remat_set_clip(dp.g, 0.5f), REMAT_OK);
+  assert_int_equal(remat_set_clip(ref.g, 0.5f), REMAT_OK);
+  remat_step_stats a, b;
+  double la = 0.0, lb = 0.0;
+  for (int k = 0; k < 2; k++) {
+    model_feed(&dp, big.batch, rank * micro.batch, 60 + (uint32_t)k);
+    model_feed(&ref, big.batch, 0, 60 + (uint32_t)k);
+    if (k == 0) {
+      assert_int_equal(remat_accumulate(dp.g, &a), REMAT_OK);
+      assert_int_equal(remat_accumulate(ref.g, &b), REMAT_OK);
+    } else {
+      assert_int_equal(remat_step(dp.g, &a), REMAT_OK);
+      assert_int_equal(remat_step(ref.g, &b), REMAT_OK);
+    }
+    la += a.loss;
+    lb += b.loss;
+  }
+  if (!(fabs(la - lb) <= 1e-6 * fabs(lb)) ||
+      !(fabs(a.grad_norm - b.grad_norm) <= 1e-6 * b.grad_norm))
+    fail_msg("loss %.9g / %.9g, gradient norm %.9g / %.9g (ranks / one "
+             "process)", la / 2, lb / 2, a.grad_norm, b.grad_norm);
+  assert_true(b.grad_norm > 0.5); /* the clip acted */
+  for (int i = 0; i < remat_num_params(dp.g); i++) {
+    remat_tensor *p = remat_param_at(dp.g, i), *q = remat_param_at(ref.g, i);
+    size_t n = (size_t)remat_tensor_numel(p);
+    float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+    assert_non_null(x);
+    assert_non_null(y);
+    assert_int_equal(remat_read(dp.g, p, x, n * sizeof *x), REMAT_OK);
+    assert_int_equal(remat_read(ref.g, q, y, n * sizeof *y), REMAT_OK);
+    double dw = rel_diff(x, y, n);
+    if (!(dw <= 1e-6))
+      fail_msg("'%s': parameter differs by %.3g (relative)",
+               remat_tensor_name(p), dw);
+    free(x);
+    free(y);
+  }
+  assert_same_on_all_ranks(param_hash(dp.g));
+  model_close(&dp);
+  model_close(&ref);
+}
+
 /* Different data and different starting parameters on each rank, five
  * steps: parameters bitwise equal on every rank, and a second run from the same seed bitwise equal to the
  * first. */
@@ -402,6 +456,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_api_errors),
       cmocka_unit_test(test_matches_one_process),
+      cmocka_unit_test(test_accumulate_matches_one_process),
       cmocka_unit_test(test_bitwise_across_ranks_and_runs),
       cmocka_unit_test(test_nan_on_one_rank),
       cmocka_unit_test(test_oom_on_one_rank),
