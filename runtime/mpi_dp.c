@@ -20,8 +20,39 @@
 typedef struct dp_graph {
   MPI_Comm comm;
   int rank, size;
-  int64_t bucket_bytes; /* 0: the environment's, else the default */
+  int64_t bucket_bytes; /* remat_graph_dp_bucket_bytes, the environment's
+                           or the default */
+  double timeout_s;     /* REMAT_DP_TIMEOUT or the default */
 } dp_graph;
+
+/* REMAT_DP_BUCKET_BYTES and REMAT_DP_TIMEOUT, checked: a bad value is an
+ * error naming the variable and what it accepts. */
+static remat_status read_env(dp_graph *d) {
+  d->bucket_bytes = DEFAULT_BUCKET_BYTES;
+  d->timeout_s = DEFAULT_TIMEOUT_S;
+  const char *v = getenv("REMAT_DP_BUCKET_BYTES");
+  int64_t bytes = 0;
+  if (v != NULL && (remat_parse_bytes(v, &bytes) != REMAT_OK || bytes < 4 ||
+                    bytes > MAX_COUNT * 4))
+    return remat__fail(REMAT_ERR_CONFIG,
+                       "remat_graph_data_parallel: REMAT_DP_BUCKET_BYTES='%s' "
+                       "is not a byte size from 4 to 4GiB (e.g. 1MiB)",
+                       v);
+  if (v != NULL)
+    d->bucket_bytes = bytes;
+  v = getenv("REMAT_DP_TIMEOUT");
+  if (v != NULL) {
+    char *end;
+    double t = strtod(v, &end);
+    if (end == v || *end != '\0' || !(t > 0.0 && t <= 1e6))
+      return remat__fail(REMAT_ERR_CONFIG,
+                         "remat_graph_data_parallel: REMAT_DP_TIMEOUT='%s' "
+                         "is not a number of seconds above 0 (at most 1e6)",
+                         v);
+    d->timeout_s = t;
+  }
+  return REMAT_OK;
+}
 
 /* The agreement: loss summed, flags maxed over ranks. */
 enum { FLAG_NONFINITE, FLAG_OOM, FLAG_STATUS, FLAG_RANK, NFLAGS };
@@ -76,6 +107,11 @@ remat_status remat_graph_data_parallel(remat_graph *g, MPI_Comm comm) {
   if (d == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "remat_graph_data_parallel: out of memory");
+  remat_status s = read_env(d);
+  if (s != REMAT_OK) {
+    free(d);
+    return s;
+  }
   int rc = MPI_Comm_dup(comm, &d->comm);
   if (rc != MPI_SUCCESS) {
     free(d);
@@ -263,20 +299,11 @@ static grad_info *gradients(remat_step_plan *p, int *count) {
   return gi;
 }
 
-static int64_t bucket_limit(const dp_graph *cfg) {
-  if (cfg->bucket_bytes > 0)
-    return cfg->bucket_bytes;
-  const char *v = getenv("REMAT_DP_BUCKET_BYTES");
-  int64_t bytes = 0;
-  if (v != NULL && remat_parse_bytes(v, &bytes) == REMAT_OK && bytes >= 4)
-    return bytes;
-  return DEFAULT_BUCKET_BYTES;
-}
 
 /* Groups the gradients into buckets of about the limit, in order. */
 static remat_status make_buckets(dp_plan *d, const grad_info *gi, int n) {
   remat_step_plan *p = d->p;
-  int64_t limit = bucket_limit(d->cfg) / (int64_t)sizeof(float);
+  int64_t limit = d->cfg->bucket_bytes / (int64_t)sizeof(float);
   d->buckets = remat__calloc((size_t)n + 1, sizeof *d->buckets);
   if (d->buckets == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
@@ -384,10 +411,7 @@ static remat_status make_items(dp_plan *d) {
   c->comm = d->cfg->comm;
   c->done = item_done;
   c->ctx = d;
-  c->timeout_s = DEFAULT_TIMEOUT_S;
-  const char *v = getenv("REMAT_DP_TIMEOUT");
-  if (v != NULL && atof(v) > 0.0)
-    c->timeout_s = atof(v);
+  c->timeout_s = d->cfg->timeout_s;
   return REMAT_OK;
 }
 

@@ -404,6 +404,28 @@ static void test_api_errors(void **state) {
   remat_dp_stats st;
   assert_int_equal(remat_graph_dp_stats(md.g, &st), REMAT_ERR_STATE);
   model_close(&md);
+  /* Bad environment values are refused before any collective. */
+  remat_config rc = one_thread();
+  remat_runtime *rt;
+  remat_graph *g;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  setenv("REMAT_DP_BUCKET_BYTES", "lots", 1);
+  assert_int_equal(remat_graph_data_parallel(g, MPI_COMM_WORLD),
+                   REMAT_ERR_CONFIG);
+  assert_string_equal(remat_last_error(),
+                      "remat_graph_data_parallel: REMAT_DP_BUCKET_BYTES='lots' "
+                      "is not a byte size from 4 to 4GiB (e.g. 1MiB)");
+  unsetenv("REMAT_DP_BUCKET_BYTES");
+  setenv("REMAT_DP_TIMEOUT", "0", 1);
+  assert_int_equal(remat_graph_data_parallel(g, MPI_COMM_WORLD),
+                   REMAT_ERR_CONFIG);
+  assert_string_equal(remat_last_error(),
+                      "remat_graph_data_parallel: REMAT_DP_TIMEOUT='0' is not "
+                      "a number of seconds above 0 (at most 1e6)");
+  unsetenv("REMAT_DP_TIMEOUT");
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
 }
 
 /* --kill: the last rank dies (SIGKILL) after its first step; the others
