@@ -451,7 +451,7 @@ static int run_failure_mode(const char *mode) {
       fprintf(stderr, "rank %d: %s\n", rank, remat_last_error());
       if (strcmp(mode, "--stall") == 0 && s == REMAT_ERR_BACKEND &&
           strstr(remat_last_error(),
-                 "an allreduce did not complete within 2 s: a rank died or "
+                 "an allreduce did not complete within 5 s: a rank died or "
                  "stopped stepping") != NULL)
         fprintf(stderr, "OK: stall detected\n");
       fflush(stderr);
