@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "remat.h"
+#include "tools/dp_tool.h"
 
 typedef struct options {
   remat_gpt_config cfg;
@@ -239,7 +240,7 @@ static uint64_t grad_checksum(remat_graph *g) {
 }
 
 static void fill_batch(const remat_gpt_config *c, int32_t *tok, int32_t *tgt) {
-  uint32_t x = 12345u;
+  uint32_t x = 12345u + 7919u * (uint32_t)dp_tool_rank(); /* rank's shard */
   for (int i = 0; i < c->batch * c->seq; i++) {
     x = x * 1664525u + 1013904223u;
     tok[i] = (int32_t)((x >> 16) % (uint32_t)c->vocab);
@@ -308,7 +309,9 @@ static int bench_open(bench *b, const options *o, int threads,
   if (remat_gpt_build(b->g, &b->cfg, &b->m) != REMAT_OK)
     return fail("model");
   remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-4f, .weight_decay = 0.01f};
-  if (remat_compile(b->g, b->m.loss, &opt) != REMAT_OK)
+  /* Under mpirun the main run is data parallel (dp_tool.h). */
+  if ((threads == o->threads && dp_tool_attach(b->g) != REMAT_OK) ||
+      remat_compile(b->g, b->m.loss, &opt) != REMAT_OK)
     return fail("compile");
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   b->tok = malloc(n * 4);
@@ -338,6 +341,7 @@ static int bench_step(bench *b, int s, int steps) {
   if (s == 0) {
     b->checksum = grad_checksum(b->g);
     b->first = b->st;
+    dp_tool_mark(b->g);
   } else {
     b->times[s - 1] = b->st.seconds;
   }
@@ -376,6 +380,8 @@ static void report(const bench *b, const bench *one, const options *o) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   double mfu = flops / step_s * 1e-9 / roofline;
+  char dp_json[1024];
+  dp_tool_json(b->g, dp_json, sizeof dp_json); /* collective under MPI */
   printf("{\"policy\": \"%s\", \"attention\": \"%s\", \"layers\": %d, "
          "\"d_model\": %d, \"heads\": %d, "
          "\"seq\": %d, \"batch\": %d, \"vocab\": %d, \"threads\": %d, "
@@ -406,11 +412,13 @@ static void report(const bench *b, const bench *one, const options *o) {
            step_1, roof_1, step_1 / step_s, roofline / roof_1,
            one->checksum == b->checksum ? "true" : "false");
   }
-  printf("}\n");
+  printf("%s}\n", dp_json);
 }
 
 int main(int argc, char **argv) {
   options o;
+  if (dp_tool_init(&argc, &argv, "bench_train") != 0) /* under mpirun */
+    return 1;
   if (!parse_args(argc, argv, &o))
     return 2;
   /* a second run beside the main one: the same model on 1 thread
@@ -443,5 +451,6 @@ int main(int argc, char **argv) {
   bench_close(&main_run);
   if (second)
     bench_close(&peer);
+  dp_tool_finalize();
   return 0;
 }

@@ -9,6 +9,7 @@
 #include "base/checked.h"
 #include "runtime/internal.h"
 #include "runtime/policy.h"
+#include "runtime/dp.h"
 #include "runtime/step_plan.h"
 
 
@@ -31,6 +32,7 @@ void remat_graph_destroy(remat_graph *g) {
     return;
   graph_enter_wait(g); /* a step running on another thread finishes first */
   step_plan_destroy(g);
+  dp_graph_free(g);
   for (int32_t i = 0; i < g->nops; i++)
     if (g->ops[i].planned)
       op_instance_release(&g->ops[i].inst);

@@ -166,6 +166,7 @@ struct remat_graph {
   _Atomic uintptr_t owner; /* the thread inside (graph_check.c) */
   int depth;               /* its nested calls */
   struct remat_step_plan *plan;
+  struct dp_graph *dp;     /* data parallel (mpi_dp.c), NULL when not */
 };
 
 /* graph.c: records the first error on the graph (sticky) and in the

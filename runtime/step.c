@@ -13,6 +13,8 @@
 #include "base/alloc.h"
 #include "base/files.h"
 #include "runtime/report.h"
+
+#include "runtime/dp.h"
 #include "runtime/step_plan.h"
 
 static double now_seconds(void) {
@@ -281,26 +283,37 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
   sched_run_opts opts = {0};
   char err[SCHED_ERRMSG_MAX];
   double t0 = now_seconds();
+  remat_status s = dp_step_begin(p); /* data parallel: dp.h */
+  if (s != REMAT_OK) {
+    p->opt_step -= updates;
+    return s;
+  }
   if (step_trace_begin(p, g->rt->config.trace_path, &opts.records) !=
       REMAT_OK) {
     p->opt_step -= updates;
+    dp_step_end(p, REMAT_ERR_OUT_OF_MEMORY, err, sizeof err);
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "%s: out of memory for the trace", what);
   }
   if (mem_reserve(&p->arena) != REMAT_OK) {
     step_trace_cancel(p);
     p->opt_step -= updates;
+    dp_step_end(p, REMAT_ERR_OUT_OF_MEMORY, err, sizeof err);
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "%s: out of memory reserving the step's tensors", what);
   }
-  remat_status s = sched_run(g->rt->pool, p->dag, &opts, err);
+  err[0] = '\0';
+  s = sched_run(g->rt->pool, p->dag, &opts, err);
+  remat_status local = s;
+  s = dp_step_end(p, s, err, sizeof err);
   double secs = now_seconds() - t0;
   if (s != REMAT_OK) {
     step_trace_cancel(p);
     release_transients(p);
     p->opt_step -= updates;
     return remat__fail(s, "%s: %s", what,
-                       s == REMAT_ERR_OUT_OF_MEMORY ? "out of memory" : err);
+                       s == REMAT_ERR_OUT_OF_MEMORY && local == s
+                           ? "out of memory" : err);
   }
   fill_stats(p, &p->last, secs);
   if (!p->last.nonfinite && !p->forward_only)

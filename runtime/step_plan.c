@@ -2,12 +2,14 @@
  * freed here, whether compile finished or failed half-way. */
 #include <stdlib.h>
 
+#include "runtime/dp.h"
 #include "runtime/step_plan.h"
 
 void step_plan_destroy(remat_graph *g) {
   remat_step_plan *p = g->plan;
   if (p == NULL)
     return;
+  dp_plan_free(p);
   if (p->dag != NULL)
     sched_dag_destroy(p->dag);
   numa_plan_free(p);

@@ -63,6 +63,7 @@ typedef struct remat_step_plan {
   char *task_names;          /* [nknodes * TASK_NAME_MAX] (task_names.h) */
   bool reported_run;         /* REMAT_VERBOSE told the first run's peak */
   step_trace trace;          /* step_trace.h */
+  struct dp_plan *dp;        /* data parallel (dp.h), NULL when not */
 } remat_step_plan;
 
 /* Frees g's compiled step, if any, and everything it holds. */

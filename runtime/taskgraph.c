@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "runtime/dp.h"
 #include "runtime/step_plan.h"
 #include "runtime/task_names.h"
 #include "runtime/taskgraph.h"
@@ -244,6 +245,8 @@ remat_status taskgraph_build(remat_step_plan *p, int lookahead) {
   if (!ok)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "remat_compile: out of memory adding task edges");
+  if ((s = dp_add_tasks(p)) != REMAT_OK)
+    return s;
   if ((s = sched_dag_finalize(p->dag, err)) != REMAT_OK)
     return remat__fail_msg(s, err);
   return REMAT_OK;

@@ -88,13 +88,23 @@ int32_t sched_dag_add(sched_dag *dag, sched_task_fn fn, void *arg,
   if (dag->ntasks == dag->task_cap && !grow_tasks(dag))
     return -(int32_t)REMAT_ERR_OUT_OF_MEMORY;
   int32_t id = dag->ntasks++;
-  dag->tasks[id] = (sched_task){.fn = fn, .arg = arg, .numa_node = numa_node};
+  dag->tasks[id] = (sched_task){.fn = fn, .arg = arg,
+                                .numa_node = (int16_t)numa_node};
   dag->info[id] = (sched_task_info){name, category, priority};
   if (numa_node > dag->max_node) {
     dag->max_node = numa_node;
     dag->max_node_task = id;
   }
   return id;
+}
+
+remat_status sched_dag_set_async(sched_dag *dag, int32_t task) {
+  if (!dag || task < 0 || task >= dag->ntasks)
+    return REMAT_ERR_INVALID_ARG;
+  if (dag->finalized)
+    return REMAT_ERR_STATE;
+  dag->tasks[task].async = 1;
+  return REMAT_OK;
 }
 
 static bool grow_edges(sched_dag *dag) {

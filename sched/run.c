@@ -10,7 +10,9 @@
  *  2. its own ready heap, highest priority first (the other newly ready
  *     successors go there), when its top outranks the next root;
  *  3. its node's affinity inbox: a task with numa_node >= 0 is only ever
- *     queued there (FIFO), and only workers of that node take from it;
+ *     queued there (FIFO), and only workers of that node take from it (the
+ *     successors that an async task's completion releases go there too,
+ *     node 0's for those without affinity);
  *  4. the roots: sorted by priority at finalize and handed out from that
  *     static array through an atomic cursor, in batches of about a
  *     (2 * workers)-th of the roots left, at most ROOT_BATCH_MAX (guided
@@ -41,8 +43,10 @@ static void record_error(sched_pool *pool, int32_t task, int status) {
     pool->error_task = task;
 }
 
-/* Runs the body of `task` unless an earlier task failed in this run. */
-static void run_task(sched_worker *w, int32_t task) {
+/* Runs the body of `task` unless an earlier task failed in this run (an
+ * async task's body always runs). Returns whether the task has finished:
+ * an async task whose body returned 0 finishes later, in sched_complete. */
+static bool run_task(sched_worker *w, int32_t task) {
   sched_pool *pool = w->pool;
   const sched_task *t = &w->dag->tasks[task];
   sched_trace_record *trace = pool->trace;
@@ -50,14 +54,19 @@ static void run_task(sched_worker *w, int32_t task) {
     trace[task].worker = w->index;
     trace[task].start_ns = sched_now_ns();
   }
-  if (atomic_load_explicit(&pool->error_status, memory_order_relaxed) == 0) {
-    int status = t->fn(t->arg, w->index);
+  int status = 0;
+  if (t->async ||
+      atomic_load_explicit(&pool->error_status, memory_order_relaxed) == 0) {
+    status = t->fn(t->arg, w->index);
     if (status != 0)
       record_error(pool, task, status);
   }
+  if (t->async && status == 0)
+    return false;
   if (trace)
     trace[task].end_ns = sched_now_ns();
   w->finished++;
+  return true;
 }
 
 /* Wakes a sleeper for a task just pushed on a heap: one of this worker's
@@ -149,7 +158,8 @@ static int32_t continue_with(sched_worker *w, int32_t next) {
 
 static void run_chain(sched_worker *w, int32_t task) {
   while (task >= 0) {
-    run_task(w, task);
+    if (!run_task(w, task))
+      return;
     task = release_successors(w, task);
     if (task >= 0)
       task = continue_with(w, task);
@@ -254,6 +264,29 @@ void sched_worker_run(sched_worker *w) {
       return;
     run_chain(w, task);
   }
+}
+
+/* ---- asynchronous completion ---- */
+
+void sched_complete(sched_pool *pool, int32_t task) {
+  const sched_dag *dag = pool->dag;
+  const sched_task *t = &dag->tasks[task];
+  if (pool->trace)
+    pool->trace[task].end_ns = sched_now_ns();
+  for (int32_t e = t->succ_begin; e < t->succ_end; e++) {
+    int32_t s = dag->succ[e];
+    if (!last_predecessor(&dag->tasks[s], &pool->pending[s]))
+      continue;
+    int node = dag->tasks[s].numa_node < 0 ? 0 : dag->tasks[s].numa_node;
+    sched_queue_push(&pool->nodes[node].inbox, pool->links, s);
+    sched_wake_node(pool, node);
+  }
+  if (atomic_fetch_add(&pool->finished, 1) + 1 == dag->ntasks)
+    sched_wake_all(pool);
+}
+
+int sched_run_failure(const sched_pool *pool) {
+  return atomic_load(&pool->error_status);
 }
 
 /* ---- the caller's side ---- */

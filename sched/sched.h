@@ -65,6 +65,12 @@ void sched_dag_destroy(sched_dag *dag);
 int32_t sched_dag_add(sched_dag *dag, sched_task_fn fn, void *arg,
                       int32_t priority, int numa_node, const char *name,
                       const char *category);
+/* Makes `task` complete asynchronously: its body starts an operation and
+ * returns 0, and the task finishes (its successors are released) only when
+ * some thread calls sched_complete on it; a non-zero return is an error and
+ * finishes it at once. Its body runs even after another task of the run
+ * failed (so that it can tell the peers of a collective operation). */
+remat_status sched_dag_set_async(sched_dag *dag, int32_t task);
 /* `to` runs only after `from` has finished. */
 remat_status sched_dag_edge(sched_dag *dag, int32_t from, int32_t to);
 /* Freezes the DAG: builds successor arrays and refuses a cycle with a
@@ -125,5 +131,15 @@ typedef struct sched_run_opts {
  * for, is written whatever the tasks returned. */
 remat_status sched_run(sched_pool *pool, sched_dag *dag,
                        const sched_run_opts *opts, char err[SCHED_ERRMSG_MAX]);
+
+/* Finishes an asynchronous task of the run in progress on `pool` (any
+ * thread may call it, once per run per async task, after its body
+ * returned 0): its ready successors go to the affinity inbox of their node
+ * (node 0 for those without one) and a sleeping worker there is woken. */
+void sched_complete(sched_pool *pool, int32_t task);
+
+/* The first failure of the run in progress (0 when none): an async task's
+ * body reads it. */
+int sched_run_failure(const sched_pool *pool);
 
 #endif

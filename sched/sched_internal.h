@@ -31,7 +31,8 @@ typedef struct sched_task {
   int32_t succ_begin; /* successors are succ[succ_begin..succ_end) */
   int32_t succ_end;
   int32_t npred;     /* predecessors */
-  int32_t numa_node; /* -1: anywhere */
+  int16_t numa_node; /* -1: anywhere */
+  uint16_t async;    /* finished by sched_complete, not by its body */
 } sched_task;
 
 /* What only finalize and traces read. */

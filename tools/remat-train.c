@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tools/dp_tool.h"
 #include "tools/train.h"
 
 typedef struct trainer {
@@ -61,6 +62,7 @@ static int open_model(trainer *t) {
       remat_graph_create(t->rt, &t->g) != REMAT_OK ||
       remat_graph_seed(t->g, o->seed) != REMAT_OK ||
       remat_gpt_build(t->g, &o->cfg, &t->m) != REMAT_OK ||
+      dp_tool_attach(t->g) != REMAT_OK || /* under mpirun: dp_tool.h */
       remat_compile(t->g, t->m.loss, &opt) != REMAT_OK ||
       remat_set_clip(t->g, o->clip) != REMAT_OK ||
       (o->trace_path != NULL &&
@@ -95,7 +97,7 @@ static void format_bytes(char *buf, size_t len, int64_t bytes) {
 static void progress(const trainer *t, int step, float loss, double elapsed,
                      int tty) {
   int steps = t->o.steps, every = steps / 10 > 0 ? steps / 10 : 1;
-  if (!tty && step % every != 0 && step != steps)
+  if ((!tty && step % every != 0 && step != steps) || dp_tool_rank() != 0)
     return;
   char peak[32], line[128];
   format_bytes(peak, sizeof peak, t->peak_bytes);
@@ -195,7 +197,7 @@ static int after_step(trainer *t, int done) {
   if (sig == 0 && (o->save_every == 0 || done % o->save_every != 0 ||
                    done == o->steps))
     return 0;
-  if (o->save_path != NULL &&
+  if (o->save_path != NULL && dp_tool_rank() == 0 &&
       checkpoint_save(t->g, o->save_path, done, t->data) != REMAT_OK)
     return fail("");
   if (sig == 0)
@@ -263,11 +265,14 @@ static int report(trainer *t, double wall) {
   char peak[32], acc[32];
   format_bytes(peak, sizeof peak, t->peak_bytes);
   if (o->json) {
+    char dp_json[1024];
+    dp_tool_json(t->g, dp_json, sizeof dp_json); /* collective under MPI */
     printf("{\"done\": true, \"steps\": %d, \"heldout_loss\": %.6f, "
            "\"accuracy\": %s, \"best_step\": %d, \"best_heldout_loss\": "
-           "%.6f, \"peak_bytes\": %lld, \"wall_s\": %.3f}\n",
+           "%.6f, \"peak_bytes\": %lld, \"wall_s\": %.3f%s}\n",
            o->steps, r.heldout_loss, json_accuracy(acc, r.accuracy),
-           t->best_step, t->best_loss, (long long)t->peak_bytes, wall);
+           t->best_step, t->best_loss, (long long)t->peak_bytes, wall,
+           dp_json);
     return 0;
   }
   printf("held-out loss %.4f", r.heldout_loss);
@@ -303,10 +308,15 @@ static int run(trainer *t) {
     return sample_run(o, t->data);
   double start = now();
   int rc = open_model(t);
+  if (rc == 0 && dataset_shard(t->data, o->cfg.seq, dp_tool_rank(),
+                               dp_tool_size(), err, sizeof err) != 0) {
+    fprintf(stderr, "remat-train: %s\n", err);
+    rc = EXIT_RUNTIME;
+  }
   if (rc == 0)
     rc = train(t);
   /* Saved before evaluating, so that no later error loses the training. */
-  if (rc == 0 && o->save_path != NULL &&
+  if (rc == 0 && o->save_path != NULL && dp_tool_rank() == 0 &&
       checkpoint_save(t->g, o->save_path, o->steps, t->data) != REMAT_OK)
     rc = fail("");
   if (rc == 0)
@@ -318,10 +328,16 @@ int main(int argc, char **argv) {
   trainer t;
   memset(&t, 0, sizeof t);
   t.best_step = -1;
+  if (dp_tool_init(&argc, &argv, "remat-train") != 0)
+    return EXIT_RUNTIME;
   int rc = options_parse(argc, argv, &t.o);
-  if (rc != 0)
+  if (rc != 0) {
+    dp_tool_finalize();
     return rc < 0 ? 0 : rc;
+  }
   rc = run(&t);
+  dp_tool_abort_on_failure(rc); /* under mpirun: dp_tool.h */
   close_trainer(&t);
+  dp_tool_finalize();
   return rc;
 }

@@ -74,11 +74,12 @@ typedef struct dataset {
   int addition;          /* 1: the addition task, 0: a file */
   uint64_t rng;
   /* a file: bytes (text) or uint16 token ids (ids), one of them set; train
-   * on tokens [0, train_len), hold out [heldout_start, len) */
+   * on tokens [train_lo, train_len), hold out [heldout_start, len);
+   * train_lo > 0 only on data-parallel ranks */
   unsigned char *text;
   uint16_t *ids;
   int vocab;
-  int64_t len, train_len, heldout_start;
+  int64_t len, train_len, heldout_start, train_lo;
   /* addition: held-out problems (a, b) */
   int heldout_a[ADD_HELDOUT], heldout_b[ADD_HELDOUT];
 } dataset;
@@ -117,6 +118,12 @@ void addition_tokens(int a, int b, int32_t out[ADD_LEN]);
 /* A training batch: tokens[b][t] and next-token targets[b][t]. */
 void dataset_batch(dataset *d, int batch, int seq, int32_t *tokens,
                    int32_t *targets);
+/* Rank `rank` of `ranks`' shard (data parallel): its own random stream
+ * (the addition task's problems differ) and, for a text file, its own
+ * window of the training bytes. Returns 0, or -1 with a message in `err`
+ * when the text is too short for that many windows of seq + 1 bytes. */
+int dataset_shard(dataset *d, int seq, int rank, int ranks, char *err,
+                  size_t err_len);
 /* The text of token `tok` for printing ("\\n" for a newline, the id of a
  * token file's token). */
 const char *dataset_token_text(const dataset *d, int32_t tok, char buf[8]);

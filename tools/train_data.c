@@ -347,13 +347,36 @@ void dataset_batch(dataset *d, int batch, int seq, int32_t *tokens,
       addition_row(d, seq, tok, tgt);
       continue;
     }
-    int64_t start = (int64_t)(dataset_next(&d->rng) %
-                              (uint64_t)(d->train_len - seq));
+    int64_t start = d->train_lo + (int64_t)(dataset_next(&d->rng) %
+                              (uint64_t)(d->train_len - d->train_lo - seq));
     for (int t = 0; t < seq; t++) {
       tok[t] = dataset_at(d, start + t);
       tgt[t] = dataset_at(d, start + t + 1);
     }
   }
+}
+
+int dataset_shard(dataset *d, int seq, int rank, int ranks, char *err,
+                  size_t err_len) {
+  if (ranks <= 1)
+    return 0;
+  uint64_t s = d->rng ^ (0xD1B54A32D192ED03ull * (uint64_t)rank);
+  d->rng = dataset_next(&s);
+  if (d->addition)
+    return 0;
+  int64_t slice = d->train_len / ranks;
+  if (slice < seq + 1) {
+    snprintf(err, err_len,
+             "the training data (%lld tokens) is too short for %d windows of "
+             "%d tokens, one per rank",
+             (long long)d->train_len, ranks, seq + 1);
+    return -1;
+  }
+  int64_t lo = (int64_t)rank * slice;
+  int64_t hi = rank == ranks - 1 ? d->train_len : lo + slice + seq;
+  d->train_lo = lo;
+  d->train_len = hi < d->train_len ? hi : d->train_len;
+  return 0;
 }
 
 const char *dataset_token_text(const dataset *d, int32_t tok, char buf[8]) {
