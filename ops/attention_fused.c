@@ -94,8 +94,11 @@ static int64_t valid_keys(int64_t q, int64_t k0, int64_t nk) {
  * machine has, picked at load time. Each element goes through the same
  * operations in the same order in every clone (no contraction into FMA in
  * ISO C mode, fixed lanes in the sums), so results are bitwise the same on
- * every machine. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+ * every machine. Not under ThreadSanitizer: the clones' ifunc resolver
+ * runs during relocation, before the sanitizer's runtime is set up, and
+ * crashes every program linked with the library. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define ATTN_CLONES \
   __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
