@@ -22,6 +22,7 @@ typedef struct builder {
   remat_tensor *t[MAX_TENSORS];
   int n;
   int regions_open;
+  int64_t attention_work; /* fused attention's B x T x T, never a tensor */
   fuzz_reader in;
 } builder;
 
@@ -78,7 +79,8 @@ static bool sizes_checked(const builder *b) {
     FUZZ_CHECK(n >= 1 && n <= (INT64_C(1) << 34));
     total += n;
   }
-  return total <= (INT64_C(1) << 22);
+  return total <= (INT64_C(1) << 22) &&
+         b->attention_work <= (INT64_C(1) << 22);
 }
 
 static remat_policy *read_policy(builder *b) {
@@ -150,6 +152,15 @@ static void build_one(builder *b, unsigned op) {
   case 13: { /* the heads byte's top bit picks the fused op */
     remat_tensor *qkv = pick(b);
     int hb = (int)fuzz_byte(&b->in);
+    /* the fused op's T x T scores live only in scratch, so its work is
+     * bounded here as the materialized op's [B,H,T,T] tensor is below */
+    if ((hb & 0x80) && qkv != NULL && remat_tensor_ndim(qkv) == 3) {
+      int64_t bt = remat_tensor_dim(qkv, 0), t = remat_tensor_dim(qkv, 1);
+      int64_t lim = INT64_C(1) << 22;
+      b->attention_work = t > lim || bt > lim || bt * t > lim / (t ? t : 1)
+                              ? lim + 1
+                              : b->attention_work + bt * t * t;
+    }
     push(b, hb & 0x80 ? remat_fused_attention(g, qkv, hb % 5)
                       : remat_causal_self_attention(g, qkv, hb % 5));
     break;
