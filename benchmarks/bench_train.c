@@ -221,24 +221,6 @@ static int parse_args(int argc, char **argv, options *o) {
   return 1;
 }
 
-static uint64_t grad_checksum(remat_graph *g) {
-  uint64_t h = 1469598103934665603ull;
-  for (int i = 0; i < remat_num_params(g); i++) {
-    remat_tensor *p = remat_param_at(g, i);
-    size_t n = (size_t)remat_tensor_numel(p);
-    float *buf = malloc(n * sizeof *buf);
-    if (buf == NULL || remat_read_grad(g, p, buf, n * sizeof *buf) != REMAT_OK) {
-      free(buf);
-      continue;
-    }
-    const unsigned char *b = (const unsigned char *)buf;
-    for (size_t k = 0; k < n * sizeof *buf; k++)
-      h = (h ^ b[k]) * 1099511628211ull;
-    free(buf);
-  }
-  return h;
-}
-
 static void fill_batch(const remat_gpt_config *c, int32_t *tok, int32_t *tgt) {
   uint32_t x = 12345u + 7919u * (uint32_t)dp_tool_rank(); /* rank's shard */
   for (int i = 0; i < c->batch * c->seq; i++) {
@@ -339,7 +321,7 @@ static int bench_step(bench *b, int s, int steps) {
   if (accum_step(b->g, b->accum, &b->st) != REMAT_OK)
     return fail("step");
   if (s == 0) {
-    b->checksum = grad_checksum(b->g);
+    b->checksum = dp_tool_checksum(b->g, true);
     b->first = b->st;
     dp_tool_mark(b->g);
   } else {

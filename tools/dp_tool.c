@@ -119,13 +119,15 @@ remat_status dp_tool_attach(remat_graph *g) {
   return REMAT_OK;
 }
 
-uint64_t dp_tool_param_checksum(remat_graph *g) {
+uint64_t dp_tool_checksum(remat_graph *g, bool grads) {
   uint64_t h = 1469598103934665603ull;
   for (int i = 0; i < remat_num_params(g); i++) {
     remat_tensor *p = remat_param_at(g, i);
     size_t n = (size_t)remat_tensor_numel(p);
     float *buf = malloc(n * sizeof *buf);
-    if (buf == NULL || remat_read(g, p, buf, n * sizeof *buf) != REMAT_OK) {
+    size_t bytes = n * sizeof *buf;
+    if (buf == NULL || (grads ? remat_read_grad(g, p, buf, bytes)
+                              : remat_read(g, p, buf, bytes)) != REMAT_OK) {
       free(buf);
       return 0;
     }
@@ -147,7 +149,7 @@ void dp_tool_mark(remat_graph *g) {
 }
 
 void dp_tool_json(remat_graph *g, char *buf, size_t size) {
-  uint64_t mine = dp_tool_param_checksum(g);
+  uint64_t mine = dp_tool_checksum(g, false);
   int len = snprintf(buf, size,
                      ", \"world_size\": %d, \"param_checksum\": \"%016llx\"",
                      size_, (unsigned long long)mine);

@@ -6,6 +6,7 @@
 #ifndef REMAT_TOOLS_DP_TOOL_H
 #define REMAT_TOOLS_DP_TOOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,8 +29,9 @@ int dp_tool_rank(void);
 int dp_tool_size(void);
 /* Makes g data parallel over all ranks when there are several. */
 remat_status dp_tool_attach(remat_graph *g);
-/* FNV-1a 64 over every parameter's bytes, in parameter order. */
-uint64_t dp_tool_param_checksum(remat_graph *g);
+/* FNV-1a 64 over every parameter's bytes (grads: their gradients'), in
+ * parameter order; 0 when one cannot be read. */
+uint64_t dp_tool_checksum(remat_graph *g, bool grads);
 /* Remembers g's communication figures so far (after a warm-up step). */
 void dp_tool_mark(remat_graph *g);
 /* Collective: writes into buf the JSON members (each preceded by ", ")
