@@ -135,15 +135,24 @@ int op_exec(dnnl_primitive_t prim, op_worker *w, int nargs,
   return st == dnnl_success ? REMAT_OK : REMAT_ERR_BACKEND;
 }
 
+dnnl_data_type_t op_dnnl_dt(op_dtype t) {
+  return t == OP_BF16 ? dnnl_bf16 : t == OP_I32 ? dnnl_s32 : dnnl_f32;
+}
+
 dnnl_memory_desc_t op_md(int ndims, const int64_t *dims,
                          const int64_t *strides) {
+  return op_md_dt(ndims, dims, strides, OP_F32);
+}
+
+dnnl_memory_desc_t op_md_dt(int ndims, const int64_t *dims,
+                            const int64_t *strides, op_dtype t) {
   dnnl_memory_desc_t md;
   dnnl_dims_t d, s;
   for (int i = 0; i < ndims; i++) {
     d[i] = dims[i];
     s[i] = strides[i];
   }
-  if (dnnl_memory_desc_init_by_strides(&md, ndims, d, dnnl_f32, s) !=
+  if (dnnl_memory_desc_init_by_strides(&md, ndims, d, op_dnnl_dt(t), s) !=
       dnnl_success)
     memset(&md, 0, sizeof md);
   return md;
@@ -151,8 +160,13 @@ dnnl_memory_desc_t op_md(int ndims, const int64_t *dims,
 
 dnnl_memory_desc_t op_md2(int64_t rows, int64_t cols, int64_t row_stride,
                           int64_t col_stride) {
+  return op_md2_dt(rows, cols, row_stride, col_stride, OP_F32);
+}
+
+dnnl_memory_desc_t op_md2_dt(int64_t rows, int64_t cols, int64_t row_stride,
+                             int64_t col_stride, op_dtype t) {
   const int64_t dims[2] = {rows, cols}, strides[2] = {row_stride, col_stride};
-  return op_md(2, dims, strides);
+  return op_md_dt(2, dims, strides, t);
 }
 
 int64_t op_row_block(int64_t cols) {
@@ -182,6 +196,7 @@ void op_gemm_init(op_gemm *g, int64_t m, int64_t n, int64_t k, int64_t bm,
   g->bn = op_min64(bn, n);
   g->alpha = 1.0f;
   g->accumulate_too = true;
+  g->a_dt = g->b_dt = g->c_dt = g->bias_dt = OP_F32;
   op_gemm_layout(g, op_plain(k), op_plain(n), n);
 }
 
@@ -198,13 +213,19 @@ void op_gemm_layout(op_gemm *g, op_layout a, op_layout b, int64_t c_ld) {
   g->c_cs = 1;
 }
 
+void op_gemm_dtypes(op_gemm *g, op_dtype a, op_dtype b, op_dtype c) {
+  g->a_dt = a;
+  g->b_dt = b;
+  g->c_dt = c;
+}
+
 static remat_status gemm_prim(op_gemm *g, op_base *base, int64_t m, int64_t n,
                               bool accumulate, dnnl_primitive_t *prim,
                               char err[OP_ERRMSG_MAX]) {
-  dnnl_memory_desc_t a = op_md2(m, g->k, g->a_rs, g->a_cs);
-  dnnl_memory_desc_t b = op_md2(g->k, n, g->b_rs, g->b_cs);
-  dnnl_memory_desc_t c = op_md2(m, n, g->c_rs, g->c_cs);
-  dnnl_memory_desc_t bias = op_md2(1, n, n, 1);
+  dnnl_memory_desc_t a = op_md2_dt(m, g->k, g->a_rs, g->a_cs, g->a_dt);
+  dnnl_memory_desc_t b = op_md2_dt(g->k, n, g->b_rs, g->b_cs, g->b_dt);
+  dnnl_memory_desc_t c = op_md2_dt(m, n, g->c_rs, g->c_cs, g->c_dt);
+  dnnl_memory_desc_t bias = op_md2_dt(1, n, n, 1, g->bias_dt);
   dnnl_matmul_desc_t desc;
   dnnl_status_t st =
       dnnl_matmul_desc_init(&desc, &a, &b, g->bias ? &bias : NULL, &c);
@@ -252,8 +273,8 @@ int64_t op_gemm_tiles(const op_gemm *g) {
   return op_div_up(g->m, g->bm) * op_div_up(g->n, g->bn);
 }
 
-int op_gemm_run(const op_gemm *g, int64_t tile, const float *a,
-                const float *b, const float *bias, float *c, bool accumulate,
+int op_gemm_run(const op_gemm *g, int64_t tile, const void *a,
+                const void *b, const void *bias, void *c, bool accumulate,
                 op_worker *w) {
   int64_t tiles_n = op_div_up(g->n, g->bn);
   int64_t m0 = (tile / tiles_n) * g->bm, n0 = (tile % tiles_n) * g->bn;
@@ -261,10 +282,10 @@ int op_gemm_run(const op_gemm *g, int64_t tile, const float *a,
   dnnl_primitive_t prim = g->prim[im][in][accumulate];
   if (!prim) return REMAT_ERR_STATE;
   op_arg args[4] = {
-      {DNNL_ARG_SRC, a + m0 * g->a_rs},
-      {DNNL_ARG_WEIGHTS, b + n0 * g->b_cs},
-      {DNNL_ARG_DST, c + m0 * g->c_rs + n0 * g->c_cs},
-      {DNNL_ARG_BIAS, bias ? bias + n0 : NULL},
+      {DNNL_ARG_SRC, op_at(a, m0 * g->a_rs, g->a_dt)},
+      {DNNL_ARG_WEIGHTS, op_at(b, n0 * g->b_cs, g->b_dt)},
+      {DNNL_ARG_DST, op_at(c, m0 * g->c_rs + n0 * g->c_cs, g->c_dt)},
+      {DNNL_ARG_BIAS, bias ? op_at(bias, n0, g->bias_dt) : NULL},
   };
   return op_exec(prim, w, g->bias ? 4 : 3, args);
 }

@@ -62,11 +62,22 @@ static inline float *op_temp(const op_base *base, op_worker *w) {
 /* Fills inst->scratch_bytes from the base (call at the end of planning). */
 void op_base_finish(const op_base *base, op_instance *inst);
 
-/* A plain f32 memory descriptor with explicit strides (in elements). */
+/* oneDNN's data type of an op dtype. */
+dnnl_data_type_t op_dnnl_dt(op_dtype t);
+/* A plain memory descriptor with explicit strides (in elements), of f32
+ * (op_md, op_md2) or of dtype t (op_md_dt, op_md2_dt). */
 dnnl_memory_desc_t op_md(int ndims, const int64_t *dims,
                          const int64_t *strides);
+dnnl_memory_desc_t op_md_dt(int ndims, const int64_t *dims,
+                            const int64_t *strides, op_dtype t);
 dnnl_memory_desc_t op_md2(int64_t rows, int64_t cols, int64_t row_stride,
                           int64_t col_stride);
+dnnl_memory_desc_t op_md2_dt(int64_t rows, int64_t cols, int64_t row_stride,
+                             int64_t col_stride, op_dtype t);
+/* p advanced by `elems` elements of dtype t. */
+static inline void *op_at(const void *p, int64_t elems, op_dtype t) {
+  return (char *)p + elems * op_dtype_size(t);
+}
 
 /* Row tiles: blocks of `block` rows, the last one possibly shorter. */
 static inline int64_t op_div_up(int64_t a, int64_t b) {
@@ -88,6 +99,9 @@ typedef struct op_gemm {
   int64_t a_rs, a_cs, b_rs, b_cs, c_rs, c_cs;
   float alpha;
   bool bias;
+  /* Element types of A, B, C and the bias (op_gemm_init: all f32). bf16
+   * A and B accumulate in f32 inside oneDNN; C may be f32 or bf16. */
+  op_dtype a_dt, b_dt, c_dt, bias_dt;
   bool accumulate_too; /* also make the accumulating primitives */
   dnnl_primitive_t prim[2][2][2]; /* [m remainder][n remainder][accum] */
 } op_gemm;
@@ -117,10 +131,13 @@ void op_gemm_layout(op_gemm *g, op_layout a, op_layout b, int64_t c_ld);
 remat_status op_gemm_plan(op_gemm *g, op_base *base,
                           char err[OP_ERRMSG_MAX]);
 int64_t op_gemm_tiles(const op_gemm *g);
+/* Sets the element types (before op_gemm_plan). */
+void op_gemm_dtypes(op_gemm *g, op_dtype a, op_dtype b, op_dtype c);
 /* Runs block `tile` (row-major over the blocks) of the gemm whose matrices
- * start at a, b, c (bias may be NULL when the gemm has none). */
-int op_gemm_run(const op_gemm *g, int64_t tile, const float *a,
-                const float *b, const float *bias, float *c, bool accumulate,
+ * start at a, b, c (bias may be NULL when the gemm has none), each of its
+ * dtype. */
+int op_gemm_run(const op_gemm *g, int64_t tile, const void *a,
+                const void *b, const void *bias, void *c, bool accumulate,
                 op_worker *w);
 /* Rows per tile of a matmul with n output columns and reduction k: 128,
  * doubled while a tile would be under ~0.5 MFLOP. */

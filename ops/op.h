@@ -42,7 +42,13 @@ typedef enum op_type {
 #define OP_TAG_DOT 1u     /* a dot_general: matmul, linear, attention products */
 #define OP_TAG_BATCHED 2u /* a dot with batch dimensions */
 
-typedef enum op_dtype { OP_F32 = 0, OP_I32 = 1 } op_dtype;
+/* Element types of buffers. OP_BF16 is storage only: kernels compute in
+ * f32 (oneDNN inside its bf16 primitives, the hand-written kernels after
+ * converting with base/bf16.h). */
+typedef enum op_dtype { OP_F32 = 0, OP_I32 = 1, OP_BF16 = 2 } op_dtype;
+
+/* Bytes of one element. */
+static inline int64_t op_dtype_size(op_dtype t) { return t == OP_BF16 ? 2 : 4; }
 
 typedef struct op_shape {
   int ndim;
@@ -55,12 +61,25 @@ typedef struct op_attrs {
   float eps;    /* OP_LAYERNORM: added to the variance (0 means 1e-5) */
 } op_attrs;
 
-/* What shape inference and planning see of one op node. */
+/* What shape inference and planning see of one op node.
+ *
+ * Dtypes: in_dtype[i] is the element type of the buffer the kernels read
+ * for input i (OP_I32 token ids, else OP_F32 or OP_BF16); out_dtype that of
+ * the output and of its gradient (dout); din_dtype[i] that of input i's
+ * gradient. In f32 precision every float is OP_F32. In bf16 precision
+ * (remat_config.precision) the runtime stores activations in bf16: an op's
+ * output is OP_BF16 unless it is a [1] scalar (losses stay f32), activation
+ * inputs arrive as OP_BF16, parameters are f32 master weights whose kernels
+ * read them either as f32 (op_input_keeps_f32) or through a bf16 copy
+ * (in_dtype OP_BF16) that each update refreshes, and parameter gradients
+ * are always OP_F32. A zero-initialized desc is all f32. */
 typedef struct op_desc {
   op_type type;
   int nin;
   op_shape in[OP_MAX_IN];
   op_dtype in_dtype[OP_MAX_IN];
+  op_dtype din_dtype[OP_MAX_IN];
+  op_dtype out_dtype;
   op_attrs attrs;
   op_shape out; /* filled by op_infer */
 } op_desc;
@@ -77,7 +96,9 @@ typedef struct op_desc {
 static inline int op_slot_index(uint32_t bit) { return __builtin_ctz(bit); }
 
 /* The buffers one tile sees. Pointers are to the start of whole tensors;
- * the tile picks its part. int32 inputs are passed as float* and cast. */
+ * the tile picks its part. int32 and bf16 buffers are passed as float* and
+ * cast (to int32_t * or uint16_t *) before any indexing: their element
+ * types are those of the op's desc. */
 typedef struct op_bufs {
   float *in[OP_MAX_IN];
   float *out;
@@ -156,6 +177,13 @@ typedef struct op_instance {
 
 const char *op_name(op_type type);
 unsigned op_tags(const op_desc *desc);
+/* Whether input i of an op of `type`, when it is a parameter, is read as
+ * the f32 master weight in bf16 precision (layer norm's gain and bias,
+ * the embedding tables, biases) rather than through a bf16 copy (the
+ * weights of dot products). */
+bool op_input_keeps_f32(op_type type, int i);
+/* "f32", "int32", "bf16". */
+const char *op_dtype_name(op_dtype t);
 
 /* Checks dtypes and shapes and fills desc->out. On error the message names
  * the op and the shapes, e.g. "linear: x [2,3,64] and w [32,48]: the last

@@ -48,8 +48,18 @@ remat_status op_shape_err(char err[OP_ERRMSG_MAX], const op_desc *d,
   return REMAT_ERR_SHAPE;
 }
 
-static const char *dtype_name(op_dtype t) {
-  return t == OP_I32 ? "int32" : "f32";
+const char *op_dtype_name(op_dtype t) {
+  return t == OP_I32 ? "int32" : t == OP_BF16 ? "bf16" : "f32";
+}
+
+bool op_input_keeps_f32(op_type type, int i) {
+  switch (type) {
+  case OP_LAYERNORM: return i >= 1;          /* gamma, beta */
+  case OP_EMBED: return i >= 1;              /* wte, wpe */
+  case OP_LINEAR: return i == 2;             /* b */
+  case OP_BIAS_ADD: return i == 1;           /* b */
+  default: return false;
+  }
 }
 
 remat_status op_check_inputs(const op_desc *d, int nmin, int nmax,
@@ -73,10 +83,12 @@ remat_status op_check_inputs(const op_desc *d, int nmin, int nmax,
       if (s->dim[k] < 1)
         return op_shape_err(err, d, "%s %s: every dim must be at least 1",
                             names[i], op_shape_str(s, buf));
-    if (d->in_dtype[i] != dtypes[i])
+    /* OP_F32 in dtypes[] means a float: f32 or bf16 storage. */
+    bool is_float = d->in_dtype[i] == OP_F32 || d->in_dtype[i] == OP_BF16;
+    if (dtypes[i] == OP_F32 ? !is_float : d->in_dtype[i] != dtypes[i])
       return op_shape_err(err, d, "%s %s must be %s, not %s", names[i],
-                          op_shape_str(s, buf), dtype_name(dtypes[i]),
-                          dtype_name(d->in_dtype[i]));
+                          op_shape_str(s, buf), op_dtype_name(dtypes[i]),
+                          op_dtype_name(d->in_dtype[i]));
   }
   return REMAT_OK;
 }

@@ -1,0 +1,467 @@
+/* Tests of ops/ in bf16 precision: every op's forward and backward kernels
+ * with bf16 activations (and bf16 copies of dot weights) against the same
+ * op's f32 kernels on the same inputs (drawn as bf16 values, so both runs
+ * see identical numbers), in overwrite, accumulate and skipped (NULL din)
+ * modes; plus that the bf16 kernels give bitwise the same results with
+ * their tiles run in reverse order.
+ *
+ * bf16 tolerance: an output or gradient matches when its error relative
+ * to the f32 result is at most 1e-2 in L2 norm and no element is off by
+ * more than 3e-2 of the f32 result's largest magnitude. A bf16 rounding is
+ * at most 2^-9 (0.2%) relative; the bounds allow a few roundings per
+ * element (inputs of a kernel's second stage, gradients through two
+ * stored tensors) and catch any indexing, scaling or dtype error, which
+ * give errors of order 1. Scalar results (losses) stay f32 and get 1e-4.
+ *
+ * REMAT_TEST_FILTER (a cmocka pattern such as "test_linear*") runs only
+ * the matching tests. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/bf16.h"
+#include "ops/op.h"
+
+static dnnl_engine_t engine;
+static dnnl_stream_t stream;
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static double uniform(double lo, double hi) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return lo + (hi - lo) * (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+static op_shape shape(int ndim, ...) {
+  op_shape s = {.ndim = ndim};
+  va_list ap;
+  va_start(ap, ndim);
+  for (int i = 0; i < ndim; i++) s.dim[i] = va_arg(ap, int64_t);
+  va_end(ap);
+  return s;
+}
+#define S1(a) shape(1, (int64_t)(a))
+#define S2(a, b) shape(2, (int64_t)(a), (int64_t)(b))
+#define S3(a, b, c) shape(3, (int64_t)(a), (int64_t)(b), (int64_t)(c))
+#define S4(a, b, c, d) \
+  shape(4, (int64_t)(a), (int64_t)(b), (int64_t)(c), (int64_t)(d))
+
+static void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size ? size : 1);
+  assert_non_null(p);
+  return p;
+}
+
+/* One op case: the f32 desc (shapes, int32 inputs, attrs), the range of
+ * each input, which inputs are parameters (f32 gradients; read through a
+ * bf16 copy unless op_input_keeps_f32), and a causal -inf mask on input 0
+ * (attention probabilities' layout). */
+typedef struct bcase {
+  op_desc desc;
+  double lo[OP_MAX_IN], hi[OP_MAX_IN];
+  bool param[OP_MAX_IN];
+  bool causal_mask;
+} bcase;
+
+static bcase make_case(op_type type, int nin, ...) {
+  bcase c = {.desc = {.type = type, .nin = nin}};
+  va_list ap;
+  va_start(ap, nin);
+  for (int i = 0; i < nin; i++) {
+    c.desc.in[i] = va_arg(ap, op_shape);
+    c.lo[i] = -1;
+    c.hi[i] = 1;
+  }
+  va_end(ap);
+  return c;
+}
+
+static bool is_scalar(const op_shape *s) {
+  return s->ndim == 1 && s->dim[0] == 1;
+}
+
+/* The bf16-precision desc of a case, as the runtime builds it. */
+static op_desc bf16_desc(const bcase *c) {
+  op_desc d = c->desc;
+  for (int i = 0; i < d.nin; i++) {
+    if (d.in_dtype[i] == OP_I32) continue;
+    if (c->param[i]) {
+      d.in_dtype[i] = op_input_keeps_f32(d.type, i) ? OP_F32 : OP_BF16;
+      d.din_dtype[i] = OP_F32;
+    } else {
+      d.in_dtype[i] = is_scalar(&d.in[i]) ? OP_F32 : OP_BF16;
+      d.din_dtype[i] = d.in_dtype[i];
+    }
+  }
+  return d;
+}
+
+/* A planned op with its buffers, each of its desc's dtype. */
+typedef struct side {
+  op_instance inst;
+  op_worker worker;
+  op_bufs b;
+  int64_t n[OP_MAX_IN], nout;
+} side;
+
+static void side_plan(side *s, op_desc d, bool bf16) {
+  memset(s, 0, sizeof *s);
+  char err[OP_ERRMSG_MAX];
+  remat_status rs = op_infer(&d, err);
+  if (rs != REMAT_OK) fail_msg("%s", err);
+  d.out_dtype = bf16 && !is_scalar(&d.out) ? OP_BF16 : OP_F32;
+  rs = op_plan(&d, engine, &s->inst, err);
+  if (rs != REMAT_OK) fail_msg("%s", err);
+  s->nout = op_numel(&s->inst.desc.out);
+  for (int i = 0; i < d.nin; i++) {
+    s->n[i] = op_numel(&d.in[i]);
+    s->b.in[i] = xcalloc(s->n[i], op_dtype_size(d.in_dtype[i]));
+  }
+  s->b.out = xcalloc(s->nout, op_dtype_size(d.out_dtype));
+  s->b.dout = xcalloc(s->nout, op_dtype_size(d.out_dtype));
+  for (int k = 0; k < s->inst.naux; k++)
+    s->b.aux[k] = xcalloc(s->inst.aux_bytes[k], 1);
+  for (int k = 0; k < s->inst.nws; k++)
+    s->b.ws[k] = xcalloc(s->inst.ws_bytes[k], 1);
+  s->worker.stream = stream;
+  s->worker.scratch_bytes = s->inst.scratch_bytes;
+  s->worker.scratch =
+      s->inst.scratch_bytes ? malloc(s->inst.scratch_bytes) : NULL;
+}
+
+static void side_free(side *s) {
+  for (int i = 0; i < OP_MAX_IN; i++) {
+    free(s->b.in[i]);
+    free(s->b.din[i]);
+  }
+  free(s->b.out);
+  free(s->b.dout);
+  for (int k = 0; k < OP_MAX_AUX; k++) free(s->b.aux[k]);
+  for (int k = 0; k < OP_MAX_WS; k++) free(s->b.ws[k]);
+  free(s->worker.scratch);
+  op_instance_release(&s->inst);
+}
+
+/* Element j of a buffer of dtype t, as a double. */
+static double get(const void *p, op_dtype t, int64_t j) {
+  if (t == OP_BF16) return bf16_to_f32(((const uint16_t *)p)[j]);
+  if (t == OP_I32) return ((const int32_t *)p)[j];
+  return ((const float *)p)[j];
+}
+
+static void set(void *p, op_dtype t, int64_t j, double v) {
+  if (t == OP_BF16)
+    ((uint16_t *)p)[j] = bf16_from_f32((float)v);
+  else if (t == OP_I32)
+    ((int32_t *)p)[j] = (int32_t)v;
+  else
+    ((float *)p)[j] = (float)v;
+}
+
+static void run_kernels(side *s, const op_kernel *k, int nk, bool reverse) {
+  for (int i = 0; i < nk; i++)
+    for (int64_t t = 0; t < k[i].tiles; t++) {
+      int64_t tile = reverse ? k[i].tiles - 1 - t : t;
+      int rs = k[i].fn(&s->inst, &s->b, tile, &s->worker);
+      if (rs != REMAT_OK)
+        fail_msg("%s tile %lld: status %d", k[i].name, (long long)tile, rs);
+    }
+}
+
+/* Compares n values of `got` (dtype gt) with the f32 `want`. */
+static void compare(const char *what, const void *got, op_dtype gt,
+                    const float *want, int64_t n, bool scalar) {
+  double err2 = 0, ref2 = 0, maxref = 0;
+  for (int64_t j = 0; j < n; j++) {
+    double g = get(got, gt, j), w = want[j];
+    if (!isfinite(w) || !isfinite(g)) {
+      if (!(g == w))
+        fail_msg("%s[%lld] = %g, f32 gives %g", what, (long long)j, g, w);
+      continue;
+    }
+    err2 += (g - w) * (g - w);
+    ref2 += w * w;
+    maxref = fmax(maxref, fabs(w));
+  }
+  double tol = scalar ? 1e-4 : 1e-2;
+  if (sqrt(err2) > tol * sqrt(ref2) + 1e-30)
+    fail_msg("%s: relative L2 error %.3g (bound %g)", what,
+             sqrt(err2) / fmax(sqrt(ref2), 1e-30), tol);
+  for (int64_t j = 0; j < n; j++) {
+    double g = get(got, gt, j), w = want[j];
+    if (isfinite(w) && fabs(g - w) > 3 * tol * maxref)
+      fail_msg("%s[%lld] = %.6g, f32 gives %.6g (largest %.3g)", what,
+               (long long)j, g, w, maxref);
+  }
+}
+
+enum { MODE_OVERWRITE, MODE_ACCUMULATE, MODE_SKIP, MODE_COUNT };
+
+/* Sets up the din buffers of a side for a mode; init[i] are the values an
+ * accumulating din starts from (the same numbers on both sides). */
+static void set_dins(side *s, int mode, float *const init[]) {
+  const op_desc *d = &s->inst.desc;
+  int ngrad = 0;
+  for (int i = 0; i < d->nin; i++) {
+    free(s->b.din[i]);
+    s->b.din[i] = NULL;
+    if (d->in_dtype[i] == OP_I32) continue;
+    if (mode == MODE_SKIP && ngrad++ % 2 == 0) continue;
+    op_dtype t = d->din_dtype[i];
+    s->b.din[i] = xcalloc(s->n[i], op_dtype_size(t));
+    s->b.din_accumulate[i] = mode == MODE_ACCUMULATE;
+    for (int64_t j = 0; j < s->n[i]; j++)
+      set(s->b.din[i], t, j, mode == MODE_ACCUMULATE ? init[i][j] : 0.0);
+  }
+}
+
+static void check_case(const bcase *c) {
+  side f, h;
+  side_plan(&f, c->desc, false);
+  side_plan(&h, bf16_desc(c), true);
+  const op_desc *df = &f.inst.desc, *dh = &h.inst.desc;
+  const char *name = op_name(df->type);
+  char what[96];
+  /* inputs: bf16 values (or ids), the same on both sides */
+  for (int i = 0; i < df->nin; i++) {
+    int64_t C = df->in[i].dim[df->in[i].ndim - 1];
+    for (int64_t j = 0; j < f.n[i]; j++) {
+      double v = uniform(c->lo[i], c->hi[i]);
+      if (df->in_dtype[i] == OP_I32)
+        v = floor(v);
+      else
+        v = bf16_to_f32(bf16_from_f32((float)v));
+      if (i == 0 && c->causal_mask && j % C > (j / C) % C) v = -INFINITY;
+      set(f.b.in[i], df->in_dtype[i], j, v);
+      set(h.b.in[i], dh->in_dtype[i], j, v);
+    }
+  }
+  run_kernels(&f, f.inst.fwd, f.inst.nfwd, false);
+  run_kernels(&h, h.inst.fwd, h.inst.nfwd, false);
+  snprintf(what, sizeof what, "%s out", name);
+  bool scalar = dh->out_dtype == OP_F32;
+  compare(what, h.b.out, dh->out_dtype, f.b.out, f.nout, scalar);
+
+  for (int64_t j = 0; j < f.nout; j++) {
+    double v = bf16_to_f32(bf16_from_f32((float)uniform(-1, 1)));
+    set(f.b.dout, OP_F32, j, v);
+    set(h.b.dout, dh->out_dtype, j, v);
+  }
+  float *init[OP_MAX_IN] = {0};
+  for (int i = 0; i < df->nin; i++) {
+    init[i] = xcalloc(f.n[i], sizeof(float));
+    for (int64_t j = 0; j < f.n[i]; j++)
+      init[i][j] = bf16_to_f32(bf16_from_f32((float)uniform(-1, 1)));
+  }
+  for (int mode = 0; mode < MODE_COUNT; mode++) {
+    set_dins(&f, mode, init);
+    set_dins(&h, mode, init);
+    run_kernels(&f, f.inst.bwd, f.inst.nbwd, false);
+    run_kernels(&h, h.inst.bwd, h.inst.nbwd, false);
+    for (int i = 0; i < df->nin; i++) {
+      if (!h.b.din[i]) continue;
+      snprintf(what, sizeof what, "%s mode %d din[%d] (%s)", name, mode, i,
+               op_dtype_name(dh->din_dtype[i]));
+      compare(what, h.b.din[i], dh->din_dtype[i], f.b.din[i], f.n[i], false);
+    }
+    if (mode != MODE_OVERWRITE) continue;
+    /* the same bits with the tiles in reverse order */
+    void *first[OP_MAX_IN] = {0};
+    for (int i = 0; i < dh->nin; i++)
+      if (h.b.din[i]) {
+        size_t bytes = (size_t)h.n[i] * op_dtype_size(dh->din_dtype[i]);
+        first[i] = xcalloc(bytes, 1);
+        memcpy(first[i], h.b.din[i], bytes);
+      }
+    set_dins(&h, mode, init);
+    run_kernels(&h, h.inst.fwd, h.inst.nfwd, true);
+    run_kernels(&h, h.inst.bwd, h.inst.nbwd, true);
+    for (int i = 0; i < dh->nin; i++) {
+      if (!first[i]) continue;
+      size_t bytes = (size_t)h.n[i] * op_dtype_size(dh->din_dtype[i]);
+      if (memcmp(first[i], h.b.din[i], bytes) != 0)
+        fail_msg("%s din[%d]: tiles in reverse order change the bits", name,
+                 i);
+      free(first[i]);
+    }
+  }
+  for (int i = 0; i < OP_MAX_IN; i++) free(init[i]);
+  side_free(&f);
+  side_free(&h);
+}
+
+/* ---- one test per op ---- */
+
+static void test_linear(void **state) {
+  (void)state;
+  bcase c = make_case(OP_LINEAR, 3, S3(2, 65, 40), S2(80, 40), S1(80));
+  c.param[1] = c.param[2] = true;
+  check_case(&c);
+  c = make_case(OP_LINEAR, 2, S2(257, 520), S2(20, 520));
+  c.param[1] = true;
+  check_case(&c);
+  /* 1100 rows: weight gradients in three chunks */
+  c = make_case(OP_LINEAR, 3, S3(4, 275, 24), S2(70, 24), S1(70));
+  c.param[1] = c.param[2] = true;
+  check_case(&c);
+}
+
+static void test_matmul(void **state) {
+  (void)state;
+  bcase c = make_case(OP_MATMUL, 2, S2(130, 64), S2(64, 70));
+  check_case(&c);
+  c = make_case(OP_MATMUL, 2, S3(2, 300, 24), S3(2, 24, 40));
+  check_case(&c);
+}
+
+static void test_add(void **state) {
+  (void)state;
+  bcase c = make_case(OP_ADD, 2, S3(3, 70, 500), S3(3, 70, 500));
+  check_case(&c);
+  /* scalars (losses) stay f32 */
+  c = make_case(OP_ADD, 2, S1(1), S1(1));
+  check_case(&c);
+}
+
+static void test_bias_add(void **state) {
+  (void)state;
+  bcase c = make_case(OP_BIAS_ADD, 2, S3(3, 70, 50), S1(50));
+  c.param[1] = true;
+  check_case(&c);
+}
+
+static void test_relu_gelu(void **state) {
+  (void)state;
+  bcase c = make_case(OP_RELU, 1, S3(3, 70, 500));
+  check_case(&c);
+  for (int erf_form = 0; erf_form < 2; erf_form++) {
+    c = make_case(OP_GELU, 1, S3(3, 70, 500));
+    c.desc.attrs.gelu_erf = erf_form;
+    c.lo[0] = -4;
+    c.hi[0] = 4;
+    check_case(&c);
+  }
+}
+
+static void test_layernorm(void **state) {
+  (void)state;
+  bcase c = make_case(OP_LAYERNORM, 3, S3(3, 70, 96), S1(96), S1(96));
+  c.param[1] = c.param[2] = true;
+  c.lo[1] = 0.5;
+  c.hi[1] = 1.5;
+  check_case(&c);
+  /* more rows than one tile's partial sums */
+  c = make_case(OP_LAYERNORM, 3, S2(1100, 40), S1(40), S1(40));
+  c.param[1] = c.param[2] = true;
+  check_case(&c);
+}
+
+static void test_softmax(void **state) {
+  (void)state;
+  bcase c = make_case(OP_SOFTMAX, 1, S4(2, 3, 40, 40));
+  c.causal_mask = true;
+  c.lo[0] = -3;
+  c.hi[0] = 3;
+  check_case(&c);
+}
+
+static void test_attn_scores(void **state) {
+  (void)state;
+  bcase c = make_case(OP_ATTN_SCORES, 1, S3(2, 13, 72));
+  c.desc.attrs.heads = 3;
+  check_case(&c);
+}
+
+static void test_attn_values(void **state) {
+  (void)state;
+  bcase c = make_case(OP_ATTN_VALUES, 2, S4(2, 3, 13, 13), S3(2, 13, 72));
+  c.desc.attrs.heads = 3;
+  c.lo[0] = 0;
+  check_case(&c);
+}
+
+static void test_attention(void **state) {
+  (void)state;
+  static const struct {
+    int64_t B, T, H, hd;
+  } cases[] = {{2, 150, 2, 64}, {1, 256, 2, 32}, {2, 13, 3, 24},
+               {1, 1, 2, 16}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    bcase c = make_case(OP_ATTENTION, 1,
+                        S3(cases[k].B, cases[k].T,
+                           3 * cases[k].H * cases[k].hd));
+    c.desc.attrs.heads = (int)cases[k].H;
+    c.lo[0] = -2;
+    c.hi[0] = 2;
+    check_case(&c);
+  }
+}
+
+static void test_embed(void **state) {
+  (void)state;
+  bcase c = make_case(OP_EMBED, 3, S2(3, 40), S2(50, 300), S2(45, 300));
+  c.desc.in_dtype[0] = OP_I32;
+  c.lo[0] = 0;
+  c.hi[0] = 50;
+  c.param[1] = c.param[2] = true;
+  check_case(&c);
+}
+
+static void test_cross_entropy(void **state) {
+  (void)state;
+  bcase c = make_case(OP_CROSS_ENTROPY, 2, S3(3, 50, 200), S2(3, 50));
+  c.desc.in_dtype[1] = OP_I32;
+  c.lo[0] = -4;
+  c.hi[0] = 4;
+  c.lo[1] = 0;
+  c.hi[1] = 200;
+  check_case(&c);
+}
+
+static void test_sum_mean(void **state) {
+  (void)state;
+  for (int t = 0; t < 2; t++) {
+    bcase c = make_case(t ? OP_MEAN : OP_SUM, 1, S1(70001));
+    c.lo[0] = 0;
+    check_case(&c);
+  }
+}
+
+static int group_setup(void **state) {
+  (void)state;
+  if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return -1;
+  if (dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) !=
+      dnnl_success)
+    return -1;
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  dnnl_stream_destroy(stream);
+  dnnl_engine_destroy(engine);
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_linear),      cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_add),         cmocka_unit_test(test_bias_add),
+      cmocka_unit_test(test_relu_gelu),   cmocka_unit_test(test_layernorm),
+      cmocka_unit_test(test_softmax),     cmocka_unit_test(test_attn_scores),
+      cmocka_unit_test(test_attn_values), cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_embed),       cmocka_unit_test(test_cross_entropy),
+      cmocka_unit_test(test_sum_mean),
+  };
+  const char *filter = getenv("REMAT_TEST_FILTER");
+  if (filter != NULL && filter[0] != '\0') cmocka_set_test_filter(filter);
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
