@@ -65,6 +65,19 @@ typedef enum remat_bind {
 #define REMAT_SET_TRACE (1u << 5)
 #define REMAT_SET_VERBOSE (1u << 6)
 #define REMAT_SET_TOPOLOGY (1u << 7)
+#define REMAT_SET_PRECISION (1u << 8)
+
+/* Precision of a step. In bf16, activations (saved, recomputed and their
+ * gradients) and f32 inputs are stored in bf16, matmuls take bf16 operands
+ * and accumulate in f32, the other ops compute in f32 on bf16 storage;
+ * parameters (master weights), their gradients, optimizer moments and
+ * [1]-shaped results (losses) stay f32, and each update refreshes a bf16
+ * copy of the weights that matmuls read. Reads and writes through the API
+ * are f32 in both. */
+typedef enum remat_precision {
+  REMAT_PRECISION_F32 = 0,
+  REMAT_PRECISION_BF16 = 1
+} remat_precision;
 
 typedef struct remat_config {
   unsigned set;          /* REMAT_SET_* bits */
@@ -86,6 +99,10 @@ typedef struct remat_config {
                             workers are placed on NUMA nodes as on that
                             machine (default threads: its cores) and bound
                             to nothing; NULL: this machine */
+  remat_precision precision; /* REMAT_PRECISION: f32 or bf16; default f32.
+                                bf16 fails at runtime creation on a CPU
+                                for which oneDNN has no bf16 matmul kernel
+                                (it needs AVX512-BF16 or AMX) */
 } remat_config;
 
 /* Parses a byte size such as "1.5GiB", "800MB", "4096" (B, KB, MB, GB, TB

@@ -196,6 +196,13 @@ remat_status op_plan(const op_desc *desc, dnnl_engine_t engine,
                      op_instance *inst, char err[OP_ERRMSG_MAX]);
 void op_instance_release(op_instance *inst);
 
+/* The implementation oneDNN picks for a bf16 matmul on this CPU, written
+ * into impl ("brg:avx512_core_bf16", "brg:avx512_core_amx", ...):
+ * REMAT_OK when it is a fast kernel, REMAT_ERR_BACKEND when there is none
+ * or only a reference loop (no AVX512-BF16 or AMX, or ONEDNN_MAX_CPU_ISA
+ * below them). */
+remat_status op_bf16_kernel(dnnl_engine_t engine, char *impl, size_t cap);
+
 /* Elements of a shape (1 for ndim 0). */
 int64_t op_numel(const op_shape *s);
 /* "[2,3,64]": room for OP_MAX_DIMS dims of 20 digits. */

@@ -118,6 +118,7 @@ static remat_status run_stages(remat_step_plan *p) {
     s = persist_allocate(p);
   if (s == REMAT_OK)
     s = numa_place_copies(p);
+  p->params_written = true; /* bf16 copies: made before the first run */
   if (s == REMAT_OK) {
     s = memplan_predict(g, &p->low, nworkers, p->numa.nnodes, &p->arena,
                         &p->predicted);

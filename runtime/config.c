@@ -127,6 +127,20 @@ static remat_status env_verbose(const char *v, int *out) {
   return REMAT_OK;
 }
 
+static remat_status env_precision(const char *v, remat_precision *out) {
+  if (strcmp(v, "f32") == 0) {
+    *out = REMAT_PRECISION_F32;
+    return REMAT_OK;
+  }
+  if (strcmp(v, "bf16") == 0) {
+    *out = REMAT_PRECISION_BF16;
+    return REMAT_OK;
+  }
+  return remat__fail(REMAT_ERR_CONFIG,
+                     "REMAT_PRECISION='%s' is not valid: expected f32 or bf16",
+                     v);
+}
+
 static remat_status copy_string(const char *what, const char *v, char *buf,
                                 size_t len) {
   if (strlen(v) >= len)
@@ -176,6 +190,9 @@ static remat_status load_env(remat_config *c, config_strings *str) {
                       &c->trace_path)))
     return s;
   if ((v = getenv("REMAT_VERBOSE")) && (s = env_verbose(v, &c->verbose)))
+    return s;
+  if ((v = getenv("REMAT_PRECISION")) &&
+      (s = env_precision(v, &c->precision)))
     return s;
   if ((v = getenv("REMAT_TOPOLOGY")) &&
       (s = set_string("REMAT_TOPOLOGY", v, str->topology,
@@ -228,6 +245,14 @@ static remat_status overlay_numbers(const remat_config *code,
                          code->verbose);
     c->verbose = code->verbose;
   }
+  if (set & REMAT_SET_PRECISION) {
+    if ((unsigned)code->precision > REMAT_PRECISION_BF16)
+      return remat__fail(REMAT_ERR_CONFIG,
+                         "remat_config.precision=%d is not valid: expected "
+                         "REMAT_PRECISION_F32 or REMAT_PRECISION_BF16",
+                         (int)code->precision);
+    c->precision = code->precision;
+  }
   return REMAT_OK;
 }
 
@@ -269,6 +294,7 @@ remat_status remat__config_load(const remat_config *code, int default_threads,
       .trace_path = NULL,
       .verbose = 0,
       .topology = NULL,
+      .precision = REMAT_PRECISION_F32,
   };
   remat_status s = load_env(&c, strings);
   if (s == REMAT_OK && code != NULL)

@@ -104,6 +104,7 @@ static remat_tensor *new_tensor(remat_graph *g, tensor_kind kind,
   t->kind = kind;
   t->shape = *shape;
   t->dtype = dtype;
+  t->store = graph_store_dtype(g, kind == TENSOR_PARAM, dtype, shape);
   t->producer = -1;
   t->region = g->region_depth > 0 ? g->region_stack[g->region_depth - 1] : -1;
   snprintf(t->name, sizeof t->name, "%s", name);
@@ -216,7 +217,14 @@ remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
     if (!graph_tensor_ok(g, in[i], what))
       return NULL;
     desc.in[i] = in[i]->shape;
-    desc.in_dtype[i] = in[i]->dtype;
+    /* in bf16 precision a parameter is read through its bf16 copy unless
+     * the op reads it as f32; parameter gradients are f32 */
+    bool param = in[i]->kind == TENSOR_PARAM;
+    desc.in_dtype[i] = in[i]->store;
+    if (param && in[i]->store == OP_F32 && !op_input_keeps_f32(type, i) &&
+        graph_store_dtype(g, false, OP_F32, &in[i]->shape) == OP_BF16)
+      desc.in_dtype[i] = OP_BF16;
+    desc.din_dtype[i] = param || in[i]->store == OP_I32 ? OP_F32 : in[i]->store;
   }
   char err[OP_ERRMSG_MAX];
   remat_status s = op_infer(&desc, err);
@@ -241,6 +249,7 @@ remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
   remat_tensor *out = new_tensor(g, TENSOR_ACT, &desc.out, OP_F32, name);
   if (out == NULL)
     return NULL;
+  desc.out_dtype = out->store;
   graph_op *op = &g->ops[g->nops];
   memset(op, 0, sizeof *op);
   op->desc = desc;

@@ -117,7 +117,10 @@ struct remat_tensor {
   int32_t id;
   tensor_kind kind;
   op_shape shape;
-  op_dtype dtype;
+  op_dtype dtype;   /* as the API sees it: f32 or int32 */
+  op_dtype store;   /* its buffers' element type (tensor_store_bytes): bf16
+                       for float inputs and activations in bf16 precision
+                       (graph_store_dtype), else dtype */
   int32_t producer; /* op index, -1 for inputs and params */
   int32_t region;   /* innermost region at creation, -1 none */
   char name[REMAT__NAME_MAX];
@@ -186,6 +189,15 @@ void graph_enter_wait(remat_graph *g);
 /* Adds an op of `type` on `in` (builders.c's one entry point). */
 remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
                            int nin, const op_attrs *attrs);
+/* Bytes of a tensor as the API reads, writes and feeds it (4 per element). */
 int64_t tensor_bytes(const remat_tensor *t);
+/* Bytes of its value buffer (and of a recomputed copy): 2 per element in
+ * bf16 storage. */
+int64_t tensor_store_bytes(const remat_tensor *t);
+/* The element type of a new tensor's buffers: float inputs and op results
+ * are bf16 in bf16 precision, except [1] scalars (losses); parameters are
+ * f32 master weights. */
+op_dtype graph_store_dtype(const remat_graph *g, bool param, op_dtype dtype,
+                           const op_shape *shape);
 
 #endif

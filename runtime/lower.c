@@ -19,9 +19,9 @@ typedef struct lower_ctx {
   plan_lowering *l;
 } lower_ctx;
 
-static int32_t add_buffer(lower_ctx *p, int64_t bytes,
-                          remat_mem_category cat, bool persistent,
-                          int32_t tensor) {
+static int32_t add_buffer_dt(lower_ctx *p, int64_t bytes, op_dtype dtype,
+                             remat_mem_category cat, bool persistent,
+                             int32_t tensor) {
   if (p->l->nbufs == p->l->cap_bufs) {
     int32_t cap = p->l->cap_bufs ? 2 * p->l->cap_bufs : 256;
     plan_buffer *b = remat__realloc(p->l->bufs, (size_t)cap * sizeof *b);
@@ -33,10 +33,18 @@ static int32_t add_buffer(lower_ctx *p, int64_t bytes,
   plan_buffer *b = &p->l->bufs[p->l->nbufs];
   memset(b, 0, sizeof *b);
   b->bytes = bytes;
+  b->dtype = dtype;
   b->cat = cat;
   b->persistent = persistent;
   b->tensor = tensor;
   return p->l->nbufs++;
+}
+
+/* An f32 buffer (aux, workspace, moments) or one of a tensor's. */
+static int32_t add_buffer(lower_ctx *p, int64_t bytes,
+                          remat_mem_category cat, bool persistent,
+                          int32_t tensor) {
+  return add_buffer_dt(p, bytes, OP_F32, cat, persistent, tensor);
 }
 
 static plan_knode *add_knode(lower_ctx *p, knode_kind kind, int32_t op,
@@ -55,7 +63,7 @@ static plan_knode *add_knode(lower_ctx *p, knode_kind kind, int32_t op,
   kn->op = op;
   kn->region = -1;
   kn->seed = (knode_seed_bufs){-1, -1};
-  kn->optim = (knode_optim_bufs){-1, -1, -1, -1, -1, 0};
+  kn->optim = (knode_optim_bufs){-1, -1, -1, -1, -1, -1, 0};
   kn->kernel = k;
   kn->tiles = k != NULL ? k->tiles : 1;
   kn->flops = k != NULL ? k->flops : 0.0;
@@ -108,28 +116,61 @@ static remat_mem_category value_category(const remat_tensor *t) {
   }
 }
 
+/* Whether an op reads parameter t through a bf16 copy. */
+static bool read_as_bf16(const remat_graph *g, int32_t t) {
+  if (g->tensors[t]->kind != TENSOR_PARAM)
+    return false;
+  for (int32_t o = 0; o < g->nops; o++)
+    for (int i = 0; i < g->ops[o].desc.nin; i++)
+      if (g->ops[o].in[i] == t && g->ops[o].desc.in_dtype[i] == OP_BF16)
+        return true;
+  return false;
+}
+
+/* Value buffers (of the tensor's storage type), gradients (f32 for
+ * parameters, the storage type for activations), and the bf16 copies of
+ * parameters (persistent, counted as parameters, replicated per node as
+ * parameters are). */
 static remat_status make_tensor_buffers(lower_ctx *p,
                                         const bool *has_grad) {
   const remat_graph *g = p->g;
   for (int32_t t = 0; t < g->ntensors; t++) {
     const remat_tensor *x = g->tensors[t];
     bool persistent = x->kind != TENSOR_ACT || x->keep || t == p->req->loss;
-    p->l->value_buf[t] =
-        add_buffer(p, tensor_bytes(x), value_category(x), persistent, t);
+    bool param = x->kind == TENSOR_PARAM;
+    p->l->value_buf[t] = add_buffer_dt(p, tensor_store_bytes(x), x->store,
+                                       value_category(x), persistent, t);
     p->l->grad_buf[t] = -1;
     p->l->recomp_buf[t] = -1;
+    p->l->copy_buf[t] = -1;
     if (p->l->value_buf[t] < 0)
       return REMAT_ERR_OUT_OF_MEMORY;
     if (!(p->req->loss < 0) && has_grad[t]) {
-      bool param = x->kind == TENSOR_PARAM;
-      p->l->grad_buf[t] = add_buffer(
-          p, tensor_bytes(x), param ? REMAT_MEM_GRADS : REMAT_MEM_ACT_GRADS,
-          param, t);
+      p->l->grad_buf[t] = add_buffer_dt(
+          p, tensor_store_bytes(x), x->store,
+          param ? REMAT_MEM_GRADS : REMAT_MEM_ACT_GRADS, param, t);
       if (p->l->grad_buf[t] < 0)
+        return REMAT_ERR_OUT_OF_MEMORY;
+    }
+    if (read_as_bf16(g, t)) {
+      p->l->copy_buf[t] = add_buffer_dt(p, op_numel(&x->shape) * 2, OP_BF16,
+                                        REMAT_MEM_PARAMS, true, t);
+      if (p->l->copy_buf[t] < 0)
         return REMAT_ERR_OUT_OF_MEMORY;
     }
   }
   return REMAT_OK;
+}
+
+/* The buffer input i of op `op` reads: a parameter's bf16 copy when the
+ * op reads it in bf16, else the recomputed buffer (use_recomputed) or the
+ * value. */
+static int32_t input_buf(const lower_ctx *p, const graph_op *op, int i,
+                         bool use_recomputed) {
+  int32_t t = op->in[i];
+  if (p->l->copy_buf[t] >= 0 && op->desc.in_dtype[i] == OP_BF16)
+    return p->l->copy_buf[t];
+  return use_recomputed ? p->l->recomp_buf[t] : p->l->value_buf[t];
 }
 
 /* The forward instance (recompute false) or the recomputed instance of op
@@ -167,9 +208,8 @@ static remat_status emit_forward_kernels(lower_ctx *p, op_buffers *ob,
       return REMAT_ERR_OUT_OF_MEMORY;
     for (int i = 0; i < op->desc.nin; i++) {
       int32_t t = op->in[i];
-      bool use_recomputed = recompute && !p->req->saved[t];
       kn->slot_buf[plan_slot(OP_SLOT_IN(i))] =
-          use_recomputed ? p->l->recomp_buf[t] : p->l->value_buf[t];
+          input_buf(p, op, i, recompute && !p->req->saved[t]);
     }
     kn->slot_buf[plan_slot(OP_SLOT_OUT)] =
         recompute ? p->l->recomp_buf[op->out] : p->l->value_buf[op->out];
@@ -225,8 +265,10 @@ static remat_status emit_region_recompute(lower_ctx *p, op_buffers *ob,
     if (op->region < 0 || g->regions[op->region].top != top ||
         !needed[op->out])
       continue;
-    p->l->recomp_buf[op->out] = add_buffer(p, tensor_bytes(g->tensors[op->out]),
-                                        REMAT_MEM_RECOMPUTED, false, op->out);
+    const remat_tensor *x = g->tensors[op->out];
+    p->l->recomp_buf[op->out] = add_buffer_dt(
+        p, tensor_store_bytes(x), x->store, REMAT_MEM_RECOMPUTED, false,
+        op->out);
     if (p->l->recomp_buf[op->out] < 0)
       return REMAT_ERR_OUT_OF_MEMORY;
     remat_status s = make_aux(p, ob, o, true);
@@ -281,7 +323,7 @@ static remat_status emit_backward_op(lower_ctx *p, op_buffers *ob,
       int32_t t = op->in[i];
       if (kern->reads & OP_SLOT_IN(i))
         kn->slot_buf[plan_slot(OP_SLOT_IN(i))] =
-            is_recomputed(p, t) ? p->l->recomp_buf[t] : p->l->value_buf[t];
+            input_buf(p, op, i, is_recomputed(p, t));
       if (kern->writes & OP_SLOT_DIN(i))
         kn->slot_buf[plan_slot(OP_SLOT_DIN(i))] = din_buf[i];
     }
@@ -357,6 +399,7 @@ static remat_status emit_updates(lower_ctx *p) {
         continue;
       }
       kn->optim.param = p->l->value_buf[t];
+      kn->optim.param_copy = p->l->copy_buf[t];
       if (p->req->opt_kind != REMAT_OPT_ADAMW)
         continue;
       kn->optim.adam_m =
@@ -378,7 +421,9 @@ static remat_status alloc_tensor_maps(lower_ctx *p) {
   p->l->value_buf = remat__malloc(n * sizeof *p->l->value_buf);
   p->l->grad_buf = remat__malloc(n * sizeof *p->l->grad_buf);
   p->l->recomp_buf = remat__malloc(n * sizeof *p->l->recomp_buf);
-  if (!p->l->value_buf || !p->l->grad_buf || !p->l->recomp_buf)
+  p->l->copy_buf = remat__malloc(n * sizeof *p->l->copy_buf);
+  if (!p->l->value_buf || !p->l->grad_buf || !p->l->recomp_buf ||
+      !p->l->copy_buf)
     return REMAT_ERR_OUT_OF_MEMORY;
   return REMAT_OK;
 }
@@ -432,6 +477,7 @@ void lowering_free(plan_lowering *l) {
   free(l->value_buf);
   free(l->grad_buf);
   free(l->recomp_buf);
+  free(l->copy_buf);
   memset(l, 0, sizeof *l);
 }
 
@@ -461,6 +507,7 @@ int knode_uses(const plan_knode *kn, knode_use *out) {
     return 0;
   case KNODE_UPDATE:
     n = add_use(out, n, kn->optim.param, true);
+    n = add_use(out, n, kn->optim.param_copy, true);
     n = add_use(out, n, kn->optim.grad, false);
     n = add_use(out, n, kn->optim.adam_m, true);
     return add_use(out, n, kn->optim.adam_v, true);

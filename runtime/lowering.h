@@ -12,6 +12,8 @@
  * copy, an op's aux tensor, a workspace or an optimizer moment. */
 typedef struct plan_buffer {
   int64_t bytes;
+  op_dtype dtype;       /* element type (bf16 activations in bf16 precision;
+                           aux and workspace buffers: f32, their op's own) */
   remat_mem_category cat;
   bool persistent;      /* allocated at compile, lives with the graph */
   bool zero_fill;       /* several kernels accumulate into it */
@@ -21,7 +23,7 @@ typedef struct plan_buffer {
   _Atomic int32_t users_left;
   int node;             /* arena home (numa_place.c): its NUMA node, or the
                            layout of its per-node slices */
-  float *data;
+  float *data;          /* of `dtype` elements (cast before indexing) */
 } plan_buffer;
 
 /* Whether a buffer has a copy on every one of `nnodes` nodes (parameters,
@@ -56,6 +58,7 @@ typedef struct knode_seed_bufs {
 typedef struct knode_optim_bufs {
   int32_t param_tensor;      /* tensor id of the parameter */
   int32_t param, grad;       /* check reads grad; update writes param */
+  int32_t param_copy;        /* update: the bf16 copy it refreshes, -1 none */
   int32_t adam_m, adam_v;    /* AdamW's moments, written by the update */
   int64_t check_tile0;       /* check: its first tile's index among the
                                 step's check tiles (their sums of squares) */
@@ -101,6 +104,8 @@ typedef struct plan_lowering {
   int32_t *value_buf;  /* [ntensors] forward buffer of each tensor */
   int32_t *grad_buf;   /* [ntensors] gradient buffer, -1 none */
   int32_t *recomp_buf; /* [ntensors] recomputed buffer, -1 none */
+  int32_t *copy_buf;   /* [ntensors] bf16 copy of a parameter that ops read
+                          in bf16 (op_desc.in_dtype), -1 none */
   double flops, recompute_flops;
   int64_t ncheck_tiles; /* tiles of all check nodes together */
 } plan_lowering;

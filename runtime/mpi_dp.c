@@ -502,6 +502,7 @@ remat_status dp_step_begin(remat_step_plan *p) {
     if (s != REMAT_OK)
       return s;
     d->synced = true;
+    p->params_written = true; /* rank 0's weights: new bf16 copies */
   }
   comm_begin_step(&d->comm);
   return REMAT_OK;

@@ -370,9 +370,11 @@ void numa_refresh(remat_step_plan *p, int32_t b, int from, int64_t lo,
   if (n->copies == NULL || !n->replicated[b])
     return;
   float **copy = n->copies + (int64_t)b * n->nnodes;
+  size_t size = (size_t)op_dtype_size(p->low.bufs[b].dtype);
   for (int k = 0; k < n->nnodes; k++)
     if (k != from)
-      memcpy(copy[k] + lo, copy[from] + lo, (size_t)(hi - lo) * sizeof(float));
+      memcpy((char *)copy[k] + (size_t)lo * size,
+             (char *)copy[from] + (size_t)lo * size, (size_t)(hi - lo) * size);
 }
 
 void numa_plan_free(remat_step_plan *p) {

@@ -40,7 +40,7 @@ remat_status numa_place_copies(struct remat_step_plan *p);
 /* Buffer b's data as a worker on `node` reads it: the node's copy of a
  * replicated buffer. */
 float *numa_data(const struct remat_step_plan *p, int32_t b, int node);
-/* Copies floats [lo, hi) of replicated buffer b from node `from`'s copy to
+/* Copies elements [lo, hi) of replicated buffer b from node `from`'s copy to
  * the others (after an update tile or remat_write). */
 void numa_refresh(struct remat_step_plan *p, int32_t b, int from, int64_t lo,
                   int64_t hi);

@@ -47,7 +47,8 @@ remat_status persist_allocate(remat_step_plan *p) {
                          "remat_compile: out of memory allocating %lld bytes",
                          (long long)buf->bytes);
     memset(buf->data, 0, (size_t)buf->bytes);
-    if (buf->tensor >= 0 && buf->cat == REMAT_MEM_PARAMS)
+    if (buf->tensor >= 0 && buf->cat == REMAT_MEM_PARAMS &&
+        p->low.value_buf[buf->tensor] == b) /* not a bf16 copy */
       init_param(p->g, p->g->tensors[buf->tensor], buf->data);
   }
   size_t max_scratch = 0;

@@ -25,9 +25,9 @@ static remat_status region_stats(remat_step_plan *p) {
       continue;
     plan_region_stats *rs = &p->region_stats[g->regions[x->region].top];
     if (p->low.recomp_buf[t] >= 0)
-      rs->recomputed_bytes += tensor_bytes(x);
+      rs->recomputed_bytes += tensor_store_bytes(x);
     else if (p->decision.saved[t] && !p->forward_only)
-      rs->saved_bytes += tensor_bytes(x);
+      rs->saved_bytes += tensor_store_bytes(x);
   }
   for (int32_t i = 0; i < p->low.nknodes; i++)
     if (p->low.knodes[i].kind == KNODE_RECOMPUTE && p->low.knodes[i].region >= 0)

@@ -21,9 +21,32 @@ static void destroy_streams(remat_runtime *rt) {
   rt->workers = NULL;
 }
 
+/* bf16 precision needs oneDNN's bf16 matmul kernels on this CPU. */
+static remat_status check_bf16(remat_runtime *rt) {
+  if (rt->config.precision != REMAT_PRECISION_BF16)
+    return REMAT_OK;
+  char impl[128];
+  if (op_bf16_kernel(rt->engine, impl, sizeof impl) == REMAT_OK)
+    return REMAT_OK;
+  const char *isa = getenv("ONEDNN_MAX_CPU_ISA");
+  bool none = strcmp(impl, "none") == 0;
+  return remat__fail(REMAT_ERR_CONFIG,
+                     "REMAT_PRECISION=bf16: oneDNN has no bf16 matmul kernel "
+                     "for this CPU%s%s%s: bf16 needs AVX512-BF16 (AMD Zen 4 "
+                     "and later, Intel Cooper Lake) or AMX (Intel Sapphire "
+                     "Rapids and later)%s%s%s; use REMAT_PRECISION=f32",
+                     none ? "" : " (only '", none ? "" : impl,
+                     none ? "" : "')",
+                     isa ? ", and ONEDNN_MAX_CPU_ISA (here '" : "",
+                     isa ? isa : "", isa ? "') must allow them" : "");
+}
+
 static remat_status create_backend(remat_runtime *rt) {
   if (dnnl_engine_create(&rt->engine, dnnl_cpu, 0) != dnnl_success)
     return remat__fail(REMAT_ERR_BACKEND, "oneDNN: cannot create a CPU engine");
+  remat_status s = check_bf16(rt);
+  if (s != REMAT_OK)
+    return s;
   rt->workers = remat__calloc((size_t)rt->nworkers, sizeof *rt->workers);
   if (rt->workers == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,

@@ -751,6 +751,8 @@ remat_status safet_load(remat_graph *g, const char *path,
     req->commit(req->ctx);
   if (s == REMAT_OK) /* sums of gradients of the weights that were */
     g->plan->accum_count = 0;
+  if (s == REMAT_OK) /* per-node and bf16 copies: before the next run */
+    g->plan->params_written = true;
   if (src.fd >= 0)
     close(src.fd);
   free(entries);

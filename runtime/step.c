@@ -15,6 +15,7 @@
 #include "runtime/report.h"
 
 #include "runtime/dp.h"
+#include "runtime/precision.h"
 #include "runtime/step_plan.h"
 
 static double now_seconds(void) {
@@ -101,7 +102,8 @@ static remat_status do_feed(remat_graph *g, remat_tensor *input, const void *dat
   if (input->dtype == OP_I32 &&
       (s = check_ids(g, input, data, bytes / sizeof(int32_t))) != REMAT_OK)
     return s;
-  memcpy(g->plan->low.bufs[g->plan->low.value_buf[input->id]].data, data, bytes);
+  precision_store(&g->plan->low.bufs[g->plan->low.value_buf[input->id]], data,
+                  (int64_t)(bytes / sizeof(float)));
   return REMAT_OK;
 }
 
@@ -118,7 +120,7 @@ static remat_status do_read(remat_graph *g, remat_tensor *t, void *dst,
                        t->name);
   if (dst == NULL)
     return remat__fail(REMAT_ERR_INVALID_ARG, "remat_read: dst is NULL");
-  memcpy(dst, b->data, bytes);
+  precision_load(b, dst, (int64_t)(bytes / sizeof(float)));
   return REMAT_OK;
 }
 
@@ -152,6 +154,7 @@ static remat_status do_write(remat_graph *g, remat_tensor *param, const float *s
   int32_t b = g->plan->low.value_buf[param->id];
   memcpy(g->plan->low.bufs[b].data, src, bytes);
   numa_refresh(g->plan, b, 0, 0, (int64_t)(bytes / sizeof *src));
+  g->plan->params_written = true; /* bf16 copies: before the next step */
   return REMAT_OK;
 }
 
@@ -288,6 +291,7 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
     p->opt_step -= updates;
     return s;
   }
+  precision_refresh_copies(p); /* after writes, loads and the broadcast */
   if (step_trace_begin(p, g->rt->config.trace_path, &opts.records) !=
       REMAT_OK) {
     p->opt_step -= updates;

@@ -62,6 +62,12 @@ typedef struct remat_step_plan {
   int64_t accum_count;       /* micro-steps summed in accum */
   char *task_names;          /* [nknodes * TASK_NAME_MAX] (task_names.h) */
   bool reported_run;         /* REMAT_VERBOSE told the first run's peak */
+  bool params_written;       /* parameters were written by something else
+                                than an update (compile, remat_write, a
+                                load, the data-parallel broadcast): their
+                                per-node and bf16 copies are rewritten from
+                                the masters before the next run
+                                (precision.h) */
   step_trace trace;          /* step_trace.h */
   struct dp_plan *dp;        /* data parallel (dp.h), NULL when not */
 } remat_step_plan;

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "base/bf16.h"
 #include "runtime/optim.h"
 #include "runtime/step_plan.h"
 #include "runtime/tasks.h"
@@ -117,6 +118,11 @@ static int update_tile(remat_step_plan *p, const plan_knode *kn,
       .grad_scale = p->grad_scale};
   optim_update(&p->opt, &a);
   numa_refresh(p, kn->optim.param, node, lo, hi);
+  if (kn->optim.param_copy >= 0) { /* the bf16 weights the next step reads */
+    uint16_t *copy = (uint16_t *)numa_data(p, kn->optim.param_copy, node);
+    bf16_from_f32_row(copy + lo, a.param, hi - lo);
+    numa_refresh(p, kn->optim.param_copy, node, lo, hi);
+  }
   return REMAT_OK;
 }
 
