@@ -1,10 +1,12 @@
 /* bench_train: training-step benchmark of the GPT-style model. Reports the
  * median step time after a warm-up, the runtime's memory peaks, the process's
- * peak RSS, and model FLOP utilization against oneDNN's own f32 matmul
- * throughput measured in the same process on the same thread count. */
+ * peak RSS, and model FLOP utilization against oneDNN's own matmul
+ * throughput (f32, and bf16 for a bf16 run) measured in the same process on
+ * the same thread count. */
 #include <getopt.h>
 #include <math.h>
 #include <omp.h>
+#include <stdbool.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "base/bf16.h"
 #include "remat.h"
 #include "tools/dp_tool.h"
 
@@ -23,6 +26,8 @@ typedef struct options {
   int json, compare_threads;
   int accum; /* micro-batches of --batch rows per update */
   int both;  /* --attention both */
+  remat_precision precision;
+  int precision_both; /* --precision both */
 } options;
 
 static double now(void) {
@@ -41,10 +46,11 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* oneDNN's f32 matmul, 2048x512 by 512x2048, run by oneDNN's own OpenMP
- * parallelization on the benchmark's thread count: the roofline of model
- * FLOP/s. It is measured between the timed steps, so that both see the same
- * machine (this one is shared and noisy). */
+/* oneDNN's matmul, 2048x512 by 512x2048, f32 (or bf16 operands and result
+ * with f32 accumulation), run by oneDNN's own OpenMP parallelization on the
+ * benchmark's thread count: the roofline of model FLOP/s. It is measured
+ * between the timed steps, so that both see the same machine (this one is
+ * shared and noisy). */
 typedef struct roofline {
   dnnl_engine_t eng;
   dnnl_stream_t stream;
@@ -56,7 +62,7 @@ typedef struct roofline {
   double flops;
 } roofline;
 
-static int roofline_open(roofline *r, int threads) {
+static int roofline_open(roofline *r, int threads, bool bf16) {
   const dnnl_dim_t m = 2048, k = 512, n = 2048;
   memset(r, 0, sizeof *r);
   r->threads = threads;
@@ -66,7 +72,8 @@ static int roofline_open(roofline *r, int threads) {
   dnnl_memory_desc_t md[3];
   dnnl_dims_t dims[3] = {{m, k}, {k, n}, {m, n}};
   for (int i = 0; i < 3; i++)
-    dnnl_memory_desc_init_by_tag(&md[i], 2, dims[i], dnnl_f32, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&md[i], 2, dims[i],
+                                 bf16 ? dnnl_bf16 : dnnl_f32, dnnl_ab);
   dnnl_matmul_desc_t desc;
   int ok = dnnl_engine_create(&r->eng, dnnl_cpu, 0) == dnnl_success &&
            dnnl_stream_create(&r->stream, r->eng, dnnl_stream_default_flags) ==
@@ -81,8 +88,13 @@ static int roofline_open(roofline *r, int threads) {
     r->buf[i] = malloc(count * sizeof(float));
     ok = r->buf[i] != NULL &&
          dnnl_memory_create(&r->mem[i], &md[i], r->eng, r->buf[i]) == dnnl_success;
-    for (size_t j = 0; ok && j < count; j++)
-      r->buf[i][j] = (float)(j % 7) * 0.1f;
+    for (size_t j = 0; ok && j < count; j++) {
+      float v = (float)(j % 7) * 0.1f;
+      if (bf16)
+        ((uint16_t *)r->buf[i])[j] = bf16_from_f32(v);
+      else
+        r->buf[i][j] = v;
+    }
   }
   omp_set_num_threads(saved);
   return ok;
@@ -130,10 +142,14 @@ static void usage(FILE *f) {
           "                   [--batch B] [--vocab V] [--steps S] [--threads N]\n"
           "                   [--policy P] [--budget BYTES] [--accum K] [--json]\n"
           "                   [--compare-threads] [--attention fused|materialized|both]\n"
+          "                   [--precision f32|bf16|both]\n"
           "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
           "--attention: the builder's default (materialized) unless given; both\n"
           "runs the materialized and the fused model in one process, steps\n"
           "interleaved, and prints one JSON line for each\n"
+          "--precision: f32 (default) or bf16; both runs the f32 and the bf16\n"
+          "model in one process, steps interleaved, one JSON line each, the\n"
+          "bf16 line with its ratios to the f32 run\n"
           "--accum K: a step is K micro-batches of B rows (remat_accumulate)\n"
           "and one update; step time and tokens count all K (default 1)\n"
           "--compare-threads: also run the model on 1 thread, in interleaved\n"
@@ -160,6 +176,7 @@ static int parse_args(int argc, char **argv, options *o) {
       {"accum", 1, 0, 'K'},
       {"compare-threads", 0, 0, 'C'},
       {"attention", 1, 0, 'A'},
+      {"precision", 1, 0, 'R'},
       {0, 0, 0, 0}};
   *o = (options){.cfg = {.layers = 8, .d_model = 512, .heads = 8, .seq = 256,
                          .batch = 8, .vocab = 256},
@@ -200,6 +217,19 @@ static int parse_args(int argc, char **argv, options *o) {
         ok = 0;
       }
       break;
+    case 'R':
+      if (strcmp(optarg, "f32") == 0)
+        o->precision = REMAT_PRECISION_F32;
+      else if (strcmp(optarg, "bf16") == 0)
+        o->precision = REMAT_PRECISION_BF16;
+      else if (strcmp(optarg, "both") == 0)
+        o->precision_both = 1;
+      else {
+        fprintf(stderr, "bench_train: --precision '%s': expected f32, bf16 "
+                        "or both\n", optarg);
+        ok = 0;
+      }
+      break;
     case 'h': usage(stdout); exit(0);
     default: ok = 0;
     }
@@ -213,9 +243,9 @@ static int parse_args(int argc, char **argv, options *o) {
     usage(stderr);
     return 0;
   }
-  if (o->both && o->compare_threads) {
-    fprintf(stderr, "bench_train: --attention both and --compare-threads "
-                    "exclude each other\n");
+  if (o->both + o->compare_threads + o->precision_both > 1) {
+    fprintf(stderr, "bench_train: --attention both, --precision both and "
+                    "--compare-threads exclude each other\n");
     return 0;
   }
   return 1;
@@ -262,28 +292,31 @@ static int fail(const char *what) {
 typedef struct bench {
   int threads, accum;
   remat_gpt_config cfg; /* the options' model with this run's attention */
+  remat_precision precision;
   remat_runtime *rt;
   remat_graph *g;
   remat_gpt m;
-  roofline roof;
+  roofline roof, roof16; /* f32; bf16 in a bf16 run */
   int32_t *tok, *tgt;
-  double *times, *roofs;
+  double *times, *roofs, *roofs16;
   remat_step_stats st, first;
   uint64_t checksum;
   int64_t peak, act_peak;
 } bench;
 
 static int bench_open(bench *b, const options *o, int threads,
-                      remat_attention_kind attention) {
+                      remat_attention_kind attention,
+                      remat_precision precision) {
   memset(b, 0, sizeof *b);
   b->threads = threads;
   b->accum = o->accum;
   b->cfg = o->cfg;
   b->cfg.attention = attention;
+  b->precision = precision;
   remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
-                            REMAT_SET_MEMORY_BUDGET,
+                            REMAT_SET_MEMORY_BUDGET | REMAT_SET_PRECISION,
                      .num_threads = threads, .policy = o->policy,
-                     .memory_budget = o->budget};
+                     .memory_budget = o->budget, .precision = precision};
   if (remat_runtime_create(&rc, &b->rt) != REMAT_OK)
     return fail("runtime");
   if (remat_graph_create(b->rt, &b->g) != REMAT_OK)
@@ -300,7 +333,8 @@ static int bench_open(bench *b, const options *o, int threads,
   b->tgt = malloc(n * 4);
   b->times = calloc((size_t)o->steps, sizeof *b->times);
   b->roofs = calloc((size_t)o->steps, sizeof *b->roofs);
-  if (!b->tok || !b->tgt || !b->times || !b->roofs) {
+  b->roofs16 = calloc((size_t)o->steps, sizeof *b->roofs16);
+  if (!b->tok || !b->tgt || !b->times || !b->roofs || !b->roofs16) {
     fprintf(stderr, "bench_train: out of memory\n");
     return 1;
   }
@@ -308,7 +342,9 @@ static int bench_open(bench *b, const options *o, int threads,
   if (remat_feed(b->g, b->m.tokens, b->tok, n * 4) != REMAT_OK ||
       remat_feed(b->g, b->m.targets, b->tgt, n * 4) != REMAT_OK)
     return fail("feed");
-  if (!roofline_open(&b->roof, threads)) {
+  if (!roofline_open(&b->roof, threads, false) ||
+      (precision == REMAT_PRECISION_BF16 &&
+       !roofline_open(&b->roof16, threads, true))) {
     fprintf(stderr, "bench_train: cannot create the roofline matmul\n");
     return 1;
   }
@@ -329,6 +365,8 @@ static int bench_step(bench *b, int s, int steps) {
   }
   if (s < steps)
     b->roofs[s] = roofline_measure(&b->roof, 5);
+  if (s < steps && b->precision == REMAT_PRECISION_BF16)
+    b->roofs16[s] = roofline_measure(&b->roof16, 5);
   if (b->st.peak_bytes > b->peak)
     b->peak = b->st.peak_bytes;
   if (b->st.activation_peak_bytes > b->act_peak)
@@ -339,7 +377,9 @@ static int bench_step(bench *b, int s, int steps) {
 static void bench_close(bench *b) {
   free(b->times);
   free(b->roofs);
+  free(b->roofs16);
   roofline_close(&b->roof);
+  roofline_close(&b->roof16);
   free(b->tok);
   free(b->tgt);
   if (b->g)
@@ -352,19 +392,25 @@ static const char *attention_name(remat_attention_kind k) {
   return k == REMAT_ATTENTION_FUSED ? "fused" : "materialized";
 }
 
-/* The JSON line of run b; one: its 1-thread peer (--compare-threads). */
-static void report(const bench *b, const bench *one, const options *o) {
+/* The JSON line of run b; one: its 1-thread peer (--compare-threads);
+ * f32: the f32 run beside this bf16 one (--precision both). */
+static void report(const bench *b, const bench *one, const bench *f32,
+                   const options *o) {
   const remat_step_stats st = b->st;
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   double step_s = median(b->times, o->steps);
   double roofline = median(b->roofs, o->steps);
+  bool bf16 = b->precision == REMAT_PRECISION_BF16;
+  double roof16 = bf16 ? median(b->roofs16, o->steps) : 0.0;
   double flops = remat_gpt_flops(&b->cfg) * o->accum;
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  double mfu = flops / step_s * 1e-9 / roofline;
+  /* MFU against the roofline of the run's own precision */
+  double mfu = flops / step_s * 1e-9 / (bf16 ? roof16 : roofline);
   char dp_json[1024];
   dp_tool_json(b->g, dp_json, sizeof dp_json); /* collective under MPI */
-  printf("{\"policy\": \"%s\", \"attention\": \"%s\", \"layers\": %d, "
+  printf("{\"policy\": \"%s\", \"attention\": \"%s\", \"precision\": \"%s\", "
+         "\"layers\": %d, "
          "\"d_model\": %d, \"heads\": %d, "
          "\"seq\": %d, \"batch\": %d, \"vocab\": %d, \"threads\": %d, "
          "\"accum\": %d, \"steps\": %d, \"step_s_median\": %.6f, \"tokens_per_s\": %.1f, "
@@ -374,7 +420,8 @@ static void report(const bench *b, const bench *one, const options *o) {
          "\"flops_per_step\": %.6g, \"recompute_flops\": %.6g, "
          "\"matmul_roofline_gflops\": %.2f, \"mfu\": %.4f, "
          "\"remote_bytes\": %lld, \"remote_bytes_unplaced\": %lld",
-         o->policy, attention_name(b->cfg.attention), o->cfg.layers,
+         o->policy, attention_name(b->cfg.attention), bf16 ? "bf16" : "f32",
+         o->cfg.layers,
          o->cfg.d_model, o->cfg.heads, o->cfg.seq,
          o->cfg.batch, o->cfg.vocab, o->threads, o->accum, o->steps, step_s,
          (double)n * o->accum / step_s, st.loss, b->first.loss,
@@ -394,6 +441,18 @@ static void report(const bench *b, const bench *one, const options *o) {
            step_1, roof_1, step_1 / step_s, roofline / roof_1,
            one->checksum == b->checksum ? "true" : "false");
   }
+  if (bf16)
+    printf(", \"bf16_roofline_gflops\": %.2f, \"bf16_roofline_ratio\": %.4f",
+           roof16, roof16 / roofline);
+  if (f32 != NULL) {
+    /* this bf16 run against the f32 run of the same rounds */
+    double step_32 = median(f32->times, o->steps);
+    printf(", \"f32_step_s_median\": %.6f, \"step_ratio_vs_f32\": %.4f, "
+           "\"f32_activation_peak_bytes\": %lld, "
+           "\"activation_peak_ratio_vs_f32\": %.4f, \"f32_loss\": %.6f",
+           step_32, step_s / step_32, (long long)f32->act_peak,
+           (double)b->act_peak / (double)f32->act_peak, f32->st.loss);
+  }
   printf("%s}\n", dp_json);
 }
 
@@ -408,12 +467,16 @@ int main(int argc, char **argv) {
    * (--attention both) */
   bench main_run, peer;
   int compare = o.compare_threads && o.threads > 1;
-  int second = compare || o.both;
+  int second = compare || o.both || o.precision_both;
   remat_attention_kind main_kind =
       o.both ? REMAT_ATTENTION_MATERIALIZED : o.cfg.attention;
-  if (bench_open(&main_run, &o, o.threads, main_kind) ||
-      (second && bench_open(&peer, &o, compare ? 1 : o.threads,
-                            o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention)))
+  remat_precision main_precision =
+      o.precision_both ? REMAT_PRECISION_F32 : o.precision;
+  if (bench_open(&main_run, &o, o.threads, main_kind, main_precision) ||
+      (second &&
+       bench_open(&peer, &o, compare ? 1 : o.threads,
+                  o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention,
+                  o.precision_both ? REMAT_PRECISION_BF16 : o.precision)))
     return 1;
   /* Interleaved rounds: the two runs alternate which goes first, so that
    * neither always follows the other's cache and frequency state. */
@@ -427,9 +490,9 @@ int main(int argc, char **argv) {
       if (bench_step(order[r], s, o.steps))
         return 1;
   }
-  report(&main_run, compare ? &peer : NULL, &o);
-  if (o.both)
-    report(&peer, NULL, &o);
+  report(&main_run, compare ? &peer : NULL, NULL, &o);
+  if (o.both || o.precision_both)
+    report(&peer, NULL, o.precision_both ? &main_run : NULL, &o);
   bench_close(&main_run);
   if (second)
     bench_close(&peer);

@@ -56,6 +56,10 @@ static int open_model(trainer *t) {
     rc.set |= REMAT_SET_POLICY;
     rc.policy = o->policy;
   }
+  if (o->precision_set) {
+    rc.set |= REMAT_SET_PRECISION;
+    rc.precision = o->precision;
+  }
   remat_optimizer opt = {.kind = o->optimizer, .lr = o->lr,
                          .weight_decay = o->wd};
   if (remat_runtime_create(&rc, &t->rt) != REMAT_OK ||

@@ -40,6 +40,8 @@ typedef struct train_options {
   float lr_min;         /* -1: a tenth of --lr */
   float wd;             /* AdamW's weight decay */
   int accum;            /* micro-batches of --batch rows per update */
+  remat_precision precision; /* --precision, when precision_set */
+  int precision_set;
   float clip;           /* max global gradient norm; 0: none */
   int trace_steps;      /* training steps (runs) --trace records */
   /* checkpoints */

@@ -31,6 +31,10 @@ static void usage(FILE *f) {
 "                   backward) or materialized (attn_scores and attn_probs,\n"
 "                   which name-based policies may name) (default\n"
 "                   materialized)\n"
+"  --precision P    f32 or bf16: bf16 stores activations in bf16 and runs\n"
+"                   matmuls on bf16 operands (weights, their gradients and\n"
+"                   the optimizer stay f32; checkpoints are f32 either way)\n"
+"                   (default: REMAT_PRECISION or f32)\n"
 "  --seq N          sequence length (default 16; 128 with --data)\n"
 "  --batch N        sequences per step (default 64; 16 with --data)\n"
 "  --steps N        training steps; 0 only evaluates (default 2000)\n"
@@ -187,7 +191,7 @@ enum { OPT_DATA = 256, OPT_LAYERS, OPT_DMODEL, OPT_HEADS, OPT_SEQ, OPT_BATCH,
        OPT_SAVE, OPT_LOAD, OPT_TRACE, OPT_JSON, OPT_HELP,
        OPT_SCHEDULE, OPT_WARMUP, OPT_LR_MIN, OPT_OPTIMIZER, OPT_WD,
        OPT_RESUME, OPT_SAVE_EVERY, OPT_ACCUM, OPT_CLIP, OPT_TRACE_STEPS,
-       OPT_ATTENTION };
+       OPT_ATTENTION, OPT_PRECISION };
 /* data, evaluation and sampling (apply_run) */
 enum { OPT_DATA_FORMAT = 512, OPT_VOCAB, OPT_EVAL_EVERY, OPT_PROMPT,
        OPT_TOKENS, OPT_TEMPERATURE, OPT_TOP_K };
@@ -213,6 +217,7 @@ static const struct option longopts[] = {
     {"tokens", 1, 0, OPT_TOKENS}, {"temperature", 1, 0, OPT_TEMPERATURE},
     {"top-k", 1, 0, OPT_TOP_K},
     {"attention", 1, 0, OPT_ATTENTION},
+    {"precision", 1, 0, OPT_PRECISION},
     {0, 0, 0, 0}};
 
 static int apply_training(int c, const char *arg, const char *raw,
@@ -307,6 +312,8 @@ static int apply_training(int c, const char *arg, const char *raw,
   /* in the order of remat_attention_kind */
   static const char *const attentions[] = {"default", "fused",
                                            "materialized", NULL};
+  /* in the order of remat_precision */
+  static const char *const precisions[] = {"f32", "bf16", NULL};
   int kind = 0, r;
   switch (c) {
   case OPT_SCHEDULE:
@@ -331,6 +338,11 @@ static int apply_training(int c, const char *arg, const char *raw,
     r = parse_name("--attention", arg, attentions + 1, "fused or materialized",
                    &kind);
     o->cfg.attention = (remat_attention_kind)(kind + 1);
+    return r;
+  case OPT_PRECISION:
+    r = parse_name("--precision", arg, precisions, "f32 or bf16", &kind);
+    o->precision = (remat_precision)kind;
+    o->precision_set = 1;
     return r;
   case ':': return bad("%s needs a value%s", raw, "");
   default: return bad("unknown option '%s' (see --help)%s", raw, "");

@@ -139,8 +139,9 @@ int sample_run(const train_options *o, const dataset *d) {
     free(context);
     return EXIT_USAGE;
   }
-  remat_config rc = {.set = REMAT_SET_NUM_THREADS * (o->threads > 0),
-                     .num_threads = o->threads};
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS * (o->threads > 0) |
+                            REMAT_SET_PRECISION * (o->precision_set != 0),
+                     .num_threads = o->threads, .precision = o->precision};
   remat_runtime *rt = NULL;
   eval_model *e = NULL;
   remat_status s = remat_runtime_create(&rc, &rt);
