@@ -10,7 +10,14 @@ benchmarks/results/compare_torch.json and compare_torch.png.
 
   --check BIN   correctness instead: BIN is build/tools/remat-grads; the
                 weights and one batch's gradients it writes are compared
-                with PyTorch's (float64) within 1e-4 relative per tensor.
+                with PyTorch's (float64) within 1e-4 relative per tensor;
+                then remat's bf16 gradients (--precision bf16) with
+                PyTorch's under torch.autocast("cpu", dtype=torch.bfloat16)
+                and with float64's: cosine similarity at least 0.999 per
+                tensor, loss within 1%.
+
+bf16 rows (--precision bf16 or both): remat with --precision bf16 beside
+PyTorch under autocast bf16 (its bf16 matmuls run in oneDNN).
 
 Run with Debian's python (/usr/bin/python3) where python3-torch lives.
 """
@@ -164,6 +171,65 @@ def check(remat_grads, L=2, D=32, H=4, T=16, B=4, V=29, threads=2,
     return 0
 
 
+def run_remat_grads(remat_grads, tmp, L, D, H, T, B, V, threads, attention,
+                    precision):
+    import numpy as np
+    prefix = os.path.join(tmp, "run-" + precision)
+    out = subprocess.run(
+        [remat_grads, "--layers", str(L), "--d-model", str(D), "--heads", str(H),
+         "--seq", str(T), "--batch", str(B), "--vocab", str(V),
+         "--threads", str(threads), "--attention", attention,
+         "--precision", precision, prefix],
+        check=True, capture_output=True, text=True).stdout
+    batch = np.fromfile(prefix + ".batch.i32", dtype="<i4").reshape(2, B, T)
+    return (json.loads(out)["loss"], read_safetensors(prefix + ".weights.safetensors"),
+            read_safetensors(prefix + ".grads.safetensors"), batch)
+
+
+def cosine(a, b):
+    import numpy as np
+    a = a.astype(np.float64).ravel()
+    b = b.astype(np.float64).ravel()
+    return float(a @ b / math.sqrt(float(a @ a) * float(b @ b)))
+
+
+def check_bf16(remat_grads, L=2, D=64, H=4, T=32, B=4, V=29, threads=2,
+               attention="materialized"):
+    """remat's bf16 gradients against PyTorch autocast bf16 and float64."""
+    import torch
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        remat_loss, weights, grads, batch = run_remat_grads(
+            remat_grads, tmp, L, D, H, T, B, V, threads, attention, "bf16")
+    names = [n for n, _, _ in param_shapes(L, D, T, V)]
+    tokens = torch.tensor(batch[0], dtype=torch.long)
+    targets = torch.tensor(batch[1], dtype=torch.long)
+    refs = {}
+    for kind, dtype in (("autocast", torch.float32), ("float64", torch.float64)):
+        p = {n: torch.tensor(weights[n], dtype=dtype, requires_grad=True) for n in names}
+        if kind == "autocast":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = gpt_loss(p, tokens, targets, L, H)
+        else:
+            loss = gpt_loss(p, tokens, targets, L, H)
+        loss.float().backward()
+        refs[kind] = (loss.item(), {n: p[n].grad.float().numpy() for n in names})
+    failed = []
+    for kind, (loss, g) in refs.items():
+        rel = abs(loss - remat_loss) / abs(loss)
+        worst = min(cosine(grads[n], g[n]) for n in names)
+        print("bf16 %s attention vs torch %s: loss remat %.6f torch %.6f (rel %.1e), "
+              "worst gradient cosine %.6f" % (attention, kind, remat_loss, loss, rel, worst))
+        if rel > 0.01 or worst < 0.999:
+            failed.append(kind)
+            for n in names:
+                print("  %-18s cosine %.6f" % (n, cosine(grads[n], g[n])))
+    if failed:
+        print("FAILED: bf16 gradients differ from %s" % ", ".join(failed))
+        return 1
+    return 0
+
+
 # ---- one benchmark configuration (run in its own process) ----
 
 def bench_batch(B, T, V):
@@ -188,7 +254,11 @@ def torch_worker(a):
     for s in range(a.steps + 1):  # step 0 is the warm-up
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = gpt_loss(p, tokens, targets, a.layers, a.heads, a.checkpoint)
+        if a.autocast:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = gpt_loss(p, tokens, targets, a.layers, a.heads, a.checkpoint)
+        else:
+            loss = gpt_loss(p, tokens, targets, a.layers, a.heads, a.checkpoint)
         loss.backward()
         opt.step()
         if s > 0:
@@ -208,10 +278,14 @@ def run_config(a, kind, layers):
                OPENBLAS_NUM_THREADS=str(a.threads))
     if kind.startswith("torch"):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker"] + common
-        if kind == "torch+ckpt":
+        if "+ckpt" in kind:
             cmd.append("--checkpoint")
+        if kind.startswith("torch-bf16"):
+            cmd.append("--autocast")
     else:
         cmd = [a.bench_train, "--policy", kind.split(":")[1]] + common
+        if kind.startswith("remat-bf16"):
+            cmd += ["--precision", "bf16"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     r = json.loads(out.strip().splitlines()[-1])
     row = {"kind": kind, "layers": layers, "step_s": r["step_s_median"],
@@ -222,8 +296,13 @@ def run_config(a, kind, layers):
     return row
 
 
-KINDS = ["torch", "torch+ckpt", "remat:everything_saveable", "remat:nothing_saveable"]
-PEER = {"remat:everything_saveable": "torch", "remat:nothing_saveable": "torch+ckpt"}
+KINDS = {"f32": ["torch", "torch+ckpt", "remat:everything_saveable",
+                 "remat:nothing_saveable"],
+         "bf16": ["torch-bf16", "torch-bf16+ckpt", "remat-bf16:everything_saveable",
+                  "remat-bf16:nothing_saveable"]}
+PEER = {"remat:everything_saveable": "torch", "remat:nothing_saveable": "torch+ckpt",
+        "remat-bf16:everything_saveable": "torch-bf16",
+        "remat-bf16:nothing_saveable": "torch-bf16+ckpt"}
 
 
 def print_table(rows, a):
@@ -238,7 +317,8 @@ def print_table(rows, a):
         ratio_m = "%.2f" % (r["peak_rss_bytes"] / peer["peak_rss_bytes"]) if peer else ""
         print("| %d | %s | %.3f | %.0f | %s | %s |" % (
             r["layers"], r["kind"], r["step_s"], r["peak_rss_bytes"] / 2**20, ratio_t, ratio_m))
-    print("(peer of everything_saveable: torch; of nothing_saveable: torch+ckpt)")
+    print("(peer of everything_saveable: torch; of nothing_saveable: torch+ckpt;"
+          " torch-bf16 is PyTorch under torch.autocast(\"cpu\", dtype=torch.bfloat16))")
 
 
 def main():
@@ -255,6 +335,8 @@ def main():
     ap.add_argument("--bench-train", default=os.path.join(ROOT, "build/benchmarks/bench_train"))
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--check", metavar="REMAT_GRADS", help="gradient check instead")
+    ap.add_argument("--precision", choices=["f32", "bf16", "both"], default="f32")
+    ap.add_argument("--autocast", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -262,12 +344,14 @@ def main():
         a.layers = a.layers[0]
         return torch_worker(a)
     if a.check:
-        return check(a.check, threads=a.threads)
+        return max(check(a.check, threads=a.threads),
+                   check_bf16(a.check, threads=a.threads))
     if a.quick:
         a.layers, a.d_model, a.heads, a.seq, a.batch, a.vocab = [1, 2], 64, 4, 32, 4, 64
     rows = []
+    kinds = sum((KINDS[p] for p in ("f32", "bf16") if a.precision in (p, "both")), [])
     for layers in a.layers:
-        for kind in KINDS:
+        for kind in kinds:
             rows.append(run_config(a, kind, layers))
             print("  %-26s layers %2d: %.3f s/step, %.0f MiB" % (
                 kind, layers, rows[-1]["step_s"], rows[-1]["peak_rss_bytes"] / 2**20),
@@ -275,7 +359,10 @@ def main():
     print_table(rows, a)
     os.makedirs(a.out, exist_ok=True)
     name = "compare_torch_quick" if a.quick else "compare_torch"
-    meta = {"d_model": a.d_model, "heads": a.heads, "seq": a.seq, "batch": a.batch,
+    if a.precision != "f32":
+        name += "_" + a.precision
+    meta = {"precision": a.precision,
+            "d_model": a.d_model, "heads": a.heads, "seq": a.seq, "batch": a.batch,
             "vocab": a.vocab, "threads": a.threads, "steps": a.steps,
             "date": time.strftime("%Y-%m-%d %H:%M")}
     with open(os.path.join(a.out, name + ".json"), "w") as f:

@@ -22,7 +22,9 @@ def plot(results_path, png_path):
         if r["kind"] not in kinds:
             kinds.append(r["kind"])
     style = {"torch": "o--", "torch+ckpt": "s--",
-             "remat:everything_saveable": "o-", "remat:nothing_saveable": "s-"}
+             "remat:everything_saveable": "o-", "remat:nothing_saveable": "s-",
+             "torch-bf16": "^--", "torch-bf16+ckpt": "v--",
+             "remat-bf16:everything_saveable": "^-", "remat-bf16:nothing_saveable": "v-"}
     fig, (mem, tim) = plt.subplots(1, 2, figsize=(11, 4.2))
     for k in kinds:
         pts = sorted((r["layers"], r) for r in rows if r["kind"] == k)

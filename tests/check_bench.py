@@ -1,7 +1,9 @@
 """Runs bench_train on a tiny model and checks its JSON: every field present
 and sane, with --compare-threads the 1-thread run side by side, with the
-same gradients bitwise and a speedup computed from the two medians, and
-with --accum the micro-batches' FLOPs, tokens and activation peak."""
+same gradients bitwise and a speedup computed from the two medians, with
+--accum the micro-batches' FLOPs, tokens and activation peak, and with
+--precision both the bf16 run beside the f32 one (its roofline, MFU
+against it, and its ratios to the f32 run)."""
 import json
 import subprocess
 import sys
@@ -11,12 +13,13 @@ tiny = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32",
         "--batch", "2", "--vocab", "64", "--steps", "3", "--threads", "2"]
 
 
-def run(extra):
+def run(extra, nlines=1):
     out = subprocess.run([exe] + tiny + extra, check=True, capture_output=True,
                          text=True, timeout=100).stdout
     lines = out.strip().splitlines()
-    assert len(lines) == 1, f"expected one JSON line on stdout, got {out!r}"
-    return json.loads(lines[0])
+    assert len(lines) == nlines, f"expected {nlines} JSON line(s) on stdout, got {out!r}"
+    rows = [json.loads(line) for line in lines]
+    return rows[0] if nlines == 1 else rows
 
 
 def check_common(r):
@@ -30,6 +33,31 @@ def check_common(r):
 plain = run([])
 check_common(plain)
 assert "speedup" not in plain, plain
+assert plain["precision"] == "f32" and "bf16_roofline_gflops" not in plain, plain
+
+# f32 and bf16 side by side: the f32 line is the plain run's (same bits);
+# the bf16 line's MFU is against oneDNN's bf16 matmul, its ratios are to
+# the f32 line's figures.
+f32, bf16 = run(["--precision", "both"], 2)
+check_common(f32)
+check_common(bf16)
+assert f32["precision"] == "f32" and bf16["precision"] == "bf16", (f32, bf16)
+assert f32["grad_checksum"] == plain["grad_checksum"], (f32, plain)
+assert bf16["grad_checksum"] != f32["grad_checksum"], bf16
+assert bf16["bf16_roofline_gflops"] > 0, bf16
+R = bf16["bf16_roofline_gflops"] / bf16["matmul_roofline_gflops"]
+assert abs(bf16["bf16_roofline_ratio"] - R) <= 1e-3 * R, bf16
+mfu = bf16["flops_per_step"] / bf16["step_s_median"] * 1e-9 / bf16["bf16_roofline_gflops"]
+assert abs(bf16["mfu"] - mfu) <= 1e-3 * mfu, bf16
+ratio = bf16["step_s_median"] / f32["step_s_median"]
+assert abs(bf16["step_ratio_vs_f32"] - ratio) <= 1e-3 * ratio + 1e-4, bf16
+act = bf16["activation_peak_bytes"] / f32["activation_peak_bytes"]
+assert abs(bf16["activation_peak_ratio_vs_f32"] - act) <= 1e-3, bf16
+assert act <= 0.55, bf16
+assert abs(bf16["loss"] - f32["loss"]) <= 0.02 * f32["loss"], (bf16, f32)
+alone = run(["--precision", "bf16"])
+assert alone["grad_checksum"] == bf16["grad_checksum"], (alone, bf16)
+assert "step_ratio_vs_f32" not in alone, alone
 
 both = run(["--compare-threads"])
 check_common(both)
@@ -52,4 +80,7 @@ assert abs(acc["tokens_per_s"] - tokens) <= 1e-3 * tokens, acc
 bad = subprocess.run([exe, "--threads", "0"], capture_output=True, text=True)
 assert bad.returncode == 2, bad
 assert "--threads '0': expected a whole number >= 1" in bad.stderr, bad.stderr
+bad = subprocess.run([exe, "--precision", "fp16"], capture_output=True, text=True)
+assert bad.returncode == 2, bad
+assert "--precision 'fp16': expected f32, bf16 or both" in bad.stderr, bad.stderr
 print("check_bench: ok")

@@ -14,6 +14,7 @@ typedef struct grad_options {
   int threads;
   unsigned long long seed;
   const char *policy, *prefix;
+  remat_precision precision;
 } grad_options;
 
 static int parse(int argc, char **argv, grad_options *o) {
@@ -21,7 +22,7 @@ static int parse(int argc, char **argv, grad_options *o) {
       {"layers", 1, 0, 'L'}, {"d-model", 1, 0, 'D'}, {"heads", 1, 0, 'H'},
       {"seq", 1, 0, 'T'},    {"batch", 1, 0, 'B'},   {"vocab", 1, 0, 'V'},
       {"threads", 1, 0, 'N'}, {"seed", 1, 0, 'S'},   {"policy", 1, 0, 'P'},
-      {"attention", 1, 0, 'A'}, {0, 0, 0, 0}};
+      {"attention", 1, 0, 'A'}, {"precision", 1, 0, 'R'}, {0, 0, 0, 0}};
   *o = (grad_options){.cfg = {.layers = 2, .d_model = 32, .heads = 4,
                               .seq = 16, .batch = 4, .vocab = 29},
                       .threads = 2, .seed = 3, .policy = "nothing_saveable"};
@@ -48,13 +49,20 @@ static int parse(int argc, char **argv, grad_options *o) {
                                           : REMAT_ATTENTION_MATERIALIZED;
       continue;
     }
+    if (c == 'R' && (strcmp(optarg, "f32") == 0 ||
+                     strcmp(optarg, "bf16") == 0)) {
+      o->precision = optarg[0] == 'b' ? REMAT_PRECISION_BF16
+                                      : REMAT_PRECISION_F32;
+      continue;
+    }
     fprintf(stderr, "remat-grads: bad option '%s'\n", argv[optind - 1]);
     return 0;
   }
   if (optind + 1 != argc) {
     fprintf(stderr, "usage: remat-grads [--layers L --d-model D --heads H "
                     "--seq T --batch B --vocab V --threads N --seed S "
-                    "--policy P --attention fused|materialized] "
+                    "--policy P --attention fused|materialized "
+                    "--precision f32|bf16] "
                     "OUT_PREFIX\n");
     return 0;
   }
@@ -90,8 +98,10 @@ int main(int argc, char **argv) {
   grad_options o;
   if (!parse(argc, argv, &o))
     return 2;
-  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY,
-                     .num_threads = o.threads, .policy = o.policy};
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
+                            REMAT_SET_PRECISION,
+                     .num_threads = o.threads, .policy = o.policy,
+                     .precision = o.precision};
   remat_runtime *rt = NULL;
   remat_graph *g = NULL;
   remat_gpt m;
