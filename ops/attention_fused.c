@@ -147,14 +147,10 @@ static inline void row_exp(float *restrict x, int64_t n, float shift, int64_t up
   for (int64_t c = n; c < upto; c++) x[c] = 0.0f;
 }
 
-/* rows x n values of src (row stride ld) rounded to bf16 in dst (the same
- * stride). */
-ATTN_CLONES static void rows_to_bf16(uint16_t *restrict dst,
-                                     const float *restrict src, int64_t ld,
-                                     int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < n; c++)
-      dst[r * ld + c] = bf16_from_f32(src[r * ld + c]);
+/* dst[0..n) = bf16(src[0..n)). */
+static inline void row_to_bf16(uint16_t *restrict dst,
+                               const float *restrict src, int64_t n) {
+  for (int64_t c = 0; c < n; c++) dst[c] = bf16_from_f32(src[c]);
 }
 
 /* The scratch of a tile: f32 S and dP (dP `dp_at` elements after S, at
@@ -173,16 +169,23 @@ static fused_scratch fused_temp(const fused_state *s, op_worker *w,
 
 /* Rows r < nq of S (stride ld) hold the scores of queries q0 + r against
  * keys 0..q0+nq: each row becomes its causal softmax (zeros past key q),
- * and lse[r] its log-sum-exp. */
+ * and lse[r] its log-sum-exp. With Pb (bf16, stride ld) the probabilities
+ * go there rounded to bf16 instead (S then holds them unnormalized). */
 ATTN_CLONES static void softmax_rows(float *S, int64_t ld, int64_t nq,
-                                     int64_t q0, float *lse) {
+                                     int64_t q0, float *lse, uint16_t *Pb) {
   for (int64_t r = 0; r < nq; r++) {
     float *restrict row = S + r * ld;
     int64_t n = q0 + r + 1; /* keys 0..q */
     float mx = row_max(row, n);
     row_exp(row, n, mx, q0 + nq);
     float sum = row_sum(row, n), inv = 1.0f / sum;
-    for (int64_t c = 0; c < n; c++) row[c] *= inv;
+    if (Pb) {
+      uint16_t *restrict pb = Pb + r * ld;
+      for (int64_t c = 0; c < n; c++) pb[c] = bf16_from_f32(row[c] * inv);
+      for (int64_t c = n; c < q0 + nq; c++) pb[c] = 0;
+    } else {
+      for (int64_t c = 0; c < n; c++) row[c] *= inv;
+    }
     lse[r] = mx + logf(sum);
   }
 }
@@ -202,23 +205,22 @@ static int fused_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
   int rs = gemm_run(&g[0], false, op_at(qkv, qkv_at(s, a, i, 0), s->qt),
                     op_at(qkv, qkv_at(s, a, 0, 1), s->qt), t.S, w);
   if (rs != REMAT_OK) return rs;
-  softmax_rows(t.S, s->ld, nq, q0, b->aux[0] + a.bh * T + q0);
-  const void *P = t.S;
-  if (s->lowp) {
-    rows_to_bf16(t.Pb, t.S, s->ld, nq, q0 + nq);
-    P = t.Pb;
-  }
+  softmax_rows(t.S, s->ld, nq, q0, b->aux[0] + a.bh * T + q0,
+               s->lowp ? t.Pb : NULL);
+  const void *P = s->lowp ? (const void *)t.Pb : t.S;
   return gemm_run(&g[2], false, P, op_at(qkv, qkv_at(s, a, 0, 2), s->qt),
                   op_at(b->out, o_at(s, a, i), s->ot), w);
 }
 
 /* The probabilities and score gradients of block (i, j) from its scores S
  * and dP (row stride ld): P = exp(S - lse_q) where key <= q, else 0, in S;
- * dS = P (dP - delta_q) in dP. */
+ * dS = P (dP - delta_q) in dP; when Pb or dSb are given (bf16, stride ld)
+ * also P or dS rounded to bf16 there. */
 ATTN_CLONES static void probs_and_dscores(const fused_state *s, float *S,
                                           float *dP, int64_t ld, int64_t i,
                                           int64_t j, const float *lse,
-                                          const float *delta) {
+                                          const float *delta, uint16_t *Pb,
+                                          uint16_t *dSb) {
   int64_t nq = blk_rows(s, i), nk = blk_rows(s, j);
   int64_t q0 = i * s->blk, k0 = j * s->blk;
   for (int64_t r = 0; r < nq; r++) {
@@ -227,6 +229,8 @@ ATTN_CLONES static void probs_and_dscores(const fused_state *s, float *S,
     row_exp(p, n, lse[r], nk);
     float dl = delta[r];
     for (int64_t c = 0; c < nk; c++) dp[c] = p[c] * (dp[c] - dl);
+    if (Pb) row_to_bf16(Pb + r * ld, p, nk);
+    if (dSb) row_to_bf16(dSb + r * ld, dp, nk);
   }
 }
 
@@ -271,12 +275,8 @@ static int fused_dq(const op_instance *op, const op_bufs *b, int64_t tile,
   if (rs != REMAT_OK) return rs;
   for (int64_t j = 0; j <= i; j++)
     probs_and_dscores(s, S + j * s->blk, dP + j * s->blk, s->ld, i, j, lse,
-                      delta);
-  const void *dS = dP;
-  if (s->lowp) {
-    rows_to_bf16(t.dSb, dP, s->ld, nq, q0 + nq);
-    dS = t.dSb;
-  }
+                      delta, NULL, s->lowp ? t.dSb + j * s->blk : NULL);
+  const void *dS = s->lowp ? (const void *)t.dSb : dP;
   return gemm_run(&g[3], b->din_accumulate[0], dS,
                   op_at(qkv, qkv_at(s, a, 0, 1), s->qt),
                   op_at(b->din[0], qkv_at(s, a, i, 0), s->gt), w);
@@ -305,16 +305,11 @@ static int fused_dkv(const op_instance *op, const op_bufs *b, int64_t tile,
   for (int64_t i = j; i < s->nb; i++) {
     int64_t at = (i - j) * s->blk * s->bld, q = a.bh * T + i * s->blk;
     probs_and_dscores(s, S + at, dP + at, s->bld, i, j, b->aux[0] + q,
-                      b->ws[0] + q);
+                      b->ws[0] + q, s->lowp ? t.Pb + at : NULL,
+                      s->lowp ? t.dSb + at : NULL);
   }
-  const void *P = S, *dS = dP;
-  if (s->lowp) {
-    int64_t nr = T - j * s->blk, nk = blk_rows(s, j);
-    rows_to_bf16(t.Pb, S, s->bld, nr, nk);
-    rows_to_bf16(t.dSb, dP, s->bld, nr, nk);
-    P = t.Pb;
-    dS = t.dSb;
-  }
+  const void *P = s->lowp ? (const void *)t.Pb : S;
+  const void *dS = s->lowp ? (const void *)t.dSb : dP;
   bool acc = b->din_accumulate[0];
   rs = gemm_run(&g[6], acc, P, dout,
                 op_at(b->din[0], qkv_at(s, a, j, 2), s->gt), w);
