@@ -207,7 +207,8 @@ static int values_dp(const op_instance *op, const op_bufs *b, int64_t tile,
   if (!b->din[0]) return REMAT_OK;
   const op_gemm *g = &s->dx;
   int64_t bi = tile / s->H, h = tile % s->H;
-  return op_gemm_run(g, 0, op_at(b->dout, bi * s->T * s->D + h * s->hd, g->a_dt),
+  int64_t o = bi * s->T * s->D + h * s->hd;
+  return op_gemm_run(g, 0, op_at(b->dout, o, g->a_dt),
                      op_at(b->in[1], qkv_off(s, bi, 2, h), g->b_dt), NULL,
                      op_at(b->din[0], tile * s->T * s->T, g->c_dt),
                      b->din_accumulate[0], w);
