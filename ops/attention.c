@@ -1,10 +1,14 @@
 /* The two products of causal self-attention on oneDNN matmul with strided
  * views into qkv (q = cols [0,D), k = [D,2D), v = [2D,3D) of each row; head
- * h uses cols h*hd..(h+1)*hd of each part). One tile per (batch, head). */
+ * h uses cols h*hd..(h+1)*hd of each part). One tile per (batch, head).
+ * Every buffer is read and written in its desc dtype (bf16 operands
+ * accumulate in f32 inside oneDNN); the mask and the masked copy of the
+ * score gradient are written in the scores' dtype. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "base/bf16.h"
 #include "ops/op_impl.h"
 
 typedef struct attn_state {
@@ -78,12 +82,21 @@ remat_status op_attn_scores_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
 static int scores_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
                       op_worker *w) {
   const attn_state *s = op->state;
+  const op_gemm *g = &s->fwd;
   int64_t bi = tile / s->H, h = tile % s->H, T = s->T;
-  float *sc = b->out + tile * T * T;
-  int rs = op_gemm_run(&s->fwd, 0, b->in[0] + qkv_off(s, bi, 0, h),
-                       b->in[0] + qkv_off(s, bi, 1, h), NULL, sc, false, w);
+  void *sc = op_at(b->out, tile * T * T, g->c_dt);
+  int rs = op_gemm_run(g, 0, op_at(b->in[0], qkv_off(s, bi, 0, h), g->a_dt),
+                       op_at(b->in[0], qkv_off(s, bi, 1, h), g->b_dt), NULL,
+                       sc, false, w);
+  if (g->c_dt == OP_BF16) {
+    uint16_t *sh = sc, ninf = bf16_from_f32(-INFINITY);
+    for (int64_t i = 0; i < T; i++)
+      for (int64_t j = i + 1; j < T; j++) sh[i * T + j] = ninf;
+    return rs;
+  }
+  float *sf = sc;
   for (int64_t i = 0; i < T; i++)
-    for (int64_t j = i + 1; j < T; j++) sc[i * T + j] = -INFINITY;
+    for (int64_t j = i + 1; j < T; j++) sf[i * T + j] = -INFINITY;
   return rs;
 }
 
@@ -94,43 +107,50 @@ static int scores_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
   const attn_state *s = op->state;
   if (!b->din[0]) return REMAT_OK;
   int64_t bi = tile / s->H, h = tile % s->H, T = s->T;
-  const float *dout = b->dout + tile * T * T;
-  float *ds = op_temp(&s->base, w);
+  op_dtype dt = s->dx.a_dt, qt = s->dx.b_dt, gt = s->dx.c_dt;
+  size_t es = (size_t)op_dtype_size(dt);
+  const char *dout = op_at(b->dout, tile * T * T, dt);
+  char *ds = (char *)op_temp(&s->base, w);
   for (int64_t i = 0; i < T; i++) {
-    memcpy(ds + i * T, dout + i * T, (size_t)(i + 1) * sizeof(float));
-    memset(ds + i * T + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
+    memcpy(ds + i * T * es, dout + i * T * es, (size_t)(i + 1) * es);
+    memset(ds + (i * T + i + 1) * es, 0, (size_t)(T - i - 1) * es);
   }
   const float *qkv = b->in[0];
   float *dqkv = b->din[0];
   bool acc = b->din_accumulate[0];
-  int rs = op_gemm_run(&s->dx, 0, ds, qkv + qkv_off(s, bi, 1, h), NULL,
-                       dqkv + qkv_off(s, bi, 0, h), acc, w);
+  int rs = op_gemm_run(&s->dx, 0, ds, op_at(qkv, qkv_off(s, bi, 1, h), qt),
+                       NULL, op_at(dqkv, qkv_off(s, bi, 0, h), gt), acc, w);
   if (rs == REMAT_OK)
-    rs = op_gemm_run(&s->dy, 0, ds, qkv + qkv_off(s, bi, 0, h), NULL,
-                     dqkv + qkv_off(s, bi, 1, h), acc, w);
+    rs = op_gemm_run(&s->dy, 0, ds, op_at(qkv, qkv_off(s, bi, 0, h), qt),
+                     NULL, op_at(dqkv, qkv_off(s, bi, 1, h), gt), acc, w);
   return rs;
 }
 
 remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
                                  char err[OP_ERRMSG_MAX]) {
-  attn_state *s = attn_state_new(inst, engine, &inst->desc.in[0]);
+  const op_desc *d = &inst->desc;
+  attn_state *s = attn_state_new(inst, engine, &d->in[0]);
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   int64_t T = s->T, hd = s->hd, ld = 3 * s->D;
+  op_dtype qt = d->in_dtype[0], st = d->out_dtype, gt = d->din_dtype[0];
   op_gemm_init(&s->fwd, T, T, hd, T, T);
   op_gemm_layout(&s->fwd, op_plain(ld), op_transposed(ld), T); /* S = Q K^T */
+  op_gemm_dtypes(&s->fwd, qt, qt, st);
   s->fwd.alpha = s->scale;
   s->fwd.accumulate_too = false;
   op_gemm_init(&s->dx, T, hd, T, T, hd);
   op_gemm_layout(&s->dx, op_plain(T), op_plain(ld), ld); /* dQ = dS K */
+  op_gemm_dtypes(&s->dx, st, qt, gt);
   s->dx.alpha = s->scale;
   op_gemm_init(&s->dy, T, hd, T, T, hd);
   op_gemm_layout(&s->dy, op_transposed(T), op_plain(ld), ld); /* dK = dS^T Q */
+  op_gemm_dtypes(&s->dy, st, qt, gt);
   s->dy.alpha = s->scale;
   remat_status rs = op_gemm_plan(&s->fwd, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dx, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dy, &s->base, err);
   if (rs != REMAT_OK) return rs;
-  s->base.temp_bytes = (size_t)(T * T) * sizeof(float);
+  s->base.temp_bytes = (size_t)(T * T * op_dtype_size(st));
   int64_t tiles = s->B * s->H;
   double flops = 2.0 * tiles * T * T * hd;
   inst->fwd[inst->nfwd++] = op_make_kernel(
@@ -172,10 +192,12 @@ remat_status op_attn_values_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
 static int values_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
                       op_worker *w) {
   const attn_state *s = op->state;
+  const op_gemm *g = &s->fwd;
   int64_t bi = tile / s->H, h = tile % s->H;
-  return op_gemm_run(&s->fwd, 0, b->in[0] + tile * s->T * s->T,
-                     b->in[1] + qkv_off(s, bi, 2, h), NULL,
-                     b->out + bi * s->T * s->D + h * s->hd, false, w);
+  return op_gemm_run(g, 0, op_at(b->in[0], tile * s->T * s->T, g->a_dt),
+                     op_at(b->in[1], qkv_off(s, bi, 2, h), g->b_dt), NULL,
+                     op_at(b->out, bi * s->T * s->D + h * s->hd, g->c_dt),
+                     false, w);
 }
 
 // in the forward pass o = p . v, so dp (T,T) = do (T,hd) . v^T (hd,T)
@@ -183,10 +205,13 @@ static int values_dp(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const attn_state *s = op->state;
   if (!b->din[0]) return REMAT_OK;
+  const op_gemm *g = &s->dx;
   int64_t bi = tile / s->H, h = tile % s->H;
-  return op_gemm_run(&s->dx, 0, b->dout + bi * s->T * s->D + h * s->hd,
-                     b->in[1] + qkv_off(s, bi, 2, h), NULL,
-                     b->din[0] + tile * s->T * s->T, b->din_accumulate[0], w);
+  int64_t o = bi * s->T * s->D + h * s->hd;
+  return op_gemm_run(g, 0, op_at(b->dout, o, g->a_dt),
+                     op_at(b->in[1], qkv_off(s, bi, 2, h), g->b_dt), NULL,
+                     op_at(b->din[0], tile * s->T * s->T, g->c_dt),
+                     b->din_accumulate[0], w);
 }
 
 // and dv (T,hd) = p^T (T,T) . do (T,hd), into the v columns of dqkv
@@ -194,25 +219,31 @@ static int values_dv(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const attn_state *s = op->state;
   if (!b->din[1]) return REMAT_OK;
+  const op_gemm *g = &s->dy;
   int64_t bi = tile / s->H, h = tile % s->H;
-  return op_gemm_run(&s->dy, 0, b->in[0] + tile * s->T * s->T,
-                     b->dout + bi * s->T * s->D + h * s->hd, NULL,
-                     b->din[1] + qkv_off(s, bi, 2, h), b->din_accumulate[1],
-                     w);
+  return op_gemm_run(g, 0, op_at(b->in[0], tile * s->T * s->T, g->a_dt),
+                     op_at(b->dout, bi * s->T * s->D + h * s->hd, g->b_dt),
+                     NULL, op_at(b->din[1], qkv_off(s, bi, 2, h), g->c_dt),
+                     b->din_accumulate[1], w);
 }
 
 remat_status op_attn_values_plan(op_instance *inst, dnnl_engine_t engine,
                                  char err[OP_ERRMSG_MAX]) {
-  attn_state *s = attn_state_new(inst, engine, &inst->desc.in[1]);
+  const op_desc *d = &inst->desc;
+  attn_state *s = attn_state_new(inst, engine, &d->in[1]);
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   int64_t T = s->T, hd = s->hd, ld = 3 * s->D, D = s->D;
+  op_dtype pt = d->in_dtype[0], vt = d->in_dtype[1], ot = d->out_dtype;
   op_gemm_init(&s->fwd, T, hd, T, T, hd);
   op_gemm_layout(&s->fwd, op_plain(T), op_plain(ld), D); /* O = P V */
+  op_gemm_dtypes(&s->fwd, pt, vt, ot);
   s->fwd.accumulate_too = false;
   op_gemm_init(&s->dx, T, T, hd, T, T);
   op_gemm_layout(&s->dx, op_plain(D), op_transposed(ld), T); /* dP = dO V^T */
+  op_gemm_dtypes(&s->dx, ot, vt, d->din_dtype[0]);
   op_gemm_init(&s->dy, T, hd, T, T, hd);
   op_gemm_layout(&s->dy, op_transposed(T), op_plain(D), ld); /* dV = P^T dO */
+  op_gemm_dtypes(&s->dy, pt, ot, d->din_dtype[1]);
   remat_status rs = op_gemm_plan(&s->fwd, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dx, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dy, &s->base, err);

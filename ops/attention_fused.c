@@ -7,7 +7,12 @@
  * (each against all the queries at or after it), each tile writing only its
  * own rows, so the sums run in a fixed order whatever the thread count.
  * Each product of a tile is one oneDNN call, with a primitive per block
- * made at plan time (the shapes grow along the diagonal). */
+ * made at plan time (the shapes grow along the diagonal).
+ * In bf16 (qkv, o and their gradients stored in bf16) the products read
+ * q, k, v and do in bf16 and write the scores and dP in f32 to scratch;
+ * the softmax, P and dS are computed in f32 and rounded to bf16 copies in
+ * scratch for the products with v, k, q and do, as flash attention does
+ * in bf16; lse and delta stay f32. */
 /* op_expf's clamps and NaN test are selects that gcc vectorizes only when
  * comparisons may not trap; no result changes (nothing here reads the
  * floating-point exception flags). */
@@ -18,6 +23,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "base/bf16.h"
 #include "ops/op_impl.h"
 
 typedef struct fused_state {
@@ -26,6 +32,9 @@ typedef struct fused_state {
   int64_t ld;  /* row stride of a query block's scores: T padded */
   int64_t bld; /* row stride of one (query, key) block's: blk padded */
   float scale;
+  op_dtype qt, ot, gt; /* of qkv, of o and do, of dqkv */
+  bool lowp;           /* P and dS go to the products as bf16 copies */
+  size_t half;         /* f32 elements of each of S and dP in scratch */
   /* per block i, one oneDNN call each: row[8 i + k]; k = 0 to 3, query
    * block i against all its keys 0..i*blk+nq: 0 qk, 1 dov, 2 pv, 3 dsk;
    * k = 4 to 7, key block i against all queries from i*blk on: 4 qk, 5 dov
@@ -55,8 +64,8 @@ remat_status op_attention_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
 }
 
 /* Runs gemm g (planned as one block), overwriting or adding into c. */
-static int gemm_run(const op_gemm *g, bool acc, const float *a,
-                    const float *b, float *c, op_worker *w) {
+static int gemm_run(const op_gemm *g, bool acc, const void *a,
+                    const void *b, void *c, op_worker *w) {
   dnnl_primitive_t prim = g->prim[0][0][acc];
   if (!prim) return REMAT_ERR_STATE;
   op_arg args[3] = {
@@ -138,18 +147,45 @@ static inline void row_exp(float *restrict x, int64_t n, float shift, int64_t up
   for (int64_t c = n; c < upto; c++) x[c] = 0.0f;
 }
 
+/* dst[0..n) = bf16(src[0..n)). */
+static inline void row_to_bf16(uint16_t *restrict dst,
+                               const float *restrict src, int64_t n) {
+  for (int64_t c = 0; c < n; c++) dst[c] = bf16_from_f32(src[c]);
+}
+
+/* The scratch of a tile: f32 S and dP (dP `dp_at` elements after S, at
+ * most half), then (lowp) bf16 copies of P and dS, half elements each. */
+typedef struct fused_scratch {
+  float *S, *dP;
+  uint16_t *Pb, *dSb;
+} fused_scratch;
+
+static fused_scratch fused_temp(const fused_state *s, op_worker *w,
+                                int64_t dp_at) {
+  float *S = op_temp(&s->base, w);
+  uint16_t *lo = (uint16_t *)(S + 2 * s->half);
+  return (fused_scratch){S, S + dp_at, lo, lo + s->half};
+}
+
 /* Rows r < nq of S (stride ld) hold the scores of queries q0 + r against
  * keys 0..q0+nq: each row becomes its causal softmax (zeros past key q),
- * and lse[r] its log-sum-exp. */
+ * and lse[r] its log-sum-exp. With Pb (bf16, stride ld) the probabilities
+ * go there rounded to bf16 instead (S then holds them unnormalized). */
 ATTN_CLONES static void softmax_rows(float *S, int64_t ld, int64_t nq,
-                                     int64_t q0, float *lse) {
+                                     int64_t q0, float *lse, uint16_t *Pb) {
   for (int64_t r = 0; r < nq; r++) {
     float *restrict row = S + r * ld;
     int64_t n = q0 + r + 1; /* keys 0..q */
     float mx = row_max(row, n);
     row_exp(row, n, mx, q0 + nq);
     float sum = row_sum(row, n), inv = 1.0f / sum;
-    for (int64_t c = 0; c < n; c++) row[c] *= inv;
+    if (Pb) {
+      uint16_t *restrict pb = Pb + r * ld;
+      for (int64_t c = 0; c < n; c++) pb[c] = bf16_from_f32(row[c] * inv);
+      for (int64_t c = n; c < q0 + nq; c++) pb[c] = 0;
+    } else {
+      for (int64_t c = 0; c < n; c++) row[c] *= inv;
+    }
     lse[r] = mx + logf(sum);
   }
 }
@@ -164,23 +200,27 @@ static int fused_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
   fused_at a = fused_where(s, tile / s->nb);
   int64_t i = tile % s->nb, nq = blk_rows(s, i), T = s->T, q0 = i * s->blk;
   const op_gemm *g = s->row + 8 * i;
-  float *S = op_temp(&s->base, w);
+  fused_scratch t = fused_temp(s, w, 0);
   const float *qkv = b->in[0];
-  int rs = gemm_run(&g[0], false, qkv + qkv_at(s, a, i, 0),
-                    qkv + qkv_at(s, a, 0, 1), S, w);
+  int rs = gemm_run(&g[0], false, op_at(qkv, qkv_at(s, a, i, 0), s->qt),
+                    op_at(qkv, qkv_at(s, a, 0, 1), s->qt), t.S, w);
   if (rs != REMAT_OK) return rs;
-  softmax_rows(S, s->ld, nq, q0, b->aux[0] + a.bh * T + q0);
-  return gemm_run(&g[2], false, S, qkv + qkv_at(s, a, 0, 2),
-                  b->out + o_at(s, a, i), w);
+  softmax_rows(t.S, s->ld, nq, q0, b->aux[0] + a.bh * T + q0,
+               s->lowp ? t.Pb : NULL);
+  const void *P = s->lowp ? (const void *)t.Pb : t.S;
+  return gemm_run(&g[2], false, P, op_at(qkv, qkv_at(s, a, 0, 2), s->qt),
+                  op_at(b->out, o_at(s, a, i), s->ot), w);
 }
 
 /* The probabilities and score gradients of block (i, j) from its scores S
  * and dP (row stride ld): P = exp(S - lse_q) where key <= q, else 0, in S;
- * dS = P (dP - delta_q) in dP. */
+ * dS = P (dP - delta_q) in dP; when Pb or dSb are given (bf16, stride ld)
+ * also P or dS rounded to bf16 there. */
 ATTN_CLONES static void probs_and_dscores(const fused_state *s, float *S,
                                           float *dP, int64_t ld, int64_t i,
                                           int64_t j, const float *lse,
-                                          const float *delta) {
+                                          const float *delta, uint16_t *Pb,
+                                          uint16_t *dSb) {
   int64_t nq = blk_rows(s, i), nk = blk_rows(s, j);
   int64_t q0 = i * s->blk, k0 = j * s->blk;
   for (int64_t r = 0; r < nq; r++) {
@@ -189,6 +229,8 @@ ATTN_CLONES static void probs_and_dscores(const fused_state *s, float *S,
     row_exp(p, n, lse[r], nk);
     float dl = delta[r];
     for (int64_t c = 0; c < nk; c++) dp[c] = p[c] * (dp[c] - dl);
+    if (Pb) row_to_bf16(Pb + r * ld, p, nk);
+    if (dSb) row_to_bf16(dSb + r * ld, dp, nk);
   }
 }
 
@@ -203,26 +245,41 @@ static int fused_dq(const op_instance *op, const op_bufs *b, int64_t tile,
   fused_at a = fused_where(s, tile / s->nb);
   int64_t i = tile % s->nb, nq = blk_rows(s, i), T = s->T, q0 = i * s->blk;
   const op_gemm *g = s->row + 8 * i;
-  const float *dout = b->dout + o_at(s, a, i), *out = b->out + o_at(s, a, i);
+  const void *dout = op_at(b->dout, o_at(s, a, i), s->ot);
   float *delta = b->ws[0] + a.bh * T + q0;
-  for (int64_t r = 0; r < nq; r++) {
-    float acc = 0.0f;
-    for (int64_t c = 0; c < s->hd; c++)
-      acc += dout[r * s->D + c] * out[r * s->D + c];
-    delta[r] = acc;
+  if (s->ot == OP_BF16) {
+    const uint16_t *dob = dout, *ob = op_at(b->out, o_at(s, a, i), s->ot);
+    for (int64_t r = 0; r < nq; r++) {
+      float acc = 0.0f;
+      for (int64_t c = 0; c < s->hd; c++)
+        acc += bf16_to_f32(dob[r * s->D + c]) * bf16_to_f32(ob[r * s->D + c]);
+      delta[r] = acc;
+    }
+  } else {
+    const float *dof = dout, *out = b->out + o_at(s, a, i);
+    for (int64_t r = 0; r < nq; r++) {
+      float acc = 0.0f;
+      for (int64_t c = 0; c < s->hd; c++)
+        acc += dof[r * s->D + c] * out[r * s->D + c];
+      delta[r] = acc;
+    }
   }
   const float *lse = b->aux[0] + a.bh * T + q0, *qkv = b->in[0];
-  float *S = op_temp(&s->base, w), *dP = S + s->blk * s->ld;
-  int rs = gemm_run(&g[0], false, qkv + qkv_at(s, a, i, 0),
-                    qkv + qkv_at(s, a, 0, 1), S, w);
+  fused_scratch t = fused_temp(s, w, s->blk * s->ld);
+  float *S = t.S, *dP = t.dP;
+  int rs = gemm_run(&g[0], false, op_at(qkv, qkv_at(s, a, i, 0), s->qt),
+                    op_at(qkv, qkv_at(s, a, 0, 1), s->qt), S, w);
   if (rs == REMAT_OK)
-    rs = gemm_run(&g[1], false, dout, qkv + qkv_at(s, a, 0, 2), dP, w);
+    rs = gemm_run(&g[1], false, dout, op_at(qkv, qkv_at(s, a, 0, 2), s->qt),
+                  dP, w);
   if (rs != REMAT_OK) return rs;
   for (int64_t j = 0; j <= i; j++)
     probs_and_dscores(s, S + j * s->blk, dP + j * s->blk, s->ld, i, j, lse,
-                      delta);
-  return gemm_run(&g[3], b->din_accumulate[0], dP, qkv + qkv_at(s, a, 0, 1),
-                  b->din[0] + qkv_at(s, a, i, 0), w);
+                      delta, NULL, s->lowp ? t.dSb + j * s->blk : NULL);
+  const void *dS = s->lowp ? (const void *)t.dSb : dP;
+  return gemm_run(&g[3], b->din_accumulate[0], dS,
+                  op_at(qkv, qkv_at(s, a, 0, 1), s->qt),
+                  op_at(b->din[0], qkv_at(s, a, i, 0), s->gt), w);
 }
 
 // backward, dk and dv of key block j: with P and dS of the queries from
@@ -235,23 +292,30 @@ static int fused_dkv(const op_instance *op, const op_bufs *b, int64_t tile,
   fused_at a = fused_where(s, tile / s->nb);
   int64_t j = tile % s->nb, T = s->T;
   const op_gemm *g = s->row + 8 * j;
-  const float *qkv = b->in[0], *dout = b->dout + o_at(s, a, j);
-  float *S = op_temp(&s->base, w), *dP = S + T * s->bld;
-  int rs = gemm_run(&g[4], false, qkv + qkv_at(s, a, j, 0),
-                    qkv + qkv_at(s, a, j, 1), S, w);
+  const float *qkv = b->in[0];
+  const void *dout = op_at(b->dout, o_at(s, a, j), s->ot);
+  fused_scratch t = fused_temp(s, w, T * s->bld);
+  float *S = t.S, *dP = t.dP;
+  int rs = gemm_run(&g[4], false, op_at(qkv, qkv_at(s, a, j, 0), s->qt),
+                    op_at(qkv, qkv_at(s, a, j, 1), s->qt), S, w);
   if (rs == REMAT_OK)
-    rs = gemm_run(&g[5], false, dout, qkv + qkv_at(s, a, j, 2), dP, w);
+    rs = gemm_run(&g[5], false, dout, op_at(qkv, qkv_at(s, a, j, 2), s->qt),
+                  dP, w);
   if (rs != REMAT_OK) return rs;
   for (int64_t i = j; i < s->nb; i++) {
     int64_t at = (i - j) * s->blk * s->bld, q = a.bh * T + i * s->blk;
     probs_and_dscores(s, S + at, dP + at, s->bld, i, j, b->aux[0] + q,
-                      b->ws[0] + q);
+                      b->ws[0] + q, s->lowp ? t.Pb + at : NULL,
+                      s->lowp ? t.dSb + at : NULL);
   }
+  const void *P = s->lowp ? (const void *)t.Pb : S;
+  const void *dS = s->lowp ? (const void *)t.dSb : dP;
   bool acc = b->din_accumulate[0];
-  rs = gemm_run(&g[6], acc, S, dout, b->din[0] + qkv_at(s, a, j, 2), w);
+  rs = gemm_run(&g[6], acc, P, dout,
+                op_at(b->din[0], qkv_at(s, a, j, 2), s->gt), w);
   if (rs == REMAT_OK)
-    rs = gemm_run(&g[7], acc, dP, qkv + qkv_at(s, a, j, 0),
-                 b->din[0] + qkv_at(s, a, j, 1), w);
+    rs = gemm_run(&g[7], acc, dS, op_at(qkv, qkv_at(s, a, j, 0), s->qt),
+                  op_at(b->din[0], qkv_at(s, a, j, 1), s->gt), w);
   return rs;
 }
 
@@ -288,6 +352,15 @@ static remat_status plan_row_gemms(fused_state *s, int64_t i,
   op_gemm_init(&g[7], nk, hd, nr, nk, hd); /* dK_i (+)= scale dS^T Q */
   op_gemm_layout(&g[7], op_transposed(s->bld), op_plain(ld), ld);
   g[7].alpha = s->scale;
+  op_dtype qt = s->qt, ot = s->ot, gt = s->gt, pt = s->lowp ? OP_BF16 : OP_F32;
+  op_gemm_dtypes(&g[0], qt, qt, OP_F32);
+  op_gemm_dtypes(&g[1], ot, qt, OP_F32);
+  op_gemm_dtypes(&g[2], pt, qt, ot);
+  op_gemm_dtypes(&g[3], pt, qt, gt);
+  op_gemm_dtypes(&g[4], qt, qt, OP_F32);
+  op_gemm_dtypes(&g[5], ot, qt, OP_F32);
+  op_gemm_dtypes(&g[6], pt, ot, gt);
+  op_gemm_dtypes(&g[7], pt, qt, gt);
   remat_status rs = REMAT_OK;
   for (int k = 0; k < 8 && rs == REMAT_OK; k++)
     rs = op_gemm_plan(&g[k], &s->base, err);
@@ -314,15 +387,21 @@ remat_status op_attention_plan(op_instance *inst, dnnl_engine_t engine,
   /* a power-of-two stride would map a block's rows to the same cache sets */
   s->ld = op_div_up(s->T, 16) * 16 + 16;
   s->bld = op_div_up(s->blk, 16) * 16 + 16;
+  s->qt = inst->desc.in_dtype[0];
+  s->ot = inst->desc.out_dtype;
+  s->gt = inst->desc.din_dtype[0];
+  s->lowp = s->qt == OP_BF16;
   int64_t T = s->T, hd = s->hd, b = s->blk;
+  s->half = (size_t)op_max64(b * s->ld, T * s->bld);
   remat_status rs = REMAT_OK;
   for (int64_t i = 0; i < s->nb && rs == REMAT_OK; i++)
     rs = plan_row_gemms(s, i, err);
   if (rs != REMAT_OK) return rs;
   /* scratch: S and dP of one query block (row stride ld), or of one key
-   * block's column of blocks (stride bld) */
-  s->base.temp_bytes =
-      (size_t)(2 * op_max64(b * s->ld, T * s->bld)) * sizeof(float);
+   * block's column of blocks (stride bld); in bf16 also their bf16 copies
+   * (the same strides) */
+  s->base.temp_bytes = 2 * s->half * sizeof(float) +
+                       (s->lowp ? 2 * s->half * sizeof(uint16_t) : 0);
   inst->naux = 1;
   inst->aux_bytes[0] = (size_t)(s->B * s->H * T) * sizeof(float);
   inst->nws = 1;

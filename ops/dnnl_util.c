@@ -248,6 +248,16 @@ static remat_status gemm_prim(op_gemm *g, op_base *base, int64_t m, int64_t n,
   if (rs == REMAT_OK)
     rs = op_prim_create(base, &desc, attr, NULL, prim, NULL, err);
   dnnl_primitive_attr_destroy(attr);
+  /* oneDNN 2.6 has bf16 matmuls only on AVX-512 (avx512_core) CPUs: say
+   * so rather than "unimplemented" */
+  bool bf16 = g->a_dt == OP_BF16 || g->b_dt == OP_BF16;
+  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  if (rs == REMAT_ERR_BACKEND && bf16 &&
+      (isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core)
+    snprintf(err, OP_ERRMSG_MAX,
+             "%s: bf16 precision needs a CPU with AVX-512 (oneDNN 2.6 has "
+             "no bf16 matmul below avx512_core); use f32 precision",
+             base->name);
   return rs;
 }
 

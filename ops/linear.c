@@ -4,9 +4,14 @@
  * fixed chunks of rows (op_dw_chunk_rows), one tile per chunk and block of
  * the weight, then the partials added in chunk order; matmul's weight
  * gradient tiles blocks of it, each reducing over all rows in one oneDNN
- * call. Either way the sum order is fixed by the shapes. */
+ * call. Either way the sum order is fixed by the shapes.
+ * In bf16 precision every product takes its operands in their stored
+ * dtypes (bf16 activations, bf16 weight copies; oneDNN accumulates in f32)
+ * and writes its result's dtype; linear's partial sums stay f32, and db
+ * sums bf16 rows of dy in f32. */
 #include <string.h>
 
+#include "base/bf16.h"
 #include "ops/op_impl.h"
 
 /* Weight-gradient blocks: rows of the gradient, and columns when wide. */
@@ -21,6 +26,8 @@ typedef struct linear_state {
   op_base base;
   int64_t rows, K, M;
   int64_t chunk_rows, chunks; /* weight-gradient chunks of rows */
+  op_dtype dy_dt;               /* of dout */
+  op_dtype dw_dt, db_dt;        /* of din[1], din[2] */
   op_gemm fwd, dx, dw, dw_last; /* dw over a full chunk, the last one */
 } linear_state;
 
@@ -78,6 +85,29 @@ static void db_rows(const linear_state *s, const float *dy, int64_t nr,
   op_store(dst, acc, nm, accumulate);
 }
 
+/* nm values of acc into dst (f32 or bf16: dt), stored or added. */
+static void store_dt(void *dst, op_dtype dt, const float *acc, int64_t nm,
+                     bool accumulate) {
+  if (dt != OP_BF16)
+    op_store(dst, acc, nm, accumulate);
+  else if (accumulate)
+    bf16_add_f32_row(dst, acc, nm);
+  else
+    bf16_from_f32_row(dst, acc, nm);
+}
+
+/* db_rows over bf16 rows of dy, summed in f32 (dst of dtype dt). */
+static void db_rows_bf16(const linear_state *s, const uint16_t *dy,
+                         int64_t nr, int64_t m0, int64_t nm, void *dst,
+                         op_dtype dt, bool accumulate) {
+  float acc[OP_DW_ROWS] = {0};
+  for (int64_t r = 0; r < nr; r++) {
+    const uint16_t *restrict row = dy + r * s->M + m0;
+    for (int64_t m = 0; m < nm; m++) acc[m] += bf16_to_f32(row[m]);
+  }
+  store_dt(dst, dt, acc, nm, accumulate);
+}
+
 // dw (M,K) = dy^T (M,N) . x (N,K) and db (M) = the sum of dy's N rows:
 // tile (c, j) sums the rows of chunk c into block j of the chunk's
 // partials ws[0] (of dw itself when there is one chunk); the tiles of the
@@ -93,17 +123,23 @@ static int linear_dw(const op_instance *op, const op_bufs *b, int64_t tile,
   int rs = REMAT_OK;
   if (!direct || b->din[1]) {
     const op_gemm *g = nr == s->chunk_rows ? &s->dw : &s->dw_last;
-    float *dst = direct ? b->din[1] : b->ws[0] + c * s->M * s->K;
-    rs = op_gemm_run(g, j, b->dout + r0 * s->M, b->in[0] + r0 * s->K, NULL,
-                     dst, direct && b->din_accumulate[1], w);
+    void *dst = direct ? b->din[1] : b->ws[0] + c * s->M * s->K;
+    rs = op_gemm_run(g, j, op_at(b->dout, r0 * s->M, s->dy_dt),
+                     op_at(b->in[0], r0 * s->K, g->b_dt), NULL, dst,
+                     direct && b->din_accumulate[1], w);
   }
   int64_t tiles_n = op_div_up(s->K, s->dw.bn);
   if (rs == REMAT_OK && (direct ? b->din[2] != NULL : bias) &&
       j % tiles_n == 0) {
     int64_t m0 = j / tiles_n * s->dw.bm, nm = op_min64(s->dw.bm, s->M - m0);
-    float *dst = direct ? b->din[2] + m0 : b->ws[1] + c * s->M + m0;
-    db_rows(s, b->dout + r0 * s->M, nr, m0, nm, dst,
-            direct && b->din_accumulate[2]);
+    op_dtype dt = direct ? s->db_dt : OP_F32;
+    void *dst = direct ? op_at(b->din[2], m0, dt) : b->ws[1] + c * s->M + m0;
+    bool acc = direct && b->din_accumulate[2];
+    if (s->dy_dt == OP_BF16)
+      db_rows_bf16(s, (const uint16_t *)b->dout + r0 * s->M, nr, m0, nm, dst,
+                   dt, acc);
+    else
+      db_rows(s, b->dout + r0 * s->M, nr, m0, nm, dst, acc);
   }
   return rs;
 }
@@ -111,55 +147,74 @@ static int linear_dw(const op_instance *op, const op_bufs *b, int64_t tile,
 // dw = the chunks' partials added in chunk order, a flat block per tile
 static int linear_dw_sum(const op_instance *op, const op_bufs *b,
                          int64_t tile, op_worker *w) {
-  (void)w;
   const linear_state *s = op->state;
   if (!b->din[1]) return REMAT_OK;
   int64_t n = s->M * s->K, i0 = tile * OP_FLAT_ELEMS;
-  op_sum_partials(b->ws[0] + i0, n, s->chunks,
-                  op_min64(OP_FLAT_ELEMS, n - i0), b->din[1] + i0,
-                  b->din_accumulate[1]);
+  int64_t len = op_min64(OP_FLAT_ELEMS, n - i0);
+  if (s->dw_dt != OP_BF16) {
+    op_sum_partials(b->ws[0] + i0, n, s->chunks, len, b->din[1] + i0,
+                    b->din_accumulate[1]);
+    return REMAT_OK;
+  }
+  float *sum = op_temp(&s->base, w);
+  op_sum_partials(b->ws[0] + i0, n, s->chunks, len, sum, false);
+  store_dt(op_at(b->din[1], i0, OP_BF16), OP_BF16, sum, len,
+           b->din_accumulate[1]);
   return REMAT_OK;
 }
 
 // db = the chunks' partials of db added in chunk order
 static int linear_db_sum(const op_instance *op, const op_bufs *b,
                          int64_t tile, op_worker *w) {
-  (void)w;
   const linear_state *s = op->state;
   if (!b->din[2]) return REMAT_OK;
-  int64_t i0 = tile * OP_FLAT_ELEMS;
-  op_sum_partials(b->ws[1] + i0, s->M, s->chunks,
-                  op_min64(OP_FLAT_ELEMS, s->M - i0), b->din[2] + i0,
-                  b->din_accumulate[2]);
+  int64_t i0 = tile * OP_FLAT_ELEMS, len = op_min64(OP_FLAT_ELEMS, s->M - i0);
+  if (s->db_dt != OP_BF16) {
+    op_sum_partials(b->ws[1] + i0, s->M, s->chunks, len, b->din[2] + i0,
+                    b->din_accumulate[2]);
+    return REMAT_OK;
+  }
+  float *sum = op_temp(&s->base, w);
+  op_sum_partials(b->ws[1] + i0, s->M, s->chunks, len, sum, false);
+  store_dt(op_at(b->din[2], i0, OP_BF16), OP_BF16, sum, len,
+           b->din_accumulate[2]);
   return REMAT_OK;
 }
 
-/* The dw gemm of chunks of `rows` rows. */
-static void dw_gemm_init(const linear_state *s, op_gemm *g, int64_t rows) {
+/* The dw gemm of chunks of `rows` rows, into a gradient of dtype c (the
+ * partials are f32). */
+static void dw_gemm_init(const linear_state *s, op_gemm *g, int64_t rows,
+                         op_dtype x_dt, op_dtype c) {
   op_gemm_init(g, s->M, s->K, rows, OP_DW_ROWS, dw_cols(s->K));
   /* dW = dY^T X */
   op_gemm_layout(g, op_transposed(s->M), op_plain(s->K), s->K);
+  op_gemm_dtypes(g, s->dy_dt, x_dt, c);
 }
 
-static remat_status linear_gemms(linear_state *s, bool bias,
+static remat_status linear_gemms(linear_state *s, const op_desc *d,
                                  char err[OP_ERRMSG_MAX]) {
   int64_t N = s->rows, K = s->K, M = s->M;
+  bool bias = d->nin == 3;
   op_gemm_init(&s->fwd, N, M, K, op_gemm_rows(M, K), M);
   op_gemm_layout(&s->fwd, op_plain(K), op_transposed(K), M); /* Y = X W^T */
+  op_gemm_dtypes(&s->fwd, d->in_dtype[0], d->in_dtype[1], d->out_dtype);
   s->fwd.bias = bias;
+  if (bias) s->fwd.bias_dt = d->in_dtype[2];
   s->fwd.accumulate_too = false;
   op_gemm_init(&s->dx, N, K, M, op_gemm_rows(K, M), K);
   op_gemm_layout(&s->dx, op_plain(M), op_plain(K), K); /* dX = dY W */
+  op_gemm_dtypes(&s->dx, s->dy_dt, d->in_dtype[1], d->din_dtype[0]);
   s->chunk_rows = op_dw_chunk_rows(N, M * K);
   s->chunks = op_div_up(N, s->chunk_rows);
-  dw_gemm_init(s, &s->dw, s->chunk_rows);
+  dw_gemm_init(s, &s->dw, s->chunk_rows, d->in_dtype[0],
+               s->chunks == 1 ? s->dw_dt : OP_F32);
   s->dw.accumulate_too = s->chunks == 1;
   remat_status rs = op_gemm_plan(&s->fwd, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dx, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dw, &s->base, err);
   int64_t last = N - (s->chunks - 1) * s->chunk_rows;
   if (rs == REMAT_OK && last != s->chunk_rows) {
-    dw_gemm_init(s, &s->dw_last, last);
+    dw_gemm_init(s, &s->dw_last, last, d->in_dtype[0], OP_F32);
     s->dw_last.accumulate_too = false;
     rs = op_gemm_plan(&s->dw_last, &s->base, err);
   }
@@ -217,8 +272,14 @@ remat_status op_linear_plan(op_instance *inst, dnnl_engine_t engine,
   s->rows = op_rows(&d->in[0]);
   s->K = d->in[1].dim[1];
   s->M = d->in[1].dim[0];
-  remat_status rs = linear_gemms(s, bias, err);
+  s->dy_dt = d->out_dtype;
+  s->dw_dt = d->din_dtype[1];
+  s->db_dt = bias ? d->din_dtype[2] : OP_F32;
+  remat_status rs = linear_gemms(s, d, err);
   if (rs != REMAT_OK) return rs;
+  /* bf16 gradients of w or b summed from f32 partials: a block of sums */
+  if (s->chunks > 1 && (s->dw_dt == OP_BF16 || s->db_dt == OP_BF16))
+    s->base.temp_bytes = OP_FLAT_ELEMS * sizeof(float);
   int64_t N = s->rows;
   double flops = 2.0 * N * s->K * s->M;
   op_kernel *k = &inst->fwd[inst->nfwd++];
@@ -279,10 +340,11 @@ remat_status op_matmul_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
 static int matmul_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
                       op_worker *w) {
   const matmul_state *s = op->state;
-  int64_t per = op_gemm_tiles(&s->fwd), i = tile / per;
-  return op_gemm_run(&s->fwd, tile % per, b->in[0] + i * s->N * s->K,
-                     b->in[1] + i * s->K * s->M, NULL,
-                     b->out + i * s->N * s->M, false, w);
+  const op_gemm *g = &s->fwd;
+  int64_t per = op_gemm_tiles(g), i = tile / per;
+  return op_gemm_run(g, tile % per, op_at(b->in[0], i * s->N * s->K, g->a_dt),
+                     op_at(b->in[1], i * s->K * s->M, g->b_dt), NULL,
+                     op_at(b->out, i * s->N * s->M, g->c_dt), false, w);
 }
 
 // in the forward pass y = a . b, so da (N,K) = dy (N,M) . b^T (M,K)
@@ -290,10 +352,12 @@ static int matmul_da(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const matmul_state *s = op->state;
   if (!b->din[0]) return REMAT_OK;
-  int64_t per = op_gemm_tiles(&s->da), i = tile / per;
-  return op_gemm_run(&s->da, tile % per, b->dout + i * s->N * s->M,
-                     b->in[1] + i * s->K * s->M, NULL,
-                     b->din[0] + i * s->N * s->K, b->din_accumulate[0], w);
+  const op_gemm *g = &s->da;
+  int64_t per = op_gemm_tiles(g), i = tile / per;
+  return op_gemm_run(g, tile % per, op_at(b->dout, i * s->N * s->M, g->a_dt),
+                     op_at(b->in[1], i * s->K * s->M, g->b_dt), NULL,
+                     op_at(b->din[0], i * s->N * s->K, g->c_dt),
+                     b->din_accumulate[0], w);
 }
 
 // and db (K,M) = a^T (K,N) . dy (N,M), reducing over all N rows per block
@@ -301,10 +365,12 @@ static int matmul_db(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const matmul_state *s = op->state;
   if (!b->din[1]) return REMAT_OK;
-  int64_t per = op_gemm_tiles(&s->db), i = tile / per;
-  return op_gemm_run(&s->db, tile % per, b->in[0] + i * s->N * s->K,
-                     b->dout + i * s->N * s->M, NULL,
-                     b->din[1] + i * s->K * s->M, b->din_accumulate[1], w);
+  const op_gemm *g = &s->db;
+  int64_t per = op_gemm_tiles(g), i = tile / per;
+  return op_gemm_run(g, tile % per, op_at(b->in[0], i * s->N * s->K, g->a_dt),
+                     op_at(b->dout, i * s->N * s->M, g->b_dt), NULL,
+                     op_at(b->din[1], i * s->K * s->M, g->c_dt),
+                     b->din_accumulate[1], w);
 }
 
 remat_status op_matmul_plan(op_instance *inst, dnnl_engine_t engine,
@@ -321,11 +387,14 @@ remat_status op_matmul_plan(op_instance *inst, dnnl_engine_t engine,
   s->K = K;
   s->M = M;
   op_gemm_init(&s->fwd, N, M, K, op_gemm_rows(M, K), M);
+  op_gemm_dtypes(&s->fwd, d->in_dtype[0], d->in_dtype[1], d->out_dtype);
   s->fwd.accumulate_too = false;
   op_gemm_init(&s->da, N, K, M, op_gemm_rows(K, M), K);
   op_gemm_layout(&s->da, op_plain(M), op_transposed(M), K); /* dA = dC B^T */
+  op_gemm_dtypes(&s->da, d->out_dtype, d->in_dtype[1], d->din_dtype[0]);
   op_gemm_init(&s->db, K, M, N, OP_DW_ROWS, dw_cols(M));
   op_gemm_layout(&s->db, op_transposed(K), op_plain(M), M); /* dB = A^T dC */
+  op_gemm_dtypes(&s->db, d->in_dtype[0], d->out_dtype, d->din_dtype[1]);
   remat_status rs = op_gemm_plan(&s->fwd, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->da, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->db, &s->base, err);

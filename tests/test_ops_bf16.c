@@ -312,6 +312,12 @@ static void test_linear(void **state) {
   c = make_case(OP_LINEAR, 3, S3(4, 275, 24), S2(70, 24), S1(70));
   c.param[1] = c.param[2] = true;
   check_case(&c);
+  /* w and b activations (bf16, bf16 gradients): one chunk, and three
+   * chunks whose f32 partials are rounded once into dw and db */
+  c = make_case(OP_LINEAR, 3, S3(2, 65, 40), S2(80, 40), S1(80));
+  check_case(&c);
+  c = make_case(OP_LINEAR, 3, S3(4, 275, 24), S2(70, 24), S1(70));
+  check_case(&c);
 }
 
 static void test_matmul(void **state) {
