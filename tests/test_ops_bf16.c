@@ -329,11 +329,19 @@ static void test_add(void **state) {
   /* scalars (losses) stay f32 */
   c = make_case(OP_ADD, 2, S1(1), S1(1));
   check_case(&c);
+  /* a parameter operand: read through its bf16 copy, f32 gradient */
+  c = make_case(OP_ADD, 2, S2(3, 2100), S2(3, 2100));
+  c.param[1] = true;
+  check_case(&c);
 }
 
 static void test_bias_add(void **state) {
   (void)state;
   bcase c = make_case(OP_BIAS_ADD, 2, S3(3, 70, 50), S1(50));
+  c.param[1] = true;
+  check_case(&c);
+  /* rows longer than one converted block, several column tiles for db */
+  c = make_case(OP_BIAS_ADD, 2, S2(40, 2100), S1(2100));
   c.param[1] = true;
   check_case(&c);
 }
@@ -349,6 +357,13 @@ static void test_relu_gelu(void **state) {
     c.hi[0] = 4;
     check_case(&c);
   }
+  /* parameters as inputs: bf16 copies in, f32 gradients out */
+  c = make_case(OP_RELU, 1, S2(7, 1000));
+  c.param[0] = true;
+  check_case(&c);
+  c = make_case(OP_GELU, 1, S2(7, 1000));
+  c.param[0] = true;
+  check_case(&c);
 }
 
 static void test_layernorm(void **state) {
@@ -362,6 +377,10 @@ static void test_layernorm(void **state) {
   c = make_case(OP_LAYERNORM, 3, S2(1100, 40), S1(40), S1(40));
   c.param[1] = c.param[2] = true;
   check_case(&c);
+  /* x a parameter too: its bf16 copy in, an f32 dx */
+  c = make_case(OP_LAYERNORM, 3, S2(500, 40), S1(40), S1(40));
+  c.param[0] = c.param[1] = c.param[2] = true;
+  check_case(&c);
 }
 
 static void test_softmax(void **state) {
@@ -370,6 +389,15 @@ static void test_softmax(void **state) {
   c.causal_mask = true;
   c.lo[0] = -3;
   c.hi[0] = 3;
+  check_case(&c);
+  /* several row tiles, the last one shorter */
+  c = make_case(OP_SOFTMAX, 1, S2(1000, 40));
+  c.lo[0] = -3;
+  c.hi[0] = 3;
+  check_case(&c);
+  /* a parameter input: an f32 dx */
+  c = make_case(OP_SOFTMAX, 1, S2(300, 70));
+  c.param[0] = true;
   check_case(&c);
 }
 
@@ -424,6 +452,13 @@ static void test_cross_entropy(void **state) {
   c.lo[1] = 0;
   c.hi[1] = 200;
   check_case(&c);
+  /* logits a parameter: read through a bf16 copy, an f32 gradient */
+  c = make_case(OP_CROSS_ENTROPY, 2, S2(70, 300), S1(70));
+  c.desc.in_dtype[1] = OP_I32;
+  c.lo[1] = 0;
+  c.hi[1] = 300;
+  c.param[0] = true;
+  check_case(&c);
 }
 
 static void test_sum_mean(void **state) {
@@ -431,6 +466,10 @@ static void test_sum_mean(void **state) {
   for (int t = 0; t < 2; t++) {
     bcase c = make_case(t ? OP_MEAN : OP_SUM, 1, S1(70001));
     c.lo[0] = 0;
+    check_case(&c);
+    /* a parameter input: an f32 dx */
+    c = make_case(t ? OP_MEAN : OP_SUM, 1, S2(30, 70));
+    c.param[0] = true;
     check_case(&c);
   }
 }
