@@ -18,6 +18,13 @@
 /* Elements a bf16 kernel converts to f32 at a time (three blocks of the
  * op's temporary: two operands and the result). */
 #define ELT_BLOCK 2048
+/* Elements of gelu's f32 blocks (three in the op's temporary of
+ * OP_FLAT_ELEMS floats; a divisor of OP_FLAT_ELEMS): larger, as each block
+ * is a oneDNN call. */
+#define GELU_BLOCK 16384
+_Static_assert(3 * GELU_BLOCK <= OP_FLAT_ELEMS &&
+                   OP_FLAT_ELEMS % GELU_BLOCK == 0,
+               "gelu's blocks fit its temporary and tile its chunks");
 
 typedef struct eltwise_state {
   op_base base;
@@ -26,10 +33,90 @@ typedef struct eltwise_state {
   int64_t row_block;
   bool bf16;          /* some buffer is bf16: the converting kernels */
   /* gelu: [0] full chunk, [1] remainder chunk (of the input's dtype);
-   * f32 on converted blocks: [2] ELT_BLOCK elements, [3] the last n %
-   * ELT_BLOCK */
+   * f32 on converted blocks: [2] GELU_BLOCK elements, [3] the last n %
+   * GELU_BLOCK */
   dnnl_primitive_t fwd[4], bwd[4];
 } eltwise_state;
+
+/* The bf16 loops in the widest vectors the machine has, picked at load
+ * time: the baseline x86-64 build has no fast f32 -> bf16 packing and runs
+ * them 2-5x slower. Every clone rounds the same way and adds in the same
+ * order (no FMA contraction in ISO C mode), so the bits are the same on
+ * every machine. Not under ThreadSanitizer (see attention_fused.c). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
+#define BF16_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BF16_CLONES
+#endif
+
+BF16_CLONES static void to_f32_row(float *restrict d,
+                                   const uint16_t *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = bf16_to_f32(s[i]);
+}
+
+BF16_CLONES static void from_f32_row(uint16_t *restrict d,
+                                     const float *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = bf16_from_f32(s[i]);
+}
+
+BF16_CLONES static void add_f32_row(uint16_t *restrict d,
+                                    const float *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    d[i] = bf16_from_f32(bf16_to_f32(d[i]) + s[i]);
+}
+
+/* The all-bf16 cases in one pass, without the temporary. */
+// y = a + b
+BF16_CLONES static void add_bf16(uint16_t *restrict y,
+                                 const uint16_t *restrict a,
+                                 const uint16_t *restrict b, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    y[i] = bf16_from_f32(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
+// d += s, rounded once
+BF16_CLONES static void acc_bf16(uint16_t *restrict d,
+                                 const uint16_t *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    d[i] = bf16_from_f32(bf16_to_f32(d[i]) + bf16_to_f32(s[i]));
+}
+
+// y = x + bias (bias f32)
+BF16_CLONES static void bias_bf16(uint16_t *restrict y,
+                                  const uint16_t *restrict x,
+                                  const float *restrict bias, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    y[i] = bf16_from_f32(bf16_to_f32(x[i]) + bias[i]);
+}
+
+// y = max(x, 0)
+BF16_CLONES static void relu_bf16(uint16_t *restrict y,
+                                  const uint16_t *restrict x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    float v = bf16_to_f32(x[i]);
+    y[i] = bf16_from_f32(v > 0.0f ? v : 0.0f);
+  }
+}
+
+// dx = (or +=) x > 0 ? dy : 0
+BF16_CLONES static void relu_bwd_bf16(uint16_t *restrict dx,
+                                      const uint16_t *restrict x,
+                                      const uint16_t *restrict dy, int64_t n,
+                                      bool accumulate) {
+  /* both loads unconditional, so that gcc if-converts the select */
+  if (accumulate)
+    for (int64_t i = 0; i < n; i++) {
+      float v = bf16_to_f32(x[i]), g = bf16_to_f32(dy[i]);
+      dx[i] = bf16_from_f32(bf16_to_f32(dx[i]) + (v > 0.0f ? g : 0.0f));
+    }
+  else
+    for (int64_t i = 0; i < n; i++) {
+      float v = bf16_to_f32(x[i]), g = bf16_to_f32(dy[i]);
+      dx[i] = bf16_from_f32(v > 0.0f ? g : 0.0f);
+    }
+}
 
 static bool desc_has_bf16(const op_desc *d) {
   bool any = d->out_dtype == OP_BF16;
@@ -43,7 +130,7 @@ static bool desc_has_bf16(const op_desc *d) {
 static const float *load_f32(const float *src, op_dtype t, int64_t at,
                              int64_t n, float *tmp) {
   if (t != OP_BF16) return src + at;
-  bf16_to_f32_row(tmp, (const uint16_t *)src + at, n);
+  to_f32_row(tmp, (const uint16_t *)src + at, n);
   return tmp;
 }
 
@@ -53,9 +140,9 @@ static void store_f32(float *dst, op_dtype t, int64_t at, const float *v,
   if (t != OP_BF16)
     op_store(dst + at, v, n, accumulate);
   else if (accumulate)
-    bf16_add_f32_row((uint16_t *)dst + at, v, n);
+    add_f32_row((uint16_t *)dst + at, v, n);
   else
-    bf16_from_f32_row((uint16_t *)dst + at, v, n);
+    from_f32_row((uint16_t *)dst + at, v, n);
 }
 
 /* din[i][i0..i0+len) = (or +=) dout[i0..i0+len), any dtypes; tmp holds
@@ -67,6 +154,11 @@ static void copy_grad(const op_desc *d, const op_bufs *b, int i, int64_t i0,
   if (gt == dt && !acc) {
     memcpy(op_at(b->din[i], i0, gt), op_at(b->dout, i0, dt),
            (size_t)(len * op_dtype_size(gt)));
+    return;
+  }
+  if (gt == OP_BF16 && dt == OP_BF16) {
+    acc_bf16((uint16_t *)b->din[i] + i0, (const uint16_t *)b->dout + i0,
+             len);
     return;
   }
   for (int64_t j = 0; j < len; j += ELT_BLOCK) {
@@ -133,8 +225,14 @@ static int add_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
   const eltwise_state *s = op->state;
   int64_t i0, len;
   flat_range(s->n, tile, &i0, &len);
+  const op_desc *d = &op->desc;
+  if (s->bf16 && d->in_dtype[0] == OP_BF16 && d->in_dtype[1] == OP_BF16 &&
+      d->out_dtype == OP_BF16) {
+    add_bf16((uint16_t *)b->out + i0, (const uint16_t *)b->in[0] + i0,
+             (const uint16_t *)b->in[1] + i0, len);
+    return REMAT_OK;
+  }
   if (s->bf16) {
-    const op_desc *d = &op->desc;
     float *t = op_temp(&s->base, w);
     for (int64_t j = 0; j < len; j += ELT_BLOCK) {
       int64_t m = op_min64(ELT_BLOCK, len - j);
@@ -214,8 +312,15 @@ static int bias_add_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
   const eltwise_state *s = op->state;
   int64_t r0 = tile * s->row_block;
   int64_t r1 = op_min64(s->rows, r0 + s->row_block), C = s->cols;
+  const op_desc *d = &op->desc;
+  if (s->bf16 && d->in_dtype[0] == OP_BF16 && d->in_dtype[1] == OP_F32 &&
+      d->out_dtype == OP_BF16) {
+    for (int64_t r = r0; r < r1; r++)
+      bias_bf16((uint16_t *)b->out + r * C,
+                (const uint16_t *)b->in[0] + r * C, b->in[1], C);
+    return REMAT_OK;
+  }
   if (s->bf16) {
-    const op_desc *d = &op->desc;
     float *t = op_temp(&s->base, w);
     for (int64_t r = r0; r < r1; r++)
       for (int64_t c0 = 0; c0 < C; c0 += ELT_BLOCK) {
@@ -319,8 +424,12 @@ static int relu_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
   const eltwise_state *s = op->state;
   int64_t i0, len;
   flat_range(s->n, tile, &i0, &len);
+  const op_desc *d = &op->desc;
+  if (s->bf16 && d->in_dtype[0] == OP_BF16 && d->out_dtype == OP_BF16) {
+    relu_bf16((uint16_t *)b->out + i0, (const uint16_t *)b->in[0] + i0, len);
+    return REMAT_OK;
+  }
   if (s->bf16) {
-    const op_desc *d = &op->desc;
     float *t = op_temp(&s->base, w);
     for (int64_t j = 0; j < len; j += ELT_BLOCK) {
       int64_t m = op_min64(ELT_BLOCK, len - j);
@@ -345,8 +454,14 @@ static int relu_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
   if (!b->din[0]) return REMAT_OK;
   int64_t i0, len;
   flat_range(s->n, tile, &i0, &len);
+  const op_desc *d = &op->desc;
+  if (s->bf16 && d->in_dtype[0] == OP_BF16 && d->out_dtype == OP_BF16 &&
+      d->din_dtype[0] == OP_BF16) {
+    relu_bwd_bf16((uint16_t *)b->din[0] + i0, (const uint16_t *)b->in[0] + i0,
+                  (const uint16_t *)b->dout + i0, len, b->din_accumulate[0]);
+    return REMAT_OK;
+  }
   if (s->bf16) {
-    const op_desc *d = &op->desc;
     float *t = op_temp(&s->base, w);
     for (int64_t j = 0; j < len; j += ELT_BLOCK) {
       int64_t m = op_min64(ELT_BLOCK, len - j);
@@ -407,16 +522,16 @@ static int gelu_bwd_blocks(const eltwise_state *s, const op_desc *d,
                            const op_bufs *b, int64_t i0, int64_t len,
                            op_worker *w) {
   float *t = op_temp(&s->base, w);
-  for (int64_t j = 0; j < len; j += ELT_BLOCK) {
-    int64_t m = op_min64(ELT_BLOCK, len - j);
+  for (int64_t j = 0; j < len; j += GELU_BLOCK) {
+    int64_t m = op_min64(GELU_BLOCK, len - j);
     op_arg args[3] = {
         {DNNL_ARG_SRC, load_f32(b->in[0], d->in_dtype[0], i0 + j, m, t)},
         {DNNL_ARG_DIFF_DST,
-         load_f32(b->dout, d->out_dtype, i0 + j, m, t + ELT_BLOCK)},
-        {DNNL_ARG_DIFF_SRC, t + 2 * ELT_BLOCK}};
-    int rs = op_exec(s->bwd[m == ELT_BLOCK ? 2 : 3], w, 3, args);
+         load_f32(b->dout, d->out_dtype, i0 + j, m, t + GELU_BLOCK)},
+        {DNNL_ARG_DIFF_SRC, t + 2 * GELU_BLOCK}};
+    int rs = op_exec(s->bwd[m == GELU_BLOCK ? 2 : 3], w, 3, args);
     if (rs != REMAT_OK) return rs;
-    store_f32(b->din[0], d->din_dtype[0], i0 + j, t + 2 * ELT_BLOCK, m,
+    store_f32(b->din[0], d->din_dtype[0], i0 + j, t + 2 * GELU_BLOCK, m,
               b->din_accumulate[0]);
   }
   return REMAT_OK;
@@ -476,18 +591,18 @@ remat_status op_gelu_plan(op_instance *inst, dnnl_engine_t engine,
                         op_dtype_name(d->out_dtype));
   eltwise_state *s = eltwise_state_new(inst, engine);
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
-  dnnl_alg_kind_t alg = d->attrs.gelu_erf ? dnnl_eltwise_gelu_erf
-                                          : dnnl_eltwise_gelu_tanh;
+  dnnl_alg_kind_t alg = inst->desc.attrs.gelu_erf ? dnnl_eltwise_gelu_erf
+                                                  : dnnl_eltwise_gelu_tanh;
   op_dtype t = d->out_dtype;
   int64_t full = op_min64(s->n, OP_FLAT_ELEMS), rem = s->n % OP_FLAT_ELEMS;
   remat_status rs = REMAT_OK;
   if (full == OP_FLAT_ELEMS) rs = gelu_prims(s, 0, full, alg, t, t, err);
   if (rs == REMAT_OK && rem) rs = gelu_prims(s, 1, rem, alg, t, t, err);
   if (s->bf16) {
-    if (rs == REMAT_OK && s->n >= ELT_BLOCK)
-      rs = gelu_prims(s, 2, ELT_BLOCK, alg, OP_F32, OP_F32, err);
-    if (rs == REMAT_OK && s->n % ELT_BLOCK)
-      rs = gelu_prims(s, 3, s->n % ELT_BLOCK, alg, OP_F32, OP_F32, err);
+    if (rs == REMAT_OK && s->n >= GELU_BLOCK)
+      rs = gelu_prims(s, 2, GELU_BLOCK, alg, OP_F32, OP_F32, err);
+    if (rs == REMAT_OK && s->n % GELU_BLOCK)
+      rs = gelu_prims(s, 3, s->n % GELU_BLOCK, alg, OP_F32, OP_F32, err);
   }
   if (rs != REMAT_OK) return rs;
   s->base.temp_bytes = OP_FLAT_ELEMS * sizeof(float);

@@ -38,8 +38,37 @@ static double sum_lanes(const float *restrict x, int64_t n) {
   return total;
 }
 
+/* The bf16 row conversions in the widest vectors the machine has, picked
+ * at load time (the baseline x86-64 build packs f32 -> bf16 slowly); the
+ * same bits on every path. Not under ThreadSanitizer (see
+ * attention_fused.c). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
+#define BF16_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BF16_CLONES
+#endif
+
+BF16_CLONES static void to_f32_row(float *restrict d,
+                                   const uint16_t *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = bf16_to_f32(s[i]);
+}
+
+BF16_CLONES static void from_f32_row(uint16_t *restrict d,
+                                     const float *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = bf16_from_f32(s[i]);
+}
+
+BF16_CLONES static void add_f32_row(uint16_t *restrict d,
+                                    const float *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    d[i] = bf16_from_f32(bf16_to_f32(d[i]) + s[i]);
+}
+
 /* sum_lanes of bf16 values, in the same order. */
-static double sum_lanes_bf16(const uint16_t *restrict x, int64_t n) {
+BF16_CLONES static double sum_lanes_bf16(const uint16_t *restrict x,
+                                         int64_t n) {
   float lane[OP_LANES] = {0};
   int64_t i = 0;
   for (; i + OP_LANES <= n; i += OP_LANES)
@@ -50,15 +79,25 @@ static double sum_lanes_bf16(const uint16_t *restrict x, int64_t n) {
   return total;
 }
 
+/* dx[0..n) = (or +=) g, rounded once to bf16. */
+BF16_CLONES static void fill_bf16(uint16_t *restrict dx, float g, int64_t n,
+                                  bool accumulate) {
+  if (accumulate)
+    for (int64_t i = 0; i < n; i++)
+      dx[i] = bf16_from_f32(bf16_to_f32(dx[i]) + g);
+  else
+    for (int64_t i = 0; i < n; i++) dx[i] = bf16_from_f32(g);
+}
+
 /* dst[at..at+n) (dtype t) = (or +=) v[0..n), rounded once to bf16. */
 static void store_f32(float *dst, op_dtype t, int64_t at, const float *v,
                       int64_t n, bool accumulate) {
   if (t != OP_BF16)
     op_store(dst + at, v, n, accumulate);
   else if (accumulate)
-    bf16_add_f32_row((uint16_t *)dst + at, v, n);
+    add_f32_row((uint16_t *)dst + at, v, n);
   else
-    bf16_from_f32_row((uint16_t *)dst + at, v, n);
+    from_f32_row((uint16_t *)dst + at, v, n);
 }
 
 /* A [1] output (and its gradient) must be f32. */
@@ -106,7 +145,7 @@ static int ce_rows(const op_instance *op, const op_bufs *b, int64_t tile,
     const float *restrict x = b->in[0] + r * V;
     if (half) {
       float *t = op_temp(&s->base, w);
-      bf16_to_f32_row(t, (const uint16_t *)b->in[0] + r * V, V);
+      to_f32_row(t, (const uint16_t *)b->in[0] + r * V, V);
       x = t;
     }
     float mx = x[0];
@@ -153,7 +192,7 @@ static int ce_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
     for (int64_t r = r0; r < r1; r++) {
       const float *restrict x = b->in[0] + r * V;
       if (d->in_dtype[0] == OP_BF16) {
-        bf16_to_f32_row(t, (const uint16_t *)b->in[0] + r * V, V);
+        to_f32_row(t, (const uint16_t *)b->in[0] + r * V, V);
         x = t;
       }
       float *restrict dx = t + V;
@@ -259,12 +298,7 @@ static int reduce_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
   float g = b->dout[0];
   if (op->desc.type == OP_MEAN) g = (float)(g / (double)s->n);
   if (op->desc.din_dtype[0] == OP_BF16) {
-    uint16_t *restrict dx = (uint16_t *)b->din[0] + i0;
-    if (b->din_accumulate[0])
-      for (int64_t i = 0; i < n; i++)
-        dx[i] = bf16_from_f32(bf16_to_f32(dx[i]) + g);
-    else
-      for (int64_t i = 0; i < n; i++) dx[i] = bf16_from_f32(g);
+    fill_bf16((uint16_t *)b->din[0] + i0, g, n, b->din_accumulate[0]);
     return REMAT_OK;
   }
   float *restrict dx = b->din[0] + i0;
