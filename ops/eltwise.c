@@ -586,7 +586,8 @@ remat_status op_gelu_plan(op_instance *inst, dnnl_engine_t engine,
                           char err[OP_ERRMSG_MAX]) {
   const op_desc *d = &inst->desc;
   if (d->in_dtype[0] != d->out_dtype)
-    return op_shape_err(err, d, "x (%s) and y (%s) must have one dtype",
+    return op_shape_err(err, d,
+                        "x is %s and y %s: x and y must have the same dtype",
                         op_dtype_name(d->in_dtype[0]),
                         op_dtype_name(d->out_dtype));
   eltwise_state *s = eltwise_state_new(inst, engine);

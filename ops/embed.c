@@ -142,9 +142,10 @@ remat_status op_embed_plan(op_instance *inst, dnnl_engine_t engine,
   for (int i = 1; i < 3; i++)
     if (d->in_dtype[i] != OP_F32 || d->din_dtype[i] != OP_F32)
       return op_shape_err(err, d,
-                          "%s (%s, gradient %s): the tables and their "
-                          "gradients must be f32",
-                          i == 1 ? "wte" : "wpe", op_dtype_name(d->in_dtype[i]),
+                          "%s is %s and its gradient %s: the tables and "
+                          "their gradients must be f32",
+                          i == 1 ? "wte" : "wpe",
+                          op_dtype_name(d->in_dtype[i]),
                           op_dtype_name(d->din_dtype[i]));
   embed_state *s = op_state_new(sizeof *s, engine, "embed");
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;

@@ -189,15 +189,16 @@ static remat_status layernorm_prims(layernorm_state *s, int which,
 remat_status op_layernorm_plan(op_instance *inst, dnnl_engine_t engine,
                                char err[OP_ERRMSG_MAX]) {
   const op_desc *d = &inst->desc;
-  if (d->in_dtype[0] != d->out_dtype || d->in_dtype[1] != OP_F32 ||
-      d->in_dtype[2] != OP_F32)
+  if (d->in_dtype[0] != d->out_dtype)
     return op_shape_err(err, d,
-                        "x (%s) and y (%s) must have one dtype, gamma (%s) "
-                        "and beta (%s) must be f32",
+                        "x is %s and y %s: x and y must have the same dtype",
                         op_dtype_name(d->in_dtype[0]),
-                        op_dtype_name(d->out_dtype),
-                        op_dtype_name(d->in_dtype[1]),
-                        op_dtype_name(d->in_dtype[2]));
+                        op_dtype_name(d->out_dtype));
+  for (int i = 1; i < 3; i++)
+    if (d->in_dtype[i] != OP_F32)
+      return op_shape_err(err, d, "%s is %s: gamma and beta must be f32",
+                          i == 1 ? "gamma" : "beta",
+                          op_dtype_name(d->in_dtype[i]));
   layernorm_state *s = op_state_new(sizeof *s, engine, "layernorm");
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   inst->state = s;

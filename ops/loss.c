@@ -104,7 +104,7 @@ static void store_f32(float *dst, op_dtype t, int64_t at, const float *v,
 static remat_status check_scalar_out(const op_desc *d,
                                      char err[OP_ERRMSG_MAX]) {
   if (d->out_dtype == OP_F32) return REMAT_OK;
-  return op_shape_err(err, d, "the [1] output must be f32, not %s",
+  return op_shape_err(err, d, "the [1] output is %s: it must be f32",
                       op_dtype_name(d->out_dtype));
 }
 

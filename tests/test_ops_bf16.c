@@ -298,6 +298,16 @@ static void check_case(const bcase *c) {
   side_free(&h);
 }
 
+/* Planning `d` with out_dtype `out` fails with exactly `msg`. */
+static void expect_plan_error(op_desc d, op_dtype out, const char *msg) {
+  char err[OP_ERRMSG_MAX];
+  op_instance inst;
+  assert_int_equal(op_infer(&d, err), REMAT_OK);
+  d.out_dtype = out;
+  assert_int_equal(op_plan(&d, engine, &inst, err), REMAT_ERR_SHAPE);
+  assert_string_equal(err, msg);
+}
+
 /* ---- one test per op ---- */
 
 static void test_linear(void **state) {
@@ -364,6 +374,11 @@ static void test_relu_gelu(void **state) {
   c = make_case(OP_GELU, 1, S2(7, 1000));
   c.param[0] = true;
   check_case(&c);
+  /* oneDNN's eltwise reads and writes one dtype */
+  op_desc d = {.type = OP_GELU, .nin = 1, .in = {S2(7, 1000)}};
+  expect_plan_error(d, OP_BF16,
+                    "gelu: x is f32 and y bf16: x and y must have the same "
+                    "dtype");
 }
 
 static void test_layernorm(void **state) {
@@ -381,6 +396,14 @@ static void test_layernorm(void **state) {
   c = make_case(OP_LAYERNORM, 3, S2(500, 40), S1(40), S1(40));
   c.param[0] = c.param[1] = c.param[2] = true;
   check_case(&c);
+  op_desc d = {.type = OP_LAYERNORM, .nin = 3,
+               .in = {S2(5, 40), S1(40), S1(40)},
+               .in_dtype = {OP_BF16, OP_F32, OP_BF16}};
+  expect_plan_error(d, OP_BF16,
+                    "layernorm: beta is bf16: gamma and beta must be f32");
+  expect_plan_error(d, OP_F32,
+                    "layernorm: x is bf16 and y f32: x and y must have the "
+                    "same dtype");
 }
 
 static void test_softmax(void **state) {
@@ -399,6 +422,11 @@ static void test_softmax(void **state) {
   c = make_case(OP_SOFTMAX, 1, S2(300, 70));
   c.param[0] = true;
   check_case(&c);
+  op_desc d = {.type = OP_SOFTMAX, .nin = 1, .in = {S2(3, 7)},
+               .in_dtype = {OP_BF16}};
+  expect_plan_error(d, OP_F32,
+                    "softmax: x is bf16 and y f32: x and y must have the "
+                    "same dtype");
 }
 
 static void test_attn_scores(void **state) {
@@ -441,6 +469,19 @@ static void test_embed(void **state) {
   c.hi[0] = 50;
   c.param[1] = c.param[2] = true;
   check_case(&c);
+  /* the tables are f32 master weights with f32 gradients */
+  op_desc d = {.type = OP_EMBED, .nin = 3,
+               .in = {S2(3, 4), S2(50, 30), S2(45, 30)},
+               .in_dtype = {OP_I32, OP_F32, OP_BF16},
+               .din_dtype = {OP_I32, OP_F32, OP_F32}};
+  expect_plan_error(d, OP_BF16,
+                    "embed: wpe is bf16 and its gradient f32: the tables "
+                    "and their gradients must be f32");
+  d.in_dtype[2] = OP_F32;
+  d.din_dtype[1] = OP_BF16;
+  expect_plan_error(d, OP_BF16,
+                    "embed: wte is f32 and its gradient bf16: the tables "
+                    "and their gradients must be f32");
 }
 
 static void test_cross_entropy(void **state) {
@@ -459,6 +500,11 @@ static void test_cross_entropy(void **state) {
   c.hi[1] = 300;
   c.param[0] = true;
   check_case(&c);
+  /* losses stay f32 */
+  op_desc d = {.type = OP_CROSS_ENTROPY, .nin = 2, .in = {S2(7, 30), S1(7)},
+               .in_dtype = {OP_BF16, OP_I32}};
+  expect_plan_error(d, OP_BF16,
+                    "cross_entropy: the [1] output is bf16: it must be f32");
 }
 
 static void test_sum_mean(void **state) {
@@ -472,6 +518,9 @@ static void test_sum_mean(void **state) {
     c.param[0] = true;
     check_case(&c);
   }
+  op_desc d = {.type = OP_MEAN, .nin = 1, .in = {S2(30, 70)},
+               .in_dtype = {OP_BF16}};
+  expect_plan_error(d, OP_BF16, "mean: the [1] output is bf16: it must be f32");
 }
 
 static int group_setup(void **state) {
