@@ -354,6 +354,9 @@ static void test_bias_add(void **state) {
   c = make_case(OP_BIAS_ADD, 2, S2(40, 2100), S1(2100));
   c.param[1] = true;
   check_case(&c);
+  /* b an activation: bf16 b and db, the converting blocks */
+  c = make_case(OP_BIAS_ADD, 2, S2(40, 2100), S1(2100));
+  check_case(&c);
 }
 
 static void test_relu_gelu(void **state) {
