@@ -1,9 +1,12 @@
 /* Token and position embedding: x[b,t] = wte[tokens[b,t]] + wpe[t]. The
  * forward tiles row blocks of the B*T rows; the backward sums rows into
  * dwte and dwpe deterministically: each tile owns a block of columns (dwte)
- * or of positions (dwpe) and walks all rows in order. */
+ * or of positions (dwpe) and walks all rows in order. In bf16 precision the
+ * tables and their gradients stay f32; x and dx are bf16: a row is summed in
+ * f32 in the op's temporary and rounded once, and dx is read as f32. */
 #include <string.h>
 
+#include "base/bf16.h"
 #include "ops/op_impl.h"
 
 /* Columns of dwte a scatter tile owns. */
@@ -43,22 +46,40 @@ remat_status op_embed_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
   return REMAT_OK;
 }
 
+/* x rows to bf16 in the widest vectors the machine has, picked at load
+ * time (the baseline x86-64 build packs f32 -> bf16 slowly); the same bits
+ * on every path. Not under ThreadSanitizer (see attention_fused.c). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
+#define BF16_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BF16_CLONES
+#endif
+
+BF16_CLONES static void from_f32_row(uint16_t *restrict d,
+                                     const float *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = bf16_from_f32(s[i]);
+}
+
 // tokens is (B,T), wte is (V,D), wpe is (Tmax,D), x is (B,T,D):
 // x[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
 static int embed_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
-  (void)w;
   const embed_state *s = op->state;
   const int32_t *tokens = (const int32_t *)b->in[0];
   int64_t r0 = tile * s->row_block;
   int64_t r1 = op_min64(r0 + s->row_block, s->B * s->T), D = s->D;
   for (int64_t r = r0; r < r1; r++)
     if (tokens[r] < 0 || tokens[r] >= s->V) return REMAT_ERR_INVALID_ARG;
+  bool half = op->desc.out_dtype == OP_BF16;
   for (int64_t r = r0; r < r1; r++) {
     const float *restrict e = b->in[1] + (int64_t)tokens[r] * D;
     const float *restrict p = b->in[2] + (r % s->T) * D;
-    float *restrict x = b->out + r * D;
+    /* bf16: the row in f32 in the temporary, then rounded */
+    float *restrict x = half ? op_temp(&s->base, w) : b->out + r * D;
     for (int64_t c = 0; c < D; c++) x[c] = e[c] + p[c];
+    if (half) from_f32_row((uint16_t *)b->out + r * D, x, D);
   }
   return REMAT_OK;
 }
@@ -76,10 +97,16 @@ static int embed_dwte(const op_instance *op, const op_bufs *b, int64_t tile,
   if (!b->din_accumulate[1])
     for (int64_t v = 0; v < s->V; v++)
       memset(b->din[1] + v * s->D + c0, 0, (size_t)nc * sizeof(float));
+  bool half = op->desc.out_dtype == OP_BF16;
   for (int64_t r = 0; r < s->B * s->T; r++) {
-    const float *restrict dx = b->dout + r * s->D + c0;
     float *restrict g = b->din[1] + (int64_t)tokens[r] * s->D + c0;
-    for (int64_t c = 0; c < nc; c++) g[c] += dx[c];
+    if (half) {
+      const uint16_t *restrict dx = (const uint16_t *)b->dout + r * s->D + c0;
+      for (int64_t c = 0; c < nc; c++) g[c] += bf16_to_f32(dx[c]);
+    } else {
+      const float *restrict dx = b->dout + r * s->D + c0;
+      for (int64_t c = 0; c < nc; c++) g[c] += dx[c];
+    }
   }
   return REMAT_OK;
 }
@@ -96,8 +123,14 @@ static int embed_dwpe(const op_instance *op, const op_bufs *b, int64_t tile,
     float *restrict g = b->din[2] + t * D;
     if (!b->din_accumulate[2]) memset(g, 0, (size_t)D * sizeof(float));
     for (int64_t bi = 0; bi < s->B && t < s->T; bi++) {
-      const float *restrict dx = b->dout + (bi * s->T + t) * D;
-      for (int64_t c = 0; c < D; c++) g[c] += dx[c];
+      if (op->desc.out_dtype == OP_BF16) {
+        const uint16_t *restrict dx =
+            (const uint16_t *)b->dout + (bi * s->T + t) * D;
+        for (int64_t c = 0; c < D; c++) g[c] += bf16_to_f32(dx[c]);
+      } else {
+        const float *restrict dx = b->dout + (bi * s->T + t) * D;
+        for (int64_t c = 0; c < D; c++) g[c] += dx[c];
+      }
     }
   }
   return REMAT_OK;
@@ -105,8 +138,15 @@ static int embed_dwpe(const op_instance *op, const op_bufs *b, int64_t tile,
 
 remat_status op_embed_plan(op_instance *inst, dnnl_engine_t engine,
                            char err[OP_ERRMSG_MAX]) {
-  (void)err;
   const op_desc *d = &inst->desc;
+  for (int i = 1; i < 3; i++)
+    if (d->in_dtype[i] != OP_F32 || d->din_dtype[i] != OP_F32)
+      return op_shape_err(err, d,
+                          "%s is %s and its gradient %s: the tables and "
+                          "their gradients must be f32",
+                          i == 1 ? "wte" : "wpe",
+                          op_dtype_name(d->in_dtype[i]),
+                          op_dtype_name(d->din_dtype[i]));
   embed_state *s = op_state_new(sizeof *s, engine, "embed");
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   inst->state = s;
@@ -117,6 +157,8 @@ remat_status op_embed_plan(op_instance *inst, dnnl_engine_t engine,
   s->Tmax = d->in[2].dim[0];
   s->row_block = op_row_block(s->D);
   s->pos_block = op_max64(1, op_row_block(s->D) / s->B);
+  if (d->out_dtype == OP_BF16)
+    s->base.temp_bytes = (size_t)s->D * sizeof(float);
   double n = (double)s->B * s->T * s->D;
   inst->fwd[inst->nfwd++] = op_make_kernel(
       "embed.fwd", embed_fwd, op_div_up(s->B * s->T, s->row_block), n,

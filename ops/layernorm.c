@@ -1,15 +1,22 @@
 /* Layer normalization on oneDNN, tiled by row blocks. The forward saves the
  * per-row mean and variance (oneDNN's statistics: variance, not rstd) as
  * aux; the backward writes per-tile partial dgamma/dbeta into workspaces
- * that a column-block kernel sums in tile order. */
+ * that a column-block kernel sums in tile order. With bf16 x and y the
+ * primitives take bf16 data (mean, variance, gamma, beta and their
+ * gradients stay f32); a bf16 dx that accumulates, or a dx whose dtype is
+ * not dy's, comes from the f32 primitives run on f32 copies of the tile's
+ * x and dy, then is rounded once. */
 #include <string.h>
 
+#include "base/bf16.h"
 #include "ops/op_impl.h"
 
 typedef struct layernorm_state {
   op_base base;
   int64_t rows, C, row_block, tiles;
   dnnl_primitive_t fwd[2], bwd[2]; /* [full, remainder] row block */
+  bool bf16;                       /* x and y are bf16 */
+  dnnl_primitive_t bwd32[2];       /* bf16: f32 backward on copies */
 } layernorm_state;
 
 remat_status op_layernorm_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
@@ -31,6 +38,45 @@ remat_status op_layernorm_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
   return REMAT_OK;
 }
 
+/* The bf16 row conversions in the widest vectors the machine has, picked
+ * at load time (the baseline x86-64 build packs f32 -> bf16 slowly); the
+ * same bits on every path. Not under ThreadSanitizer (see
+ * attention_fused.c). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
+#define BF16_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BF16_CLONES
+#endif
+
+BF16_CLONES static void to_f32_row(float *restrict d,
+                                   const uint16_t *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = bf16_to_f32(s[i]);
+}
+
+BF16_CLONES static void from_f32_row(uint16_t *restrict d,
+                                     const float *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = bf16_from_f32(s[i]);
+}
+
+BF16_CLONES static void add_f32_row(uint16_t *restrict d,
+                                    const float *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    d[i] = bf16_from_f32(bf16_to_f32(d[i]) + s[i]);
+}
+
+/* dst[at..at+n) (dtype t) = (or +=) v[0..n), rounded once to bf16. */
+static void store_f32(float *dst, op_dtype t, int64_t at, const float *v,
+                      int64_t n, bool accumulate) {
+  if (t != OP_BF16)
+    op_store(dst + at, v, n, accumulate);
+  else if (accumulate)
+    add_f32_row((uint16_t *)dst + at, v, n);
+  else
+    from_f32_row((uint16_t *)dst + at, v, n);
+}
+
 static int64_t tile_rows(const layernorm_state *s, int64_t tile) {
   return op_min64(s->row_block, s->rows - tile * s->row_block);
 }
@@ -40,9 +86,11 @@ static int64_t tile_rows(const layernorm_state *s, int64_t tile) {
 static int layernorm_fwd(const op_instance *op, const op_bufs *b,
                          int64_t tile, op_worker *w) {
   const layernorm_state *s = op->state;
+  const op_desc *d = &op->desc;
   int64_t r0 = tile * s->row_block;
   op_arg args[6] = {
-      {DNNL_ARG_SRC, b->in[0] + r0 * s->C}, {DNNL_ARG_DST, b->out + r0 * s->C},
+      {DNNL_ARG_SRC, op_at(b->in[0], r0 * s->C, d->in_dtype[0])},
+      {DNNL_ARG_DST, op_at(b->out, r0 * s->C, d->out_dtype)},
       {DNNL_ARG_MEAN, b->aux[0] + r0},      {DNNL_ARG_VARIANCE, b->aux[1] + r0},
       {DNNL_ARG_SCALE, b->in[1]},           {DNNL_ARG_SHIFT, b->in[2]}};
   return op_exec(s->fwd[tile_rows(s, tile) != s->row_block], w, 6, args);
@@ -53,12 +101,29 @@ static int layernorm_fwd(const op_instance *op, const op_bufs *b,
 static int layernorm_bwd(const op_instance *op, const op_bufs *b,
                          int64_t tile, op_worker *w) {
   const layernorm_state *s = op->state;
+  const op_desc *d = &op->desc;
   int64_t r0 = tile * s->row_block, n = tile_rows(s, tile) * s->C;
-  bool direct = b->din[0] && !b->din_accumulate[0];
-  float *dx = direct ? b->din[0] + r0 * s->C : op_temp(&s->base, w);
+  bool full = tile_rows(s, tile) == s->row_block;
+  bool acc = b->din[0] && b->din_accumulate[0];
+  bool direct = b->din[0] && !acc && d->din_dtype[0] == d->out_dtype;
+  const void *x = op_at(b->in[0], r0 * s->C, d->in_dtype[0]);
+  const void *dy = op_at(b->dout, r0 * s->C, d->out_dtype);
+  void *dx = direct ? op_at(b->din[0], r0 * s->C, d->din_dtype[0])
+                    : (void *)op_temp(&s->base, w);
+  dnnl_primitive_t prim = s->bwd[!full];
+  /* a bf16 dx accumulated, or dx of another dtype than a bf16 dy: the f32
+   * primitive on f32 copies of x and dy */
+  if (s->bf16 && b->din[0] && !direct) {
+    float *t = op_temp(&s->base, w);
+    to_f32_row(t + n, x, n);
+    to_f32_row(t + 2 * n, dy, n);
+    x = t + n;
+    dy = t + 2 * n;
+    prim = s->bwd32[!full];
+  }
   /* oneDNN 2.6 rejects the call without the shift, though it reads none */
-  op_arg args[9] = {{DNNL_ARG_SRC, b->in[0] + r0 * s->C},
-                    {DNNL_ARG_DIFF_DST, b->dout + r0 * s->C},
+  op_arg args[9] = {{DNNL_ARG_SRC, x},
+                    {DNNL_ARG_DIFF_DST, dy},
                     {DNNL_ARG_MEAN, b->aux[0] + r0},
                     {DNNL_ARG_VARIANCE, b->aux[1] + r0},
                     {DNNL_ARG_SCALE, b->in[1]},
@@ -66,9 +131,9 @@ static int layernorm_bwd(const op_instance *op, const op_bufs *b,
                     {DNNL_ARG_DIFF_SRC, dx},
                     {DNNL_ARG_DIFF_SCALE, b->ws[0] + tile * s->C},
                     {DNNL_ARG_DIFF_SHIFT, b->ws[1] + tile * s->C}};
-  int rs = op_exec(s->bwd[tile_rows(s, tile) != s->row_block], w, 9, args);
-  if (rs == REMAT_OK && b->din[0] && b->din_accumulate[0])
-    op_store(b->din[0] + r0 * s->C, dx, n, true);
+  int rs = op_exec(prim, w, 9, args);
+  if (rs == REMAT_OK && b->din[0] && !direct)
+    store_f32(b->din[0], d->din_dtype[0], r0 * s->C, dx, n, acc);
   return rs;
 }
 
@@ -85,15 +150,19 @@ static int layernorm_dparams(const op_instance *op, const op_bufs *b,
       const float *part = b->ws[p] + t * s->C + c0;
       for (int64_t c = 0; c < nc; c++) acc[c] += part[c];
     }
-    op_store(b->din[1 + p] + c0, acc, nc, b->din_accumulate[1 + p]);
+    store_f32(b->din[1 + p], op->desc.din_dtype[1 + p], c0, acc, nc,
+              b->din_accumulate[1 + p]);
   }
   return REMAT_OK;
 }
 
+/* The primitives over `rows` rows with x, y, dy and dx of dtype t; the
+ * backward goes to bwd[which] (f32 copies: bwd32[which]). */
 static remat_status layernorm_prims(layernorm_state *s, int which,
-                                    int64_t rows, float eps,
+                                    int64_t rows, float eps, op_dtype t,
+                                    dnnl_primitive_t *bwd,
                                     char err[OP_ERRMSG_MAX]) {
-  dnnl_memory_desc_t data = op_md2(rows, s->C, s->C, 1);
+  dnnl_memory_desc_t data = op_md2_dt(rows, s->C, s->C, 1, t);
   const int64_t one = 1;
   dnnl_memory_desc_t stat = op_md(1, &rows, &one);
   unsigned flags = dnnl_use_scale | dnnl_use_shift;
@@ -107,10 +176,12 @@ static remat_status layernorm_prims(layernorm_state *s, int which,
     return op_dnnl_fail(st, s->base.name, "layer normalization descriptor",
                         err);
   dnnl_primitive_desc_t hint;
+  dnnl_primitive_t fwd;
   remat_status rs =
-      op_prim_create(&s->base, &fd, NULL, NULL, &s->fwd[which], &hint, err);
+      op_prim_create(&s->base, &fd, NULL, NULL, &fwd, &hint, err);
   if (rs != REMAT_OK) return rs;
-  rs = op_prim_create(&s->base, &bd, NULL, hint, &s->bwd[which], NULL, err);
+  if (bwd == s->bwd) s->fwd[which] = fwd;
+  rs = op_prim_create(&s->base, &bd, NULL, hint, &bwd[which], NULL, err);
   dnnl_primitive_desc_destroy(hint);
   return rs;
 }
@@ -118,6 +189,16 @@ static remat_status layernorm_prims(layernorm_state *s, int which,
 remat_status op_layernorm_plan(op_instance *inst, dnnl_engine_t engine,
                                char err[OP_ERRMSG_MAX]) {
   const op_desc *d = &inst->desc;
+  if (d->in_dtype[0] != d->out_dtype)
+    return op_shape_err(err, d,
+                        "x is %s and y %s: x and y must have the same dtype",
+                        op_dtype_name(d->in_dtype[0]),
+                        op_dtype_name(d->out_dtype));
+  for (int i = 1; i < 3; i++)
+    if (d->in_dtype[i] != OP_F32)
+      return op_shape_err(err, d, "%s is %s: gamma and beta must be f32",
+                          i == 1 ? "gamma" : "beta",
+                          op_dtype_name(d->in_dtype[i]));
   layernorm_state *s = op_state_new(sizeof *s, engine, "layernorm");
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   inst->state = s;
@@ -126,11 +207,19 @@ remat_status op_layernorm_plan(op_instance *inst, dnnl_engine_t engine,
   s->row_block = op_min64(op_row_block(s->C), s->rows);
   s->tiles = op_div_up(s->rows, s->row_block);
   float eps = d->attrs.eps != 0.0f ? d->attrs.eps : 1e-5f;
-  remat_status rs = layernorm_prims(s, 0, s->row_block, eps, err);
+  op_dtype t = d->out_dtype;
+  s->bf16 = t == OP_BF16;
+  remat_status rs = layernorm_prims(s, 0, s->row_block, eps, t, s->bwd, err);
   if (rs == REMAT_OK && s->rows % s->row_block)
-    rs = layernorm_prims(s, 1, s->rows % s->row_block, eps, err);
+    rs = layernorm_prims(s, 1, s->rows % s->row_block, eps, t, s->bwd, err);
+  if (s->bf16 && rs == REMAT_OK)
+    rs = layernorm_prims(s, 0, s->row_block, eps, OP_F32, s->bwd32, err);
+  if (s->bf16 && rs == REMAT_OK && s->rows % s->row_block)
+    rs = layernorm_prims(s, 1, s->rows % s->row_block, eps, OP_F32,
+                         s->bwd32, err);
   if (rs != REMAT_OK) return rs;
-  s->base.temp_bytes = (size_t)(s->row_block * s->C) * sizeof(float);
+  s->base.temp_bytes =
+      (size_t)(s->row_block * s->C) * sizeof(float) * (s->bf16 ? 3 : 1);
   inst->naux = 2;
   inst->aux_bytes[0] = inst->aux_bytes[1] = (size_t)s->rows * sizeof(float);
   inst->nws = 2;

@@ -1,7 +1,10 @@
 /* Reductions to a scalar: cross entropy (mean over rows of -log softmax at
  * the target), sum and mean. Forward tiles write per-row or per-tile
  * partials into aux; a one-tile kernel then sums them in order into out[0],
- * so the result does not depend on the thread count. */
+ * so the result does not depend on the thread count. In bf16 precision the
+ * input x (logits) and its gradient are bf16 and the [1] output stays f32:
+ * cross entropy converts a row to f32 in the op's temporary and rounds its
+ * gradient row once; sum and mean convert as they read. */
 /* The exp loops vectorize only when gcc may if-convert float compares. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
@@ -9,6 +12,7 @@
 
 #include <math.h>
 
+#include "base/bf16.h"
 #include "ops/op_impl.h"
 
 /* Lanes of the vectorizable partial sums. */
@@ -32,6 +36,76 @@ static double sum_lanes(const float *restrict x, int64_t n) {
   for (int k = 0; k < OP_LANES; k++) total += lane[k];
   for (; i < n; i++) total += x[i];
   return total;
+}
+
+/* The bf16 row conversions in the widest vectors the machine has, picked
+ * at load time (the baseline x86-64 build packs f32 -> bf16 slowly); the
+ * same bits on every path. Not under ThreadSanitizer (see
+ * attention_fused.c). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
+#define BF16_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BF16_CLONES
+#endif
+
+BF16_CLONES static void to_f32_row(float *restrict d,
+                                   const uint16_t *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = bf16_to_f32(s[i]);
+}
+
+BF16_CLONES static void from_f32_row(uint16_t *restrict d,
+                                     const float *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = bf16_from_f32(s[i]);
+}
+
+BF16_CLONES static void add_f32_row(uint16_t *restrict d,
+                                    const float *restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    d[i] = bf16_from_f32(bf16_to_f32(d[i]) + s[i]);
+}
+
+/* sum_lanes of bf16 values, in the same order. */
+BF16_CLONES static double sum_lanes_bf16(const uint16_t *restrict x,
+                                         int64_t n) {
+  float lane[OP_LANES] = {0};
+  int64_t i = 0;
+  for (; i + OP_LANES <= n; i += OP_LANES)
+    for (int k = 0; k < OP_LANES; k++) lane[k] += bf16_to_f32(x[i + k]);
+  double total = 0.0;
+  for (int k = 0; k < OP_LANES; k++) total += lane[k];
+  for (; i < n; i++) total += bf16_to_f32(x[i]);
+  return total;
+}
+
+/* dx[0..n) = (or +=) g, rounded once to bf16. */
+BF16_CLONES static void fill_bf16(uint16_t *restrict dx, float g, int64_t n,
+                                  bool accumulate) {
+  if (accumulate)
+    for (int64_t i = 0; i < n; i++)
+      dx[i] = bf16_from_f32(bf16_to_f32(dx[i]) + g);
+  else
+    for (int64_t i = 0; i < n; i++) dx[i] = bf16_from_f32(g);
+}
+
+/* dst[at..at+n) (dtype t) = (or +=) v[0..n), rounded once to bf16. */
+static void store_f32(float *dst, op_dtype t, int64_t at, const float *v,
+                      int64_t n, bool accumulate) {
+  if (t != OP_BF16)
+    op_store(dst + at, v, n, accumulate);
+  else if (accumulate)
+    add_f32_row((uint16_t *)dst + at, v, n);
+  else
+    from_f32_row((uint16_t *)dst + at, v, n);
+}
+
+/* A [1] output (and its gradient) must be f32. */
+static remat_status check_scalar_out(const op_desc *d,
+                                     char err[OP_ERRMSG_MAX]) {
+  if (d->out_dtype == OP_F32) return REMAT_OK;
+  return op_shape_err(err, d, "the [1] output is %s: it must be f32",
+                      op_dtype_name(d->out_dtype));
 }
 
 /* ---- cross entropy ---- */
@@ -60,8 +134,8 @@ remat_status op_cross_entropy_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
 // loss = lse - logits[target]; aux[0] holds the losses, aux[1] the lse
 static int ce_rows(const op_instance *op, const op_bufs *b, int64_t tile,
                    op_worker *w) {
-  (void)w;
   const loss_state *s = op->state;
+  bool half = op->desc.in_dtype[0] == OP_BF16;
   const int32_t *targets = (const int32_t *)b->in[1];
   int64_t r0 = tile * s->row_block, V = s->V;
   int64_t r1 = op_min64(r0 + s->row_block, s->rows);
@@ -69,6 +143,11 @@ static int ce_rows(const op_instance *op, const op_bufs *b, int64_t tile,
     if (targets[r] < 0 || targets[r] >= V) return REMAT_ERR_INVALID_ARG;
   for (int64_t r = r0; r < r1; r++) {
     const float *restrict x = b->in[0] + r * V;
+    if (half) {
+      float *t = op_temp(&s->base, w);
+      to_f32_row(t, (const uint16_t *)b->in[0] + r * V, V);
+      x = t;
+    }
     float mx = x[0];
     for (int64_t v = 1; v < V; v++) mx = x[v] > mx ? x[v] : mx;
     float lane[OP_LANES] = {0};
@@ -99,14 +178,31 @@ static int ce_mean(const op_instance *op, const op_bufs *b, int64_t tile,
 // dlogits[r,v] = (softmax[r,v] - (v == target_r)) * dloss / N
 static int ce_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
                   op_worker *w) {
-  (void)w;
   const loss_state *s = op->state;
+  const op_desc *d = &op->desc;
   if (!b->din[0]) return REMAT_OK;
   const int32_t *targets = (const int32_t *)b->in[1];
   int64_t r0 = tile * s->row_block, V = s->V;
   int64_t r1 = op_min64(r0 + s->row_block, s->rows);
   float g = b->dout[0] / (float)s->rows;
   bool acc = b->din_accumulate[0];
+  if (d->in_dtype[0] == OP_BF16 || d->din_dtype[0] == OP_BF16) {
+    /* the row and its gradient in f32 in the temporary */
+    float *t = op_temp(&s->base, w);
+    for (int64_t r = r0; r < r1; r++) {
+      const float *restrict x = b->in[0] + r * V;
+      if (d->in_dtype[0] == OP_BF16) {
+        to_f32_row(t, (const uint16_t *)b->in[0] + r * V, V);
+        x = t;
+      }
+      float *restrict dx = t + V;
+      float lse = b->aux[1][r];
+      for (int64_t v = 0; v < V; v++) dx[v] = op_expf(x[v] - lse) * g;
+      dx[targets[r]] -= g;
+      store_f32(b->din[0], d->din_dtype[0], r * V, dx, V, acc);
+    }
+    return REMAT_OK;
+  }
   for (int64_t r = r0; r < r1; r++) {
     const float *restrict x = b->in[0] + r * V;
     float *restrict dx = b->din[0] + r * V;
@@ -122,13 +218,16 @@ static int ce_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
 
 remat_status op_cross_entropy_plan(op_instance *inst, dnnl_engine_t engine,
                                    char err[OP_ERRMSG_MAX]) {
-  (void)err;
   const op_desc *d = &inst->desc;
+  remat_status rs = check_scalar_out(d, err);
+  if (rs != REMAT_OK) return rs;
   loss_state *s = op_state_new(sizeof *s, engine, "cross_entropy");
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   inst->state = s;
   s->rows = op_rows(&d->in[0]);
   s->V = d->in[0].dim[d->in[0].ndim - 1];
+  if (d->in_dtype[0] == OP_BF16 || d->din_dtype[0] == OP_BF16)
+    s->base.temp_bytes = (size_t)(2 * s->V) * sizeof(float);
   s->row_block = op_row_block(s->V);
   s->tiles = op_div_up(s->rows, s->row_block);
   inst->naux = 2;
@@ -168,7 +267,11 @@ static int reduce_partial(const op_instance *op, const op_bufs *b,
   (void)w;
   const loss_state *s = op->state;
   int64_t i0 = tile * OP_FLAT_ELEMS, n = op_min64(OP_FLAT_ELEMS, s->n - i0);
-  b->aux[0][tile] = (float)sum_lanes(b->in[0] + i0, n);
+  if (op->desc.in_dtype[0] == OP_BF16)
+    b->aux[0][tile] =
+        (float)sum_lanes_bf16((const uint16_t *)b->in[0] + i0, n);
+  else
+    b->aux[0][tile] = (float)sum_lanes(b->in[0] + i0, n);
   return REMAT_OK;
 }
 
@@ -194,6 +297,10 @@ static int reduce_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
   int64_t i0 = tile * OP_FLAT_ELEMS, n = op_min64(OP_FLAT_ELEMS, s->n - i0);
   float g = b->dout[0];
   if (op->desc.type == OP_MEAN) g = (float)(g / (double)s->n);
+  if (op->desc.din_dtype[0] == OP_BF16) {
+    fill_bf16((uint16_t *)b->din[0] + i0, g, n, b->din_accumulate[0]);
+    return REMAT_OK;
+  }
   float *restrict dx = b->din[0] + i0;
   if (b->din_accumulate[0])
     for (int64_t i = 0; i < n; i++) dx[i] += g;
@@ -204,7 +311,8 @@ static int reduce_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
 
 remat_status op_reduce_plan(op_instance *inst, dnnl_engine_t engine,
                             char err[OP_ERRMSG_MAX]) {
-  (void)err;
+  remat_status rs = check_scalar_out(&inst->desc, err);
+  if (rs != REMAT_OK) return rs;
   const char *name = op_name(inst->desc.type);
   loss_state *s = op_state_new(sizeof *s, engine, name);
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;

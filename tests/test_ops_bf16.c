@@ -298,6 +298,16 @@ static void check_case(const bcase *c) {
   side_free(&h);
 }
 
+/* Planning `d` with out_dtype `out` fails with exactly `msg`. */
+static void expect_plan_error(op_desc d, op_dtype out, const char *msg) {
+  char err[OP_ERRMSG_MAX];
+  op_instance inst;
+  assert_int_equal(op_infer(&d, err), REMAT_OK);
+  d.out_dtype = out;
+  assert_int_equal(op_plan(&d, engine, &inst, err), REMAT_ERR_SHAPE);
+  assert_string_equal(err, msg);
+}
+
 /* ---- one test per op ---- */
 
 static void test_linear(void **state) {
@@ -335,12 +345,23 @@ static void test_add(void **state) {
   /* scalars (losses) stay f32 */
   c = make_case(OP_ADD, 2, S1(1), S1(1));
   check_case(&c);
+  /* a parameter operand: read through its bf16 copy, f32 gradient */
+  c = make_case(OP_ADD, 2, S2(3, 2100), S2(3, 2100));
+  c.param[1] = true;
+  check_case(&c);
 }
 
 static void test_bias_add(void **state) {
   (void)state;
   bcase c = make_case(OP_BIAS_ADD, 2, S3(3, 70, 50), S1(50));
   c.param[1] = true;
+  check_case(&c);
+  /* rows longer than one converted block, several column tiles for db */
+  c = make_case(OP_BIAS_ADD, 2, S2(40, 2100), S1(2100));
+  c.param[1] = true;
+  check_case(&c);
+  /* b an activation: bf16 b and db, the converting blocks */
+  c = make_case(OP_BIAS_ADD, 2, S2(40, 2100), S1(2100));
   check_case(&c);
 }
 
@@ -355,6 +376,18 @@ static void test_relu_gelu(void **state) {
     c.hi[0] = 4;
     check_case(&c);
   }
+  /* parameters as inputs: bf16 copies in, f32 gradients out */
+  c = make_case(OP_RELU, 1, S2(7, 1000));
+  c.param[0] = true;
+  check_case(&c);
+  c = make_case(OP_GELU, 1, S2(7, 1000));
+  c.param[0] = true;
+  check_case(&c);
+  /* oneDNN's eltwise reads and writes one dtype */
+  op_desc d = {.type = OP_GELU, .nin = 1, .in = {S2(7, 1000)}};
+  expect_plan_error(d, OP_BF16,
+                    "gelu: x is f32 and y bf16: x and y must have the same "
+                    "dtype");
 }
 
 static void test_layernorm(void **state) {
@@ -368,6 +401,18 @@ static void test_layernorm(void **state) {
   c = make_case(OP_LAYERNORM, 3, S2(1100, 40), S1(40), S1(40));
   c.param[1] = c.param[2] = true;
   check_case(&c);
+  /* x a parameter too: its bf16 copy in, an f32 dx */
+  c = make_case(OP_LAYERNORM, 3, S2(500, 40), S1(40), S1(40));
+  c.param[0] = c.param[1] = c.param[2] = true;
+  check_case(&c);
+  op_desc d = {.type = OP_LAYERNORM, .nin = 3,
+               .in = {S2(5, 40), S1(40), S1(40)},
+               .in_dtype = {OP_BF16, OP_F32, OP_BF16}};
+  expect_plan_error(d, OP_BF16,
+                    "layernorm: beta is bf16: gamma and beta must be f32");
+  expect_plan_error(d, OP_F32,
+                    "layernorm: x is bf16 and y f32: x and y must have the "
+                    "same dtype");
 }
 
 static void test_softmax(void **state) {
@@ -377,6 +422,20 @@ static void test_softmax(void **state) {
   c.lo[0] = -3;
   c.hi[0] = 3;
   check_case(&c);
+  /* several row tiles, the last one shorter */
+  c = make_case(OP_SOFTMAX, 1, S2(1000, 40));
+  c.lo[0] = -3;
+  c.hi[0] = 3;
+  check_case(&c);
+  /* a parameter input: an f32 dx */
+  c = make_case(OP_SOFTMAX, 1, S2(300, 70));
+  c.param[0] = true;
+  check_case(&c);
+  op_desc d = {.type = OP_SOFTMAX, .nin = 1, .in = {S2(3, 7)},
+               .in_dtype = {OP_BF16}};
+  expect_plan_error(d, OP_F32,
+                    "softmax: x is bf16 and y f32: x and y must have the "
+                    "same dtype");
 }
 
 static void test_attn_scores(void **state) {
@@ -419,6 +478,19 @@ static void test_embed(void **state) {
   c.hi[0] = 50;
   c.param[1] = c.param[2] = true;
   check_case(&c);
+  /* the tables are f32 master weights with f32 gradients */
+  op_desc d = {.type = OP_EMBED, .nin = 3,
+               .in = {S2(3, 4), S2(50, 30), S2(45, 30)},
+               .in_dtype = {OP_I32, OP_F32, OP_BF16},
+               .din_dtype = {OP_I32, OP_F32, OP_F32}};
+  expect_plan_error(d, OP_BF16,
+                    "embed: wpe is bf16 and its gradient f32: the tables "
+                    "and their gradients must be f32");
+  d.in_dtype[2] = OP_F32;
+  d.din_dtype[1] = OP_BF16;
+  expect_plan_error(d, OP_BF16,
+                    "embed: wte is f32 and its gradient bf16: the tables "
+                    "and their gradients must be f32");
 }
 
 static void test_cross_entropy(void **state) {
@@ -430,6 +502,18 @@ static void test_cross_entropy(void **state) {
   c.lo[1] = 0;
   c.hi[1] = 200;
   check_case(&c);
+  /* logits a parameter: read through a bf16 copy, an f32 gradient */
+  c = make_case(OP_CROSS_ENTROPY, 2, S2(70, 300), S1(70));
+  c.desc.in_dtype[1] = OP_I32;
+  c.lo[1] = 0;
+  c.hi[1] = 300;
+  c.param[0] = true;
+  check_case(&c);
+  /* losses stay f32 */
+  op_desc d = {.type = OP_CROSS_ENTROPY, .nin = 2, .in = {S2(7, 30), S1(7)},
+               .in_dtype = {OP_BF16, OP_I32}};
+  expect_plan_error(d, OP_BF16,
+                    "cross_entropy: the [1] output is bf16: it must be f32");
 }
 
 static void test_sum_mean(void **state) {
@@ -438,7 +522,14 @@ static void test_sum_mean(void **state) {
     bcase c = make_case(t ? OP_MEAN : OP_SUM, 1, S1(70001));
     c.lo[0] = 0;
     check_case(&c);
+    /* a parameter input: an f32 dx */
+    c = make_case(t ? OP_MEAN : OP_SUM, 1, S2(30, 70));
+    c.param[0] = true;
+    check_case(&c);
   }
+  op_desc d = {.type = OP_MEAN, .nin = 1, .in = {S2(30, 70)},
+               .in_dtype = {OP_BF16}};
+  expect_plan_error(d, OP_BF16, "mean: the [1] output is bf16: it must be f32");
 }
 
 static int group_setup(void **state) {
