@@ -8,6 +8,21 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Loops built for the widest vectors the machine has, picked at load time
+ * (an ifunc): the baseline x86-64 build has no fast f32 -> bf16 packing
+ * and runs them 2-5x slower. Every clone rounds the same way and adds in
+ * the same order (no FMA contraction in ISO C mode), so the bits are the
+ * same on every machine. Not under ThreadSanitizer: the clones' resolver
+ * runs during relocation, before the sanitizer's runtime is set up, and
+ * would crash every program linked with the library. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
+#define REMAT_SIMD_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define REMAT_SIMD_CLONES
+#endif
+
 /* f32 -> bf16, round to nearest even; a NaN stays a (quiet) NaN, +-Inf
  * stays +-Inf, values that round past the largest bf16 become +-Inf. */
 static inline uint16_t bf16_from_f32(float f) {

@@ -99,20 +99,10 @@ static int64_t valid_keys(int64_t q, int64_t k0, int64_t nk) {
   return op_max64(0, op_min64(nk, q - k0 + 1));
 }
 
-/* The elementwise loops (exp, softmax, dS) in the widest vectors the
- * machine has, picked at load time. Each element goes through the same
- * operations in the same order in every clone (no contraction into FMA in
- * ISO C mode, fixed lanes in the sums), so results are bitwise the same on
- * every machine. Not under ThreadSanitizer: the clones' ifunc resolver
- * runs during relocation, before the sanitizer's runtime is set up, and
- * crashes every program linked with the library. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define ATTN_CLONES \
-  __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define ATTN_CLONES
-#endif
+/* The elementwise loops (exp, softmax, dS) are cloned for the machine's
+ * widest vectors (REMAT_SIMD_CLONES, base/bf16.h): each element goes
+ * through the same operations in the same order in every clone (fixed
+ * lanes in the sums), so results are bitwise the same on every machine. */
 
 #define LANES 8
 /* Max and sum in LANES fixed lanes, then the lanes in order: vectorizes,
@@ -171,7 +161,7 @@ static fused_scratch fused_temp(const fused_state *s, op_worker *w,
  * keys 0..q0+nq: each row becomes its causal softmax (zeros past key q),
  * and lse[r] its log-sum-exp. With Pb (bf16, stride ld) the probabilities
  * go there rounded to bf16 instead (S then holds them unnormalized). */
-ATTN_CLONES static void softmax_rows(float *S, int64_t ld, int64_t nq,
+REMAT_SIMD_CLONES static void softmax_rows(float *S, int64_t ld, int64_t nq,
                                      int64_t q0, float *lse, uint16_t *Pb) {
   for (int64_t r = 0; r < nq; r++) {
     float *restrict row = S + r * ld;
@@ -216,7 +206,7 @@ static int fused_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
  * and dP (row stride ld): P = exp(S - lse_q) where key <= q, else 0, in S;
  * dS = P (dP - delta_q) in dP; when Pb or dSb are given (bf16, stride ld)
  * also P or dS rounded to bf16 there. */
-ATTN_CLONES static void probs_and_dscores(const fused_state *s, float *S,
+REMAT_SIMD_CLONES static void probs_and_dscores(const fused_state *s, float *S,
                                           float *dP, int64_t ld, int64_t i,
                                           int64_t j, const float *lse,
                                           const float *delta, uint16_t *Pb,

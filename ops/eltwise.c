@@ -38,38 +38,10 @@ typedef struct eltwise_state {
   dnnl_primitive_t fwd[4], bwd[4];
 } eltwise_state;
 
-/* The bf16 loops in the widest vectors the machine has, picked at load
- * time: the baseline x86-64 build has no fast f32 -> bf16 packing and runs
- * them 2-5x slower. Every clone rounds the same way and adds in the same
- * order (no FMA contraction in ISO C mode), so the bits are the same on
- * every machine. Not under ThreadSanitizer (see attention_fused.c). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define BF16_CLONES \
-  __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define BF16_CLONES
-#endif
-
-BF16_CLONES static void to_f32_row(float *restrict d,
-                                   const uint16_t *restrict s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) d[i] = bf16_to_f32(s[i]);
-}
-
-BF16_CLONES static void from_f32_row(uint16_t *restrict d,
-                                     const float *restrict s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) d[i] = bf16_from_f32(s[i]);
-}
-
-BF16_CLONES static void add_f32_row(uint16_t *restrict d,
-                                    const float *restrict s, int64_t n) {
-  for (int64_t i = 0; i < n; i++)
-    d[i] = bf16_from_f32(bf16_to_f32(d[i]) + s[i]);
-}
 
 /* The all-bf16 cases in one pass, without the temporary. */
 // y = a + b
-BF16_CLONES static void add_bf16(uint16_t *restrict y,
+REMAT_SIMD_CLONES static void add_bf16(uint16_t *restrict y,
                                  const uint16_t *restrict a,
                                  const uint16_t *restrict b, int64_t n) {
   for (int64_t i = 0; i < n; i++)
@@ -77,14 +49,14 @@ BF16_CLONES static void add_bf16(uint16_t *restrict y,
 }
 
 // d += s, rounded once
-BF16_CLONES static void acc_bf16(uint16_t *restrict d,
+REMAT_SIMD_CLONES static void acc_bf16(uint16_t *restrict d,
                                  const uint16_t *restrict s, int64_t n) {
   for (int64_t i = 0; i < n; i++)
     d[i] = bf16_from_f32(bf16_to_f32(d[i]) + bf16_to_f32(s[i]));
 }
 
 // y = x + bias (bias f32)
-BF16_CLONES static void bias_bf16(uint16_t *restrict y,
+REMAT_SIMD_CLONES static void bias_bf16(uint16_t *restrict y,
                                   const uint16_t *restrict x,
                                   const float *restrict bias, int64_t n) {
   for (int64_t i = 0; i < n; i++)
@@ -92,7 +64,7 @@ BF16_CLONES static void bias_bf16(uint16_t *restrict y,
 }
 
 // y = max(x, 0)
-BF16_CLONES static void relu_bf16(uint16_t *restrict y,
+REMAT_SIMD_CLONES static void relu_bf16(uint16_t *restrict y,
                                   const uint16_t *restrict x, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     float v = bf16_to_f32(x[i]);
@@ -101,7 +73,7 @@ BF16_CLONES static void relu_bf16(uint16_t *restrict y,
 }
 
 // dx = (or +=) x > 0 ? dy : 0
-BF16_CLONES static void relu_bwd_bf16(uint16_t *restrict dx,
+REMAT_SIMD_CLONES static void relu_bwd_bf16(uint16_t *restrict dx,
                                       const uint16_t *restrict x,
                                       const uint16_t *restrict dy, int64_t n,
                                       bool accumulate) {
@@ -130,7 +102,7 @@ static bool desc_has_bf16(const op_desc *d) {
 static const float *load_f32(const float *src, op_dtype t, int64_t at,
                              int64_t n, float *tmp) {
   if (t != OP_BF16) return src + at;
-  to_f32_row(tmp, (const uint16_t *)src + at, n);
+  bf16_to_f32_row(tmp, (const uint16_t *)src + at, n);
   return tmp;
 }
 
@@ -140,9 +112,9 @@ static void store_f32(float *dst, op_dtype t, int64_t at, const float *v,
   if (t != OP_BF16)
     op_store(dst + at, v, n, accumulate);
   else if (accumulate)
-    add_f32_row((uint16_t *)dst + at, v, n);
+    bf16_add_f32_row((uint16_t *)dst + at, v, n);
   else
-    from_f32_row((uint16_t *)dst + at, v, n);
+    bf16_from_f32_row((uint16_t *)dst + at, v, n);
 }
 
 /* din[i][i0..i0+len) = (or +=) dout[i0..i0+len), any dtypes; tmp holds

@@ -46,22 +46,6 @@ remat_status op_embed_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
   return REMAT_OK;
 }
 
-/* x rows to bf16 in the widest vectors the machine has, picked at load
- * time (the baseline x86-64 build packs f32 -> bf16 slowly); the same bits
- * on every path. Not under ThreadSanitizer (see attention_fused.c). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define BF16_CLONES \
-  __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define BF16_CLONES
-#endif
-
-BF16_CLONES static void from_f32_row(uint16_t *restrict d,
-                                     const float *restrict s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) d[i] = bf16_from_f32(s[i]);
-}
-
 // tokens is (B,T), wte is (V,D), wpe is (Tmax,D), x is (B,T,D):
 // x[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
 static int embed_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
@@ -79,7 +63,7 @@ static int embed_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
     /* bf16: the row in f32 in the temporary, then rounded */
     float *restrict x = half ? op_temp(&s->base, w) : b->out + r * D;
     for (int64_t c = 0; c < D; c++) x[c] = e[c] + p[c];
-    if (half) from_f32_row((uint16_t *)b->out + r * D, x, D);
+    if (half) bf16_from_f32_row((uint16_t *)b->out + r * D, x, D);
   }
   return REMAT_OK;
 }

@@ -38,36 +38,8 @@ static double sum_lanes(const float *restrict x, int64_t n) {
   return total;
 }
 
-/* The bf16 row conversions in the widest vectors the machine has, picked
- * at load time (the baseline x86-64 build packs f32 -> bf16 slowly); the
- * same bits on every path. Not under ThreadSanitizer (see
- * attention_fused.c). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define BF16_CLONES \
-  __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define BF16_CLONES
-#endif
-
-BF16_CLONES static void to_f32_row(float *restrict d,
-                                   const uint16_t *restrict s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) d[i] = bf16_to_f32(s[i]);
-}
-
-BF16_CLONES static void from_f32_row(uint16_t *restrict d,
-                                     const float *restrict s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) d[i] = bf16_from_f32(s[i]);
-}
-
-BF16_CLONES static void add_f32_row(uint16_t *restrict d,
-                                    const float *restrict s, int64_t n) {
-  for (int64_t i = 0; i < n; i++)
-    d[i] = bf16_from_f32(bf16_to_f32(d[i]) + s[i]);
-}
-
 /* sum_lanes of bf16 values, in the same order. */
-BF16_CLONES static double sum_lanes_bf16(const uint16_t *restrict x,
+REMAT_SIMD_CLONES static double sum_lanes_bf16(const uint16_t *restrict x,
                                          int64_t n) {
   float lane[OP_LANES] = {0};
   int64_t i = 0;
@@ -80,7 +52,7 @@ BF16_CLONES static double sum_lanes_bf16(const uint16_t *restrict x,
 }
 
 /* dx[0..n) = (or +=) g, rounded once to bf16. */
-BF16_CLONES static void fill_bf16(uint16_t *restrict dx, float g, int64_t n,
+REMAT_SIMD_CLONES static void fill_bf16(uint16_t *restrict dx, float g, int64_t n,
                                   bool accumulate) {
   if (accumulate)
     for (int64_t i = 0; i < n; i++)
@@ -95,9 +67,9 @@ static void store_f32(float *dst, op_dtype t, int64_t at, const float *v,
   if (t != OP_BF16)
     op_store(dst + at, v, n, accumulate);
   else if (accumulate)
-    add_f32_row((uint16_t *)dst + at, v, n);
+    bf16_add_f32_row((uint16_t *)dst + at, v, n);
   else
-    from_f32_row((uint16_t *)dst + at, v, n);
+    bf16_from_f32_row((uint16_t *)dst + at, v, n);
 }
 
 /* A [1] output (and its gradient) must be f32. */
@@ -145,7 +117,7 @@ static int ce_rows(const op_instance *op, const op_bufs *b, int64_t tile,
     const float *restrict x = b->in[0] + r * V;
     if (half) {
       float *t = op_temp(&s->base, w);
-      to_f32_row(t, (const uint16_t *)b->in[0] + r * V, V);
+      bf16_to_f32_row(t, (const uint16_t *)b->in[0] + r * V, V);
       x = t;
     }
     float mx = x[0];
@@ -192,7 +164,7 @@ static int ce_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
     for (int64_t r = r0; r < r1; r++) {
       const float *restrict x = b->in[0] + r * V;
       if (d->in_dtype[0] == OP_BF16) {
-        to_f32_row(t, (const uint16_t *)b->in[0] + r * V, V);
+        bf16_to_f32_row(t, (const uint16_t *)b->in[0] + r * V, V);
         x = t;
       }
       float *restrict dx = t + V;

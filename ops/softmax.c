@@ -14,43 +14,15 @@ typedef struct softmax_state {
   dnnl_primitive_t bwd32[2];       /* bf16: f32 backward on copies */
 } softmax_state;
 
-/* The bf16 row conversions in the widest vectors the machine has, picked
- * at load time (the baseline x86-64 build packs f32 -> bf16 slowly); the
- * same bits on every path. Not under ThreadSanitizer (see
- * attention_fused.c). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define BF16_CLONES \
-  __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define BF16_CLONES
-#endif
-
-BF16_CLONES static void to_f32_row(float *restrict d,
-                                   const uint16_t *restrict s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) d[i] = bf16_to_f32(s[i]);
-}
-
-BF16_CLONES static void from_f32_row(uint16_t *restrict d,
-                                     const float *restrict s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) d[i] = bf16_from_f32(s[i]);
-}
-
-BF16_CLONES static void add_f32_row(uint16_t *restrict d,
-                                    const float *restrict s, int64_t n) {
-  for (int64_t i = 0; i < n; i++)
-    d[i] = bf16_from_f32(bf16_to_f32(d[i]) + s[i]);
-}
-
 /* dst[at..at+n) (dtype t) = (or +=) v[0..n), rounded once to bf16. */
 static void store_f32(float *dst, op_dtype t, int64_t at, const float *v,
                       int64_t n, bool accumulate) {
   if (t != OP_BF16)
     op_store(dst + at, v, n, accumulate);
   else if (accumulate)
-    add_f32_row((uint16_t *)dst + at, v, n);
+    bf16_add_f32_row((uint16_t *)dst + at, v, n);
   else
-    from_f32_row((uint16_t *)dst + at, v, n);
+    bf16_from_f32_row((uint16_t *)dst + at, v, n);
 }
 
 static int64_t tile_rows(const softmax_state *s, int64_t tile) {
@@ -87,8 +59,8 @@ static int softmax_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
    * primitive on f32 copies of y and dy */
   if (s->bf16 && !direct) {
     float *t = op_temp(&s->base, w);
-    to_f32_row(t + n, y, n);
-    to_f32_row(t + 2 * n, dy, n);
+    bf16_to_f32_row(t + n, y, n);
+    bf16_to_f32_row(t + 2 * n, dy, n);
     y = t + n;
     dy = t + 2 * n;
     prim = s->bwd32[!full];
