@@ -48,7 +48,7 @@ assert bf16["bf16_roofline_gflops"] > 0, bf16
 R = bf16["bf16_roofline_gflops"] / bf16["matmul_roofline_gflops"]
 assert abs(bf16["bf16_roofline_ratio"] - R) <= 1e-3 * R, bf16
 mfu = bf16["flops_per_step"] / bf16["step_s_median"] * 1e-9 / bf16["bf16_roofline_gflops"]
-assert abs(bf16["mfu"] - mfu) <= 1e-3 * mfu, bf16
+assert abs(bf16["mfu"] - mfu) <= 1e-3 * mfu + 1e-4, bf16  # printed to 4 places
 ratio = bf16["step_s_median"] / f32["step_s_median"]
 assert abs(bf16["step_ratio_vs_f32"] - ratio) <= 1e-3 * ratio + 1e-4, bf16
 act = bf16["activation_peak_bytes"] / f32["activation_peak_bytes"]
