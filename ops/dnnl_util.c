@@ -2,6 +2,7 @@
  * (user-mode scratchpad, size recorded), per-tile execution on a worker's
  * stream, and op_gemm, the strided block matmul behind every dot op. */
 #include "base/alloc.h"
+#include "base/bf16.h"
 #include "ops/dnnl_util.h"
 
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -328,4 +329,22 @@ void op_store(float *restrict dst, const float *restrict src, int64_t n,
     for (int64_t i = 0; i < n; i++) dst[i] += src[i];
   else
     memcpy(dst, src, (size_t)n * sizeof *dst);
+}
+
+void op_store_dt(float *dst, op_dtype t, int64_t at, const float *v,
+                 int64_t n, bool accumulate) {
+  if (t != OP_BF16)
+    op_store(dst + at, v, n, accumulate);
+  else if (accumulate)
+    bf16_add_f32_row((uint16_t *)dst + at, v, n);
+  else
+    bf16_from_f32_row((uint16_t *)dst + at, v, n);
+}
+
+const float *op_load_f32(const float *src, op_dtype t, int64_t at, int64_t n,
+                         float *tmp) {
+  if (t != OP_BF16)
+    return src + at;
+  bf16_to_f32_row(tmp, (const uint16_t *)src + at, n);
+  return tmp;
 }

@@ -163,6 +163,14 @@ void op_sum_partials(const float *part, int64_t stride, int64_t nparts,
 /* dst = src, or dst += src, over n floats. */
 void op_store(float *restrict dst, const float *restrict src, int64_t n,
               bool accumulate);
+/* dst[at..at+n) (elements of dtype t) = (or +=) v[0..n): op_store for f32,
+ * rounded once to bf16 (the sum formed in f32) for bf16. */
+void op_store_dt(float *dst, op_dtype t, int64_t at, const float *v,
+                 int64_t n, bool accumulate);
+/* f32 values of src[at..at+n) (elements of dtype t): src + at itself for
+ * f32, else the bf16 values converted into tmp (n floats). */
+const float *op_load_f32(const float *src, op_dtype t, int64_t at, int64_t n,
+                         float *tmp);
 
 /* A vectorizable expf (Cephes-style range reduction, ~2 ulp) for loops
  * that gcc -O3 should turn into SIMD code; rounds with the 1.5*2^23 trick

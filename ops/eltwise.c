@@ -97,26 +97,6 @@ static bool desc_has_bf16(const op_desc *d) {
   return any;
 }
 
-/* f32 values of src[at..at+n) (dtype t): src itself when f32, else the
- * bf16 values converted into tmp. */
-static const float *load_f32(const float *src, op_dtype t, int64_t at,
-                             int64_t n, float *tmp) {
-  if (t != OP_BF16) return src + at;
-  bf16_to_f32_row(tmp, (const uint16_t *)src + at, n);
-  return tmp;
-}
-
-/* dst[at..at+n) (dtype t) = (or +=) v[0..n), rounded once to bf16. */
-static void store_f32(float *dst, op_dtype t, int64_t at, const float *v,
-                      int64_t n, bool accumulate) {
-  if (t != OP_BF16)
-    op_store(dst + at, v, n, accumulate);
-  else if (accumulate)
-    bf16_add_f32_row((uint16_t *)dst + at, v, n);
-  else
-    bf16_from_f32_row((uint16_t *)dst + at, v, n);
-}
-
 /* din[i][i0..i0+len) = (or +=) dout[i0..i0+len), any dtypes; tmp holds
  * ELT_BLOCK floats. */
 static void copy_grad(const op_desc *d, const op_bufs *b, int i, int64_t i0,
@@ -135,7 +115,7 @@ static void copy_grad(const op_desc *d, const op_bufs *b, int i, int64_t i0,
   }
   for (int64_t j = 0; j < len; j += ELT_BLOCK) {
     int64_t m = op_min64(ELT_BLOCK, len - j);
-    store_f32(b->din[i], gt, i0 + j, load_f32(b->dout, dt, i0 + j, m, tmp), m,
+    op_store_dt(b->din[i], gt, i0 + j, op_load_f32(b->dout, dt, i0 + j, m, tmp), m,
               acc);
   }
 }
@@ -209,12 +189,12 @@ static int add_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
     for (int64_t j = 0; j < len; j += ELT_BLOCK) {
       int64_t m = op_min64(ELT_BLOCK, len - j);
       const float *restrict x =
-          load_f32(b->in[0], d->in_dtype[0], i0 + j, m, t);
+          op_load_f32(b->in[0], d->in_dtype[0], i0 + j, m, t);
       const float *restrict y =
-          load_f32(b->in[1], d->in_dtype[1], i0 + j, m, t + ELT_BLOCK);
+          op_load_f32(b->in[1], d->in_dtype[1], i0 + j, m, t + ELT_BLOCK);
       float *restrict o = t + 2 * ELT_BLOCK;
       for (int64_t i = 0; i < m; i++) o[i] = x[i] + y[i];
-      store_f32(b->out, d->out_dtype, i0 + j, o, m, false);
+      op_store_dt(b->out, d->out_dtype, i0 + j, o, m, false);
     }
     return REMAT_OK;
   }
@@ -298,12 +278,12 @@ static int bias_add_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
       for (int64_t c0 = 0; c0 < C; c0 += ELT_BLOCK) {
         int64_t m = op_min64(ELT_BLOCK, C - c0);
         const float *restrict x =
-            load_f32(b->in[0], d->in_dtype[0], r * C + c0, m, t);
+            op_load_f32(b->in[0], d->in_dtype[0], r * C + c0, m, t);
         const float *restrict bias =
-            load_f32(b->in[1], d->in_dtype[1], c0, m, t + ELT_BLOCK);
+            op_load_f32(b->in[1], d->in_dtype[1], c0, m, t + ELT_BLOCK);
         float *restrict o = t + 2 * ELT_BLOCK;
         for (int64_t c = 0; c < m; c++) o[c] = x[c] + bias[c];
-        store_f32(b->out, d->out_dtype, r * C + c0, o, m, false);
+        op_store_dt(b->out, d->out_dtype, r * C + c0, o, m, false);
       }
     return REMAT_OK;
   }
@@ -349,7 +329,7 @@ static int bias_add_db(const op_instance *op, const op_bufs *b, int64_t tile,
         for (int64_t c = 0; c < nc; c++) acc[c] += dy[c];
       }
     }
-    store_f32(b->din[1], d->din_dtype[1], c0, acc, nc, b->din_accumulate[1]);
+    op_store_dt(b->din[1], d->din_dtype[1], c0, acc, nc, b->din_accumulate[1]);
     return REMAT_OK;
   }
   for (int64_t r = 0; r < s->rows; r++) {
@@ -406,10 +386,10 @@ static int relu_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
     for (int64_t j = 0; j < len; j += ELT_BLOCK) {
       int64_t m = op_min64(ELT_BLOCK, len - j);
       const float *restrict x =
-          load_f32(b->in[0], d->in_dtype[0], i0 + j, m, t);
+          op_load_f32(b->in[0], d->in_dtype[0], i0 + j, m, t);
       float *restrict o = t + 2 * ELT_BLOCK;
       for (int64_t i = 0; i < m; i++) o[i] = x[i] > 0.0f ? x[i] : 0.0f;
-      store_f32(b->out, d->out_dtype, i0 + j, o, m, false);
+      op_store_dt(b->out, d->out_dtype, i0 + j, o, m, false);
     }
     return REMAT_OK;
   }
@@ -438,12 +418,12 @@ static int relu_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
     for (int64_t j = 0; j < len; j += ELT_BLOCK) {
       int64_t m = op_min64(ELT_BLOCK, len - j);
       const float *restrict x =
-          load_f32(b->in[0], d->in_dtype[0], i0 + j, m, t);
+          op_load_f32(b->in[0], d->in_dtype[0], i0 + j, m, t);
       const float *restrict dy =
-          load_f32(b->dout, d->out_dtype, i0 + j, m, t + ELT_BLOCK);
+          op_load_f32(b->dout, d->out_dtype, i0 + j, m, t + ELT_BLOCK);
       float *restrict o = t + 2 * ELT_BLOCK;
       for (int64_t i = 0; i < m; i++) o[i] = x[i] > 0.0f ? dy[i] : 0.0f;
-      store_f32(b->din[0], d->din_dtype[0], i0 + j, o, m,
+      op_store_dt(b->din[0], d->din_dtype[0], i0 + j, o, m,
                 b->din_accumulate[0]);
     }
     return REMAT_OK;
@@ -497,13 +477,13 @@ static int gelu_bwd_blocks(const eltwise_state *s, const op_desc *d,
   for (int64_t j = 0; j < len; j += GELU_BLOCK) {
     int64_t m = op_min64(GELU_BLOCK, len - j);
     op_arg args[3] = {
-        {DNNL_ARG_SRC, load_f32(b->in[0], d->in_dtype[0], i0 + j, m, t)},
+        {DNNL_ARG_SRC, op_load_f32(b->in[0], d->in_dtype[0], i0 + j, m, t)},
         {DNNL_ARG_DIFF_DST,
-         load_f32(b->dout, d->out_dtype, i0 + j, m, t + GELU_BLOCK)},
+         op_load_f32(b->dout, d->out_dtype, i0 + j, m, t + GELU_BLOCK)},
         {DNNL_ARG_DIFF_SRC, t + 2 * GELU_BLOCK}};
     int rs = op_exec(s->bwd[m == GELU_BLOCK ? 2 : 3], w, 3, args);
     if (rs != REMAT_OK) return rs;
-    store_f32(b->din[0], d->din_dtype[0], i0 + j, t + 2 * GELU_BLOCK, m,
+    op_store_dt(b->din[0], d->din_dtype[0], i0 + j, t + 2 * GELU_BLOCK, m,
               b->din_accumulate[0]);
   }
   return REMAT_OK;

@@ -38,17 +38,6 @@ remat_status op_layernorm_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
   return REMAT_OK;
 }
 
-/* dst[at..at+n) (dtype t) = (or +=) v[0..n), rounded once to bf16. */
-static void store_f32(float *dst, op_dtype t, int64_t at, const float *v,
-                      int64_t n, bool accumulate) {
-  if (t != OP_BF16)
-    op_store(dst + at, v, n, accumulate);
-  else if (accumulate)
-    bf16_add_f32_row((uint16_t *)dst + at, v, n);
-  else
-    bf16_from_f32_row((uint16_t *)dst + at, v, n);
-}
-
 static int64_t tile_rows(const layernorm_state *s, int64_t tile) {
   return op_min64(s->row_block, s->rows - tile * s->row_block);
 }
@@ -105,7 +94,7 @@ static int layernorm_bwd(const op_instance *op, const op_bufs *b,
                     {DNNL_ARG_DIFF_SHIFT, b->ws[1] + tile * s->C}};
   int rs = op_exec(prim, w, 9, args);
   if (rs == REMAT_OK && b->din[0] && !direct)
-    store_f32(b->din[0], d->din_dtype[0], r0 * s->C, dx, n, acc);
+    op_store_dt(b->din[0], d->din_dtype[0], r0 * s->C, dx, n, acc);
   return rs;
 }
 
@@ -122,7 +111,7 @@ static int layernorm_dparams(const op_instance *op, const op_bufs *b,
       const float *part = b->ws[p] + t * s->C + c0;
       for (int64_t c = 0; c < nc; c++) acc[c] += part[c];
     }
-    store_f32(b->din[1 + p], op->desc.din_dtype[1 + p], c0, acc, nc,
+    op_store_dt(b->din[1 + p], op->desc.din_dtype[1 + p], c0, acc, nc,
               b->din_accumulate[1 + p]);
   }
   return REMAT_OK;

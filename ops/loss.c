@@ -61,17 +61,6 @@ REMAT_SIMD_CLONES static void fill_bf16(uint16_t *restrict dx, float g, int64_t 
     for (int64_t i = 0; i < n; i++) dx[i] = bf16_from_f32(g);
 }
 
-/* dst[at..at+n) (dtype t) = (or +=) v[0..n), rounded once to bf16. */
-static void store_f32(float *dst, op_dtype t, int64_t at, const float *v,
-                      int64_t n, bool accumulate) {
-  if (t != OP_BF16)
-    op_store(dst + at, v, n, accumulate);
-  else if (accumulate)
-    bf16_add_f32_row((uint16_t *)dst + at, v, n);
-  else
-    bf16_from_f32_row((uint16_t *)dst + at, v, n);
-}
-
 /* A [1] output (and its gradient) must be f32. */
 static remat_status check_scalar_out(const op_desc *d,
                                      char err[OP_ERRMSG_MAX]) {
@@ -171,7 +160,7 @@ static int ce_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
       float lse = b->aux[1][r];
       for (int64_t v = 0; v < V; v++) dx[v] = op_expf(x[v] - lse) * g;
       dx[targets[r]] -= g;
-      store_f32(b->din[0], d->din_dtype[0], r * V, dx, V, acc);
+      op_store_dt(b->din[0], d->din_dtype[0], r * V, dx, V, acc);
     }
     return REMAT_OK;
   }

@@ -14,17 +14,6 @@ typedef struct softmax_state {
   dnnl_primitive_t bwd32[2];       /* bf16: f32 backward on copies */
 } softmax_state;
 
-/* dst[at..at+n) (dtype t) = (or +=) v[0..n), rounded once to bf16. */
-static void store_f32(float *dst, op_dtype t, int64_t at, const float *v,
-                      int64_t n, bool accumulate) {
-  if (t != OP_BF16)
-    op_store(dst + at, v, n, accumulate);
-  else if (accumulate)
-    bf16_add_f32_row((uint16_t *)dst + at, v, n);
-  else
-    bf16_from_f32_row((uint16_t *)dst + at, v, n);
-}
-
 static int64_t tile_rows(const softmax_state *s, int64_t tile) {
   return op_min64(s->row_block, s->rows - tile * s->row_block);
 }
@@ -69,7 +58,7 @@ static int softmax_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
       {DNNL_ARG_DST, y}, {DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_DIFF_SRC, dx}};
   int rs = op_exec(prim, w, 3, args);
   if (rs == REMAT_OK && !direct)
-    store_f32(b->din[0], d->din_dtype[0], off, dx, n, acc);
+    op_store_dt(b->din[0], d->din_dtype[0], off, dx, n, acc);
   return rs;
 }
 

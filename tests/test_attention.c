@@ -17,19 +17,8 @@
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
+#include "op_fixture.h"
 #include "ops/op.h"
-
-static dnnl_engine_t engine;
-static dnnl_stream_t stream;
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static float uniform(float lo, float hi) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return lo + (hi - lo) * (float)((double)(rng_state >> 11) /
-                                  9007199254740992.0);
-}
 
 static float *zeros(int64_t n) {
   float *p = calloc((size_t)(n ? n : 1), sizeof *p);
@@ -102,8 +91,8 @@ static void compare_paths(int64_t B, int64_t T, int64_t H, int64_t hd) {
   int64_t np = B * H * T * T;
   op_shape qkv = {3, {B, T, 3 * D}}, p4 = {4, {B, H, T, T}};
   float *x = zeros(nqkv), *dout = zeros(no);
-  for (int64_t i = 0; i < nqkv; i++) x[i] = uniform(-2, 2);
-  for (int64_t i = 0; i < no; i++) dout[i] = uniform(-1, 1);
+  for (int64_t i = 0; i < nqkv; i++) x[i] = (float)uniform(-2, 2);
+  for (int64_t i = 0; i < no; i++) dout[i] = (float)uniform(-1, 1);
 
   planned fused;
   plan(&fused, OP_ATTENTION, 1, &qkv, (int)H);
@@ -357,23 +346,8 @@ static void test_errors(void **state) {
   assert_string_equal(remat_last_error(), "attention: graph is NULL");
 }
 
-static int group_setup(void **state) {
-  (void)state;
-  if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return -1;
-  if (dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) !=
-      dnnl_success)
-    return -1;
-  return 0;
-}
-
-static int group_teardown(void **state) {
-  (void)state;
-  dnnl_stream_destroy(stream);
-  dnnl_engine_destroy(engine);
-  return 0;
-}
-
 int main(void) {
+  rng_state = 0x2545f4914f6cdd1dull;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_op_matches_materialized),
       cmocka_unit_test(test_gpt_bitwise_and_close),

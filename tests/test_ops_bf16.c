@@ -27,32 +27,8 @@
 #include <cmocka.h>
 
 #include "base/bf16.h"
+#include "op_fixture.h"
 #include "ops/op.h"
-
-static dnnl_engine_t engine;
-static dnnl_stream_t stream;
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static double uniform(double lo, double hi) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return lo + (hi - lo) * (double)(rng_state >> 11) / 9007199254740992.0;
-}
-
-static op_shape shape(int ndim, ...) {
-  op_shape s = {.ndim = ndim};
-  va_list ap;
-  va_start(ap, ndim);
-  for (int i = 0; i < ndim; i++) s.dim[i] = va_arg(ap, int64_t);
-  va_end(ap);
-  return s;
-}
-#define S1(a) shape(1, (int64_t)(a))
-#define S2(a, b) shape(2, (int64_t)(a), (int64_t)(b))
-#define S3(a, b, c) shape(3, (int64_t)(a), (int64_t)(b), (int64_t)(c))
-#define S4(a, b, c, d) \
-  shape(4, (int64_t)(a), (int64_t)(b), (int64_t)(c), (int64_t)(d))
 
 static void *xcalloc(size_t n, size_t size) {
   void *p = calloc(n ? n : 1, size ? size : 1);
@@ -532,23 +508,8 @@ static void test_sum_mean(void **state) {
   expect_plan_error(d, OP_BF16, "mean: the [1] output is bf16: it must be f32");
 }
 
-static int group_setup(void **state) {
-  (void)state;
-  if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return -1;
-  if (dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) !=
-      dnnl_success)
-    return -1;
-  return 0;
-}
-
-static int group_teardown(void **state) {
-  (void)state;
-  dnnl_stream_destroy(stream);
-  dnnl_engine_destroy(engine);
-  return 0;
-}
-
 int main(void) {
+  rng_state = 0x2545f4914f6cdd1dull;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_linear),      cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_add),         cmocka_unit_test(test_bias_add),
