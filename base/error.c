@@ -47,3 +47,16 @@ remat_status remat__fail_msg(remat_status status, const char *msg) {
 }
 
 void remat__clear_error(void) { last_error[0] = '\0'; }
+
+const char *remat__quote(remat__quoted *q, const char *s) {
+  size_t n = 0, i = 0;
+  for (; s[i] != '\0' && i < REMAT__QUOTE_MAX; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c >= 0x20 && c < 0x7F)
+      q->text[n++] = (char)c;
+    else
+      n += (size_t)snprintf(q->text + n, sizeof q->text - n, "\\x%02X", c);
+  }
+  snprintf(q->text + n, sizeof q->text - n, "%s", s[i] != '\0' ? "..." : "");
+  return q->text;
+}

@@ -67,7 +67,7 @@ remat_status remat_parse_bytes(const char *text, int64_t *bytes) {
     }
   }
   return remat__fail(REMAT_ERR_CONFIG, "'%s' is not a byte size: expected %s",
-                     text, accepted);
+                     remat__quote(&(remat__quoted){0}, text), accepted);
 }
 
 static remat_status env_threads(const char *v, int *out) {
@@ -76,7 +76,7 @@ static remat_status env_threads(const char *v, int *out) {
     return remat__fail(REMAT_ERR_CONFIG,
                        "REMAT_NUM_THREADS='%s' is not valid: expected a whole "
                        "number of worker threads from 1 to %d",
-                       v, SCHED_MAX_THREADS);
+                       remat__quote(&(remat__quoted){0}, v), SCHED_MAX_THREADS);
   *out = (int)n;
   return REMAT_OK;
 }
@@ -91,7 +91,7 @@ static remat_status env_bind(const char *v, remat_bind *out) {
   return remat__fail(REMAT_ERR_CONFIG,
                      "REMAT_BIND='%s' is not valid: expected one of core, "
                      "numa, none",
-                     v);
+                     remat__quote(&(remat__quoted){0}, v));
 }
 
 static remat_status env_budget(const char *v, int64_t *out) {
@@ -102,7 +102,7 @@ static remat_status env_budget(const char *v, int64_t *out) {
                      "positive byte size with an optional unit and no space, "
                      "such as 1.5GiB, 800MB or 4096 (units B, KB, MB, GB, TB, "
                      "KiB, MiB, GiB, TiB)",
-                     v);
+                     remat__quote(&(remat__quoted){0}, v));
 }
 
 static remat_status env_lookahead(const char *v, int *out) {
@@ -111,7 +111,7 @@ static remat_status env_lookahead(const char *v, int *out) {
     return remat__fail(REMAT_ERR_CONFIG,
                        "REMAT_LOOKAHEAD='%s' is not valid: expected a whole "
                        "number of regions from 1 to %d",
-                       v, MAX_LOOKAHEAD);
+                       remat__quote(&(remat__quoted){0}, v), MAX_LOOKAHEAD);
   *out = (int)n;
   return REMAT_OK;
 }
@@ -122,7 +122,7 @@ static remat_status env_verbose(const char *v, int *out) {
     return remat__fail(REMAT_ERR_CONFIG,
                        "REMAT_VERBOSE='%s' is not valid: expected 0 (quiet), 1 "
                        "(plan summary) or 2 (per task)",
-                       v);
+                       remat__quote(&(remat__quoted){0}, v));
   *out = (int)n;
   return REMAT_OK;
 }
@@ -138,7 +138,7 @@ static remat_status env_precision(const char *v, remat_precision *out) {
   }
   return remat__fail(REMAT_ERR_CONFIG,
                      "REMAT_PRECISION='%s' is not valid: expected f32 or bf16",
-                     v);
+                     remat__quote(&(remat__quoted){0}, v));
 }
 
 static remat_status copy_string(const char *what, const char *v, char *buf,

@@ -75,17 +75,18 @@ static remat_status describe_topology(hwloc_topology_t topo, const char *desc,
     return remat__fail(REMAT_ERR_CONFIG,
                        "%s='%s' is not valid: the file is not an hwloc XML "
                        "topology; " TOPOLOGY_ACCEPTED,
-                       what, desc);
+                       what, remat__quote(&(remat__quoted){0}, desc));
   }
   if (strchr(desc, '/') != NULL)
     return remat__fail(REMAT_ERR_CONFIG,
                        "%s='%s' is not valid: no regular file has that "
                        "path; " TOPOLOGY_ACCEPTED,
-                       what, desc);
+                       what, remat__quote(&(remat__quoted){0}, desc));
   if (hwloc_topology_set_synthetic(topo, desc) == 0)
     return REMAT_OK;
   return remat__fail(REMAT_ERR_CONFIG,
-                     "%s='%s' is not valid: " TOPOLOGY_ACCEPTED, what, desc);
+                     "%s='%s' is not valid: " TOPOLOGY_ACCEPTED, what,
+                     remat__quote(&(remat__quoted){0}, desc));
 }
 
 /* This machine's topology, or the one config.topology describes. */
@@ -130,7 +131,7 @@ static remat_status check_trace(const char *path, const char *what) {
       return remat__fail(REMAT_ERR_CONFIG,
                          "%s='%s' is not valid: it cannot be opened for "
                          "writing (%s); " TRACE_ACCEPTED,
-                         what, path, strerror(errno));
+                         what, remat__quote(&(remat__quoted){0}, path), strerror(errno));
     if (fstat(fd, &st) != 0)
       st.st_mode = 0;
     close(fd);
@@ -140,7 +141,7 @@ static remat_status check_trace(const char *path, const char *what) {
   if (!S_ISREG(st.st_mode))
     return remat__fail(REMAT_ERR_CONFIG,
                        "%s='%s' is not valid: it is %s; " TRACE_ACCEPTED,
-                       what, path, remat__file_kind(st.st_mode));
+                       what, remat__quote(&(remat__quoted){0}, path), remat__file_kind(st.st_mode));
   /* The writer makes a new file beside it and renames it over it. */
   remat__replacing r;
   FILE *f = remat__replace_begin(path, &r);
@@ -149,7 +150,7 @@ static remat_status check_trace(const char *path, const char *what) {
                        "%s='%s' is not valid: a trace is written to a new "
                        "file beside it, which cannot be created (%s); "
                        TRACE_ACCEPTED,
-                       what, path, strerror(errno));
+                       what, remat__quote(&(remat__quoted){0}, path), strerror(errno));
   fclose(f);
   unlink(r.tmp);
   return REMAT_OK;

@@ -195,13 +195,15 @@ static remat_status do_trace_steps(remat_graph *g, const char *path,
     return remat__fail(REMAT_ERR_IO,
                        "remat_trace_steps: '%s' is %s: the trace must be a "
                        "regular file or a new name",
-                       path, remat__file_kind(st.st_mode));
+                       remat__quote(&(remat__quoted){0}, path),
+                       remat__file_kind(st.st_mode));
   if (steps > 0) {
     remat__replacing r;
     FILE *f = remat__replace_begin(path, &r);
     if (f == NULL)
       return remat__fail(REMAT_ERR_IO,
-                         "remat_trace_steps: cannot write '%s': %s", path,
+                         "remat_trace_steps: cannot write '%s': %s",
+                         remat__quote(&(remat__quoted){0}, path),
                          strerror(errno));
     fclose(f);
     unlink(r.tmp);

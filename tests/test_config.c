@@ -20,7 +20,8 @@
 static const char *const vars[] = {"REMAT_NUM_THREADS", "REMAT_BIND",
                                    "REMAT_POLICY", "REMAT_MEMORY_BUDGET",
                                    "REMAT_LOOKAHEAD", "REMAT_TRACE",
-                                   "REMAT_VERBOSE", "REMAT_TOPOLOGY"};
+                                   "REMAT_VERBOSE", "REMAT_TOPOLOGY",
+                                   "REMAT_PRECISION"};
 
 static int clear_env(void **state) {
   (void)state;
@@ -59,6 +60,31 @@ static void test_bad_bind(void **state) {
   expect_env_error("REMAT_BIND", "foo",
                    "REMAT_BIND='foo' is not valid: expected one of core, "
                    "numa, none");
+}
+
+/* A long value, or one with control bytes, is quoted in part (100 bytes,
+ * then "...") and escaped, so the message keeps what is accepted (the
+ * whole value once pushed it past the message's 512 bytes). */
+static void test_long_values_quoted(void **state) {
+  (void)state;
+  char value[700], want[512];
+  memset(value, 'x', sizeof value - 1);
+  value[sizeof value - 1] = '\0';
+  value[1] = '\n';
+  snprintf(want, sizeof want,
+           "REMAT_PRECISION='x\\x0A%.98s...' is not valid: expected f32 or "
+           "bf16", value + 2);
+  expect_env_error("REMAT_PRECISION", value, want);
+  snprintf(want, sizeof want,
+           "REMAT_MEMORY_BUDGET='x\\x0A%.98s...' is not valid: expected a "
+           "positive byte size with an optional unit and no space, such as "
+           "1.5GiB, 800MB or 4096 (units B, KB, MB, GB, TB, KiB, MiB, GiB, "
+           "TiB)", value + 2);
+  expect_env_error("REMAT_MEMORY_BUDGET", value, want);
+  int64_t bytes;
+  assert_int_equal(remat_parse_bytes(value, &bytes), REMAT_ERR_CONFIG);
+  assert_non_null(strstr(remat_last_error(), "...' is not a byte size: "
+                                             "expected a positive number"));
 }
 
 #define BUDGET_MSG(v)                                                          \
@@ -287,6 +313,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_bad_threads, clear_env),
       cmocka_unit_test_setup(test_bad_bind, clear_env),
+      cmocka_unit_test_setup(test_long_values_quoted, clear_env),
       cmocka_unit_test_setup(test_bad_budget_lookahead_verbose, clear_env),
       cmocka_unit_test_setup(test_bad_policy_env, clear_env),
       cmocka_unit_test_setup(test_good_env_and_override, clear_env),

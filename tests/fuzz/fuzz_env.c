@@ -14,7 +14,7 @@
 
 static const char *const variables[] = {
     "REMAT_NUM_THREADS", "REMAT_BIND",    "REMAT_POLICY",  "REMAT_MEMORY_BUDGET",
-    "REMAT_LOOKAHEAD",   "REMAT_TRACE",   "REMAT_VERBOSE",
+    "REMAT_LOOKAHEAD",   "REMAT_TRACE",   "REMAT_VERBOSE", "REMAT_PRECISION",
 };
 enum { NVARS = sizeof variables / sizeof *variables };
 
@@ -56,7 +56,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(remat_runtime_config(rt, &got) == REMAT_OK);
     FUZZ_CHECK(got.policy != NULL && got.lookahead >= 1 &&
                got.lookahead <= 64 && got.verbose >= 0 && got.verbose <= 2 &&
-               got.memory_budget >= 0);
+               got.memory_budget >= 0 &&
+               (got.precision == REMAT_PRECISION_F32 ||
+                got.precision == REMAT_PRECISION_BF16));
     remat_runtime_destroy(rt);
   } else {
     FUZZ_CHECK(rt == NULL);

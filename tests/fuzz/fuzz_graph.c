@@ -5,8 +5,9 @@
  * fed zeros and run once. Nothing may crash; every failure must leave a
  * status and a message, and a graph that failed to build must fail to
  * compile with the same status. Huge and wrapping dims must fail when
- * built (REMAT_ERR_LIMIT or REMAT_ERR_SHAPE), never reach compile. One
- * runtime (one worker) serves every input. */
+ * built (REMAT_ERR_LIMIT or REMAT_ERR_SHAPE), never reach compile. Two
+ * runtimes (one worker each) serve every input: f32, and bf16 when the
+ * input's last byte is odd. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -26,15 +27,18 @@ typedef struct builder {
   fuzz_reader in;
 } builder;
 
-static remat_runtime *shared_runtime(void) {
-  static remat_runtime *rt;
-  if (rt == NULL) {
-    remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_BIND,
+static remat_runtime *shared_runtime(bool bf16) {
+  static remat_runtime *rt[2];
+  if (rt[bf16] == NULL) {
+    remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_BIND |
+                              REMAT_SET_PRECISION,
                        .num_threads = 1,
-                       .bind = REMAT_BIND_NONE};
-    FUZZ_CHECK(remat_runtime_create(&rc, &rt) == REMAT_OK);
+                       .bind = REMAT_BIND_NONE,
+                       .precision = bf16 ? REMAT_PRECISION_BF16
+                                         : REMAT_PRECISION_F32};
+    FUZZ_CHECK(remat_runtime_create(&rc, &rt[bf16]) == REMAT_OK);
   }
-  return rt;
+  return rt[bf16];
 }
 
 /* An existing tensor, or NULL one time in (n + 1). */
@@ -242,7 +246,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size > 512)
     return 0;
   builder b = {.in = {.data = data, .size = size}};
-  FUZZ_CHECK(remat_graph_create(shared_runtime(), &b.g) == REMAT_OK);
+  bool bf16 = size > 0 && (data[size - 1] & 1);
+  FUZZ_CHECK(remat_graph_create(shared_runtime(bf16), &b.g) == REMAT_OK);
   FUZZ_CHECK(remat_graph_seed(b.g, 1) == REMAT_OK);
   for (int calls = 0; calls < 40 && !fuzz_done(&b.in); calls++) {
     unsigned op = fuzz_byte(&b.in);
