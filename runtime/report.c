@@ -153,8 +153,12 @@ remat_status report_plan(remat_step_plan *p) {
   remat_graph *g = p->g;
   if (g->rt->config.verbose < 1)
     return REMAT_OK;
-  fprintf(stderr, "remat plan: %d ops, %d kernel nodes, %d tasks, %d regions\n",
-          g->nops, p->low.nknodes, sched_dag_num_tasks(p->dag), g->nregions);
+  fprintf(stderr,
+          "remat plan: %d ops, %d kernel nodes, %d tasks, %d regions, %s\n",
+          g->nops, p->low.nknodes, sched_dag_num_tasks(p->dag), g->nregions,
+          g->rt->config.precision == REMAT_PRECISION_BF16
+              ? "bf16 (activations in bf16, f32 master weights)"
+              : "f32");
   for (int32_t r = 0; r < g->nregions; r++)
     print_region(p, r);
   fprintf(stderr,
