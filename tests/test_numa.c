@@ -471,6 +471,30 @@ static void test_budget_counts_the_copies(void **state) {
                    -1);
 }
 
+/* Weights loaded from a file reach every node's copy (and, in bf16, the
+ * copies that matmuls read): a model on two nodes that loads another's
+ * weights computes that model's step bit for bit. */
+static void test_load_reaches_every_node(void **state) {
+  (void)state;
+  char path[128];
+  snprintf(path, sizeof path, "%s/numa.safetensors", dir);
+  fixture a, b;
+  open_on(&a, &mid, two_nodes, 4, "nothing_saveable", NULL);
+  remat_step_stats sa, sb;
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(remat_step(a.g, &sa), REMAT_OK);
+  assert_int_equal(remat_save_safetensors(a.g, path), REMAT_OK);
+  open_on(&b, &mid, two_nodes, 4, "nothing_saveable", NULL);
+  assert_int_equal(remat_step(b.g, &sb), REMAT_OK); /* copies in use */
+  assert_int_equal(remat_load_safetensors(b.g, path), REMAT_OK);
+  assert_int_equal(remat_step(a.g, &sa), REMAT_OK);
+  assert_int_equal(remat_step(b.g, &sb), REMAT_OK);
+  assert_true(sa.loss == sb.loss);
+  assert_int_equal(fixture_grad_hash(&a), fixture_grad_hash(&b));
+  fixture_close(&a);
+  fixture_close(&b);
+}
+
 static int setup(void **state) {
   unsetenv("REMAT_TOPOLOGY");
   unsetenv("REMAT_TRACE");
@@ -485,6 +509,7 @@ int main(void) {
       cmocka_unit_test(test_pinned_tiles_run_on_their_node),
       cmocka_unit_test(test_remote_bytes_of_the_default_model),
       cmocka_unit_test(test_budget_counts_the_copies),
+      cmocka_unit_test(test_load_reaches_every_node),
   };
   return cmocka_run_group_tests(tests, setup, remove_dir);
 }
