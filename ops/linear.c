@@ -28,6 +28,10 @@ typedef struct linear_state {
   int64_t chunk_rows, chunks; /* weight-gradient chunks of rows */
   op_dtype dy_dt;               /* of dout */
   op_dtype dw_dt, db_dt;        /* of din[1], din[2] */
+  /* A bf16 product with an f32 x or dy: in bf16 precision only a [1]
+   * tensor is f32 (an f32 input, or an output that is a loss), so the
+   * operand has one element, rounded to bf16 into the op's temporary. */
+  bool cvt_x, cvt_dy;
   op_gemm fwd, dx, dw, dw_last; /* dw over a full chunk, the last one */
 } linear_state;
 
@@ -57,11 +61,21 @@ remat_status op_linear_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
   return REMAT_OK;
 }
 
+/* x (k 0) or dy (k 1) as the products read it: itself, or its one f32
+ * element rounded to bf16 in the temporary (cvt_x, cvt_dy). */
+static const void *operand(const linear_state *s, const float *p, int k,
+                           op_worker *w) {
+  if (!(k ? s->cvt_dy : s->cvt_x)) return p;
+  uint16_t *t = (uint16_t *)op_temp(&s->base, w) + k;
+  *t = bf16_from_f32(p[0]);
+  return t;
+}
+
 // x is (N,K), w is (M,K), b is (M), y is (N,M): y = x . w^T + b
 static int linear_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
                       op_worker *w) {
   const linear_state *s = op->state;
-  return op_gemm_run(&s->fwd, tile, b->in[0], b->in[1],
+  return op_gemm_run(&s->fwd, tile, operand(s, b->in[0], 0, w), b->in[1],
                      op->desc.nin == 3 ? b->in[2] : NULL, b->out, false, w);
 }
 
@@ -70,8 +84,8 @@ static int linear_dx(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const linear_state *s = op->state;
   if (!b->din[0]) return REMAT_OK;
-  return op_gemm_run(&s->dx, tile, b->dout, b->in[1], NULL, b->din[0],
-                     b->din_accumulate[0], w);
+  return op_gemm_run(&s->dx, tile, operand(s, b->dout, 1, w), b->in[1], NULL,
+                     b->din[0], b->din_accumulate[0], w);
 }
 
 /* db's rows m0..m0+nm summed over nr rows of dy, into dst. */
@@ -124,9 +138,10 @@ static int linear_dw(const op_instance *op, const op_bufs *b, int64_t tile,
   if (!direct || b->din[1]) {
     const op_gemm *g = nr == s->chunk_rows ? &s->dw : &s->dw_last;
     void *dst = direct ? b->din[1] : b->ws[0] + c * s->M * s->K;
-    rs = op_gemm_run(g, j, op_at(b->dout, r0 * s->M, s->dy_dt),
-                     op_at(b->in[0], r0 * s->K, g->b_dt), NULL, dst,
-                     direct && b->din_accumulate[1], w);
+    /* a converted (one-element) operand has one row: r0 is 0 */
+    rs = op_gemm_run(g, j, op_at(operand(s, b->dout, 1, w), r0 * s->M, g->a_dt),
+                     op_at(operand(s, b->in[0], 0, w), r0 * s->K, g->b_dt),
+                     NULL, dst, direct && b->din_accumulate[1], w);
   }
   int64_t tiles_n = op_div_up(s->K, s->dw.bn);
   if (rs == REMAT_OK && (direct ? b->din[2] != NULL : bias) &&
@@ -188,25 +203,27 @@ static void dw_gemm_init(const linear_state *s, op_gemm *g, int64_t rows,
   op_gemm_init(g, s->M, s->K, rows, OP_DW_ROWS, dw_cols(s->K));
   /* dW = dY^T X */
   op_gemm_layout(g, op_transposed(s->M), op_plain(s->K), s->K);
-  op_gemm_dtypes(g, s->dy_dt, x_dt, c);
+  op_gemm_dtypes(g, s->cvt_dy ? OP_BF16 : s->dy_dt, x_dt, c);
 }
 
 static remat_status linear_gemms(linear_state *s, const op_desc *d,
                                  char err[OP_ERRMSG_MAX]) {
   int64_t N = s->rows, K = s->K, M = s->M;
   bool bias = d->nin == 3;
+  op_dtype x_dt = s->cvt_x ? OP_BF16 : d->in_dtype[0];
+  op_dtype dy_dt = s->cvt_dy ? OP_BF16 : s->dy_dt;
   op_gemm_init(&s->fwd, N, M, K, op_gemm_rows(M, K), M);
   op_gemm_layout(&s->fwd, op_plain(K), op_transposed(K), M); /* Y = X W^T */
-  op_gemm_dtypes(&s->fwd, d->in_dtype[0], d->in_dtype[1], d->out_dtype);
+  op_gemm_dtypes(&s->fwd, x_dt, d->in_dtype[1], d->out_dtype);
   s->fwd.bias = bias;
   if (bias) s->fwd.bias_dt = d->in_dtype[2];
   s->fwd.accumulate_too = false;
   op_gemm_init(&s->dx, N, K, M, op_gemm_rows(K, M), K);
   op_gemm_layout(&s->dx, op_plain(M), op_plain(K), K); /* dX = dY W */
-  op_gemm_dtypes(&s->dx, s->dy_dt, d->in_dtype[1], d->din_dtype[0]);
+  op_gemm_dtypes(&s->dx, dy_dt, d->in_dtype[1], d->din_dtype[0]);
   s->chunk_rows = op_dw_chunk_rows(N, M * K);
   s->chunks = op_div_up(N, s->chunk_rows);
-  dw_gemm_init(s, &s->dw, s->chunk_rows, d->in_dtype[0],
+  dw_gemm_init(s, &s->dw, s->chunk_rows, x_dt,
                s->chunks == 1 ? s->dw_dt : OP_F32);
   s->dw.accumulate_too = s->chunks == 1;
   remat_status rs = op_gemm_plan(&s->fwd, &s->base, err);
@@ -214,7 +231,7 @@ static remat_status linear_gemms(linear_state *s, const op_desc *d,
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dw, &s->base, err);
   int64_t last = N - (s->chunks - 1) * s->chunk_rows;
   if (rs == REMAT_OK && last != s->chunk_rows) {
-    dw_gemm_init(s, &s->dw_last, last, d->in_dtype[0], OP_F32);
+    dw_gemm_init(s, &s->dw_last, last, x_dt, OP_F32);
     s->dw_last.accumulate_too = false;
     rs = op_gemm_plan(&s->dw_last, &s->base, err);
   }
@@ -275,11 +292,28 @@ remat_status op_linear_plan(op_instance *inst, dnnl_engine_t engine,
   s->dy_dt = d->out_dtype;
   s->dw_dt = d->din_dtype[1];
   s->db_dt = bias ? d->din_dtype[2] : OP_F32;
+  bool lowp = d->in_dtype[0] == OP_BF16 || d->in_dtype[1] == OP_BF16 ||
+              d->out_dtype == OP_BF16;
+  s->cvt_x = lowp && d->in_dtype[0] == OP_F32;
+  s->cvt_dy = lowp && d->out_dtype == OP_F32;
+  char bx[OP_SHAPE_STR_MAX], bw[OP_SHAPE_STR_MAX];
+  if ((lowp && d->in_dtype[1] == OP_F32) ||
+      (s->cvt_x && s->rows * s->K != 1) || (s->cvt_dy && s->rows * s->M != 1))
+    return op_shape_err(err, d,
+                        "x %s (%s), w %s (%s), y (%s): a product with a bf16 "
+                        "operand takes f32 only for one-element x or y",
+                        op_shape_str(&d->in[0], bx),
+                        op_dtype_name(d->in_dtype[0]),
+                        op_shape_str(&d->in[1], bw),
+                        op_dtype_name(d->in_dtype[1]),
+                        op_dtype_name(d->out_dtype));
   remat_status rs = linear_gemms(s, d, err);
   if (rs != REMAT_OK) return rs;
   /* bf16 gradients of w or b summed from f32 partials: a block of sums */
   if (s->chunks > 1 && (s->dw_dt == OP_BF16 || s->db_dt == OP_BF16))
     s->base.temp_bytes = OP_FLAT_ELEMS * sizeof(float);
+  if ((s->cvt_x || s->cvt_dy) && s->base.temp_bytes < 64)
+    s->base.temp_bytes = 64; /* the converted operands */
   int64_t N = s->rows;
   double flops = 2.0 * N * s->K * s->M;
   op_kernel *k = &inst->fwd[inst->nfwd++];

@@ -12,6 +12,7 @@
 #include "remat_mpi.h"
 #include "runtime/dp.h"
 #include "runtime/mpi_comm.h"
+#include "runtime/precision.h"
 
 #define DEFAULT_BUCKET_BYTES (INT64_C(4) << 20)
 #define DEFAULT_TIMEOUT_S 60.0
@@ -193,8 +194,7 @@ static int bucket_task(void *arg, int worker) {
 static float local_loss(const remat_step_plan *p) {
   if (p->loss < 0)
     return 0.0f;
-  const float *l = p->low.bufs[p->low.value_buf[p->loss]].data;
-  return l != NULL ? l[0] : NAN;
+  return precision_get1(&p->low.bufs[p->low.value_buf[p->loss]]);
 }
 
 /* The agreement's local values: this rank's loss, NaN/Inf, failure. */
@@ -235,11 +235,9 @@ static void item_done(void *ctx, int i) {
       off += n;
     }
   } else {
-    if (p->loss >= 0) {
-      float *l = p->low.bufs[p->low.value_buf[p->loss]].data;
-      if (l != NULL)
-        l[0] = (float)(d->loss / (double)d->cfg->size);
-    }
+    if (p->loss >= 0)
+      precision_set1(&p->low.bufs[p->low.value_buf[p->loss]],
+                     (float)(d->loss / (double)d->cfg->size));
     if (d->flags[FLAG_NONFINITE] || d->flags[FLAG_STATUS] != 0 ||
         d->comm.broken)
       atomic_store(&p->nonfinite, 1); /* no rank updates */

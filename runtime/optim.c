@@ -16,11 +16,6 @@ void optim_tile_range(int64_t numel, int64_t tile, int64_t *lo, int64_t *hi) {
   *hi = *lo + OPTIM_TILE < numel ? *lo + OPTIM_TILE : numel;
 }
 
-bool optim_seed(const float *loss, float *loss_grad) {
-  *loss_grad = 1.0f;
-  return isfinite(*loss);
-}
-
 double optim_sum_squares(const float *x, int64_t n) {
   double acc = 0.0;
   for (int64_t i = 0; i < n; i++)

@@ -15,8 +15,6 @@ int64_t optim_tiles(int64_t numel);
 /* [lo, hi) of tile `tile` of a parameter with numel elements. */
 void optim_tile_range(int64_t numel, int64_t tile, int64_t *lo, int64_t *hi);
 
-/* Writes d(loss)/d(loss) = 1; returns whether the loss is finite. */
-bool optim_seed(const float *loss, float *loss_grad);
 /* The sum of the squares of n values, in order, in double: finite exactly
  * when every value is (a float squared cannot overflow a double). */
 double optim_sum_squares(const float *x, int64_t n);

@@ -1,5 +1,6 @@
 /* bf16 precision in the runtime (precision.h): parameter copies refreshed
  * from their masters, and conversions of fed and read tensors. */
+#include <math.h>
 #include <string.h>
 
 #include "base/bf16.h"
@@ -34,4 +35,20 @@ void precision_load(const plan_buffer *b, float *dst, int64_t n) {
     bf16_to_f32_row(dst, (const uint16_t *)b->data, n);
   else
     memcpy(dst, b->data, (size_t)n * sizeof *dst);
+}
+
+float precision_get1(const plan_buffer *b) {
+  if (b->data == NULL)
+    return NAN;
+  return b->dtype == OP_BF16 ? bf16_to_f32(*(const uint16_t *)b->data)
+                             : b->data[0];
+}
+
+void precision_set1(plan_buffer *b, float v) {
+  if (b->data == NULL)
+    return;
+  if (b->dtype == OP_BF16)
+    *(uint16_t *)b->data = bf16_from_f32(v);
+  else
+    b->data[0] = v;
 }

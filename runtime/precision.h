@@ -15,5 +15,10 @@ void precision_refresh_copies(remat_step_plan *p);
 void precision_store(const plan_buffer *b, const float *src, int64_t n);
 /* Loads n values of buffer b as f32. */
 void precision_load(const plan_buffer *b, float *dst, int64_t n);
+/* Element 0 of buffer b (the loss, its gradient), read as f32 (NaN when
+ * the buffer is not allocated) or written from f32, in the buffer's dtype:
+ * a one-element loss of a shape other than [1] is stored in bf16. */
+float precision_get1(const plan_buffer *b);
+void precision_set1(plan_buffer *b, float v);
 
 #endif

@@ -240,7 +240,7 @@ static void fill_stats(remat_step_plan *p, remat_step_stats *st, double secs) {
   memset(st, 0, sizeof *st);
   st->loss = NAN;
   if (p->loss >= 0)
-    st->loss = p->low.bufs[p->low.value_buf[p->loss]].data[0];
+    st->loss = precision_get1(&p->low.bufs[p->low.value_buf[p->loss]]);
   st->nonfinite = atomic_load(&p->nonfinite) || (p->loss >= 0 && !isfinite(st->loss));
   st->seconds = secs;
   st->flops = p->forward_only ? 0.0 : p->low.flops;

@@ -7,6 +7,7 @@
 
 #include "base/bf16.h"
 #include "runtime/optim.h"
+#include "runtime/precision.h"
 #include "runtime/step_plan.h"
 #include "runtime/tasks.h"
 
@@ -126,8 +127,11 @@ static int update_tile(remat_step_plan *p, const plan_knode *kn,
   return REMAT_OK;
 }
 
+/* d(loss) = 1, in the loss's dtype (f32, or bf16 for a one-element loss
+ * of another shape than [1]). */
 static int seed_tile(remat_step_plan *p, const plan_knode *kn) {
-  if (!optim_seed(buf_data(p, kn->seed.loss), buf_data(p, kn->seed.loss_grad)))
+  precision_set1(&p->low.bufs[kn->seed.loss_grad], 1.0f);
+  if (!isfinite(precision_get1(&p->low.bufs[kn->seed.loss])))
     atomic_store(&p->nonfinite, 1);
   return REMAT_OK;
 }

@@ -432,6 +432,66 @@ static void test_inference_and_reads(void **state) {
   free(tgt);
 }
 
+/* One-element tensors: [1] ones stay f32 (an f32 input feeding a bf16
+ * product, a [1] linear output as the loss) and a [1,1] loss is bf16; each
+ * case gives f32's loss and gradient (exact here: small integers). */
+typedef enum { LOSS_11, LOSS_1, SCALAR_X } one_case;
+
+static void run_one(one_case c, remat_precision prec, float *loss,
+                    float *grad, int64_t *ngrad) {
+  remat_config rc = {.set = REMAT_SET_PRECISION | REMAT_SET_NUM_THREADS,
+                     .num_threads = 2, .precision = prec};
+  remat_runtime *rt;
+  remat_graph *g;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  const int64_t x11[2] = {1, 4}, x1[1] = {4}, w4[2] = {1, 4}, s1[1] = {1},
+                w81[2] = {8, 1};
+  remat_tensor *x, *w, *y;
+  if (c == SCALAR_X) { /* x [1] (f32) . w[8,1]^T -> [8] (bf16), summed */
+    x = remat_input(g, "x", REMAT_F32, 1, s1);
+    w = remat_param(g, "w", 2, w81, REMAT_INIT_ONES, 0);
+    y = remat_sum(g, remat_linear(g, x, w, NULL));
+  } else { /* x [1,4] or [4] . w[1,4]^T -> [1,1] (bf16) or [1] (f32) */
+    x = remat_input(g, "x", REMAT_F32, c == LOSS_11 ? 2 : 1,
+                    c == LOSS_11 ? x11 : x1);
+    w = remat_param(g, "w", 2, w4, REMAT_INIT_ONES, 0);
+    y = remat_linear(g, x, w, NULL);
+  }
+  if (remat_compile(g, y, NULL) != REMAT_OK)
+    fail_msg("case %d: %s", (int)c, remat_last_error());
+  const float xs[4] = {1, 2, 3, 4}, two = 2;
+  assert_int_equal(remat_feed(g, x, c == SCALAR_X ? &two : xs,
+                              c == SCALAR_X ? 4 : 16),
+                   REMAT_OK);
+  remat_step_stats st;
+  assert_int_equal(remat_step(g, &st), REMAT_OK);
+  *loss = st.loss;
+  *ngrad = remat_tensor_numel(w);
+  assert_int_equal(remat_read_grad(g, w, grad, (size_t)*ngrad * 4), REMAT_OK);
+  float read;
+  assert_int_equal(remat_read(g, y, &read, 4), REMAT_OK);
+  assert_true(read == st.loss);
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
+static void test_one_element_tensors(void **state) {
+  (void)state;
+  for (one_case c = LOSS_11; c <= SCALAR_X; c++) {
+    float l32, l16, g32[8], g16[8];
+    int64_t n32, n16;
+    run_one(c, REMAT_PRECISION_F32, &l32, g32, &n32);
+    run_one(c, REMAT_PRECISION_BF16, &l16, g16, &n16);
+    assert_true(l32 == (c == SCALAR_X ? 16.0f : 10.0f));
+    if (l16 != l32)
+      fail_msg("case %d: loss %g in bf16, %g in f32", (int)c, l16, l32);
+    assert_int_equal(n16, n32);
+    assert_memory_equal(g16, g32, (size_t)n32 * sizeof *g32);
+    assert_true(g32[0] == (c == SCALAR_X ? 2.0f : 1.0f));
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config),
@@ -443,6 +503,7 @@ int main(void) {
       cmocka_unit_test(test_safetensors_across),
       cmocka_unit_test(test_nonfinite),
       cmocka_unit_test(test_inference_and_reads),
+      cmocka_unit_test(test_one_element_tensors),
   };
   const char *isa = getenv("ONEDNN_MAX_CPU_ISA");
   if (isa != NULL && strcmp(isa, "AVX2") == 0)
