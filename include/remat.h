@@ -73,7 +73,9 @@ typedef enum remat_bind {
  * parameters (master weights), their gradients, optimizer moments and
  * [1]-shaped results (losses) stay f32, and each update refreshes a bf16
  * copy of the weights that matmuls read. Reads and writes through the API
- * are f32 in both. */
+ * are f32 in both: a bf16 tensor (an input included) reads back as its
+ * values rounded to bf16. In bf16, layer norm's gain and bias and the
+ * embedding tables must be parameters (they are read as f32). */
 typedef enum remat_precision {
   REMAT_PRECISION_F32 = 0,
   REMAT_PRECISION_BF16 = 1
