@@ -116,17 +116,6 @@ static remat_mem_category value_category(const remat_tensor *t) {
   }
 }
 
-/* Whether an op reads parameter t through a bf16 copy. */
-static bool read_as_bf16(const remat_graph *g, int32_t t) {
-  if (g->tensors[t]->kind != TENSOR_PARAM)
-    return false;
-  for (int32_t o = 0; o < g->nops; o++)
-    for (int i = 0; i < g->ops[o].desc.nin; i++)
-      if (g->ops[o].in[i] == t && g->ops[o].desc.in_dtype[i] == OP_BF16)
-        return true;
-  return false;
-}
-
 /* Value buffers (of the tensor's storage type), gradients (f32 for
  * parameters, the storage type for activations), and the bf16 copies of
  * parameters (persistent, counted as parameters, replicated per node as
@@ -134,10 +123,19 @@ static bool read_as_bf16(const remat_graph *g, int32_t t) {
 static remat_status make_tensor_buffers(lower_ctx *p,
                                         const bool *has_grad) {
   const remat_graph *g = p->g;
+  /* copy_buf[t] is first 1 for a parameter some op reads in bf16 */
+  for (int32_t t = 0; t < g->ntensors; t++)
+    p->l->copy_buf[t] = 0;
+  for (int32_t o = 0; o < g->nops; o++)
+    for (int i = 0; i < g->ops[o].desc.nin; i++)
+      if (g->ops[o].desc.in_dtype[i] == OP_BF16 &&
+          g->tensors[g->ops[o].in[i]]->kind == TENSOR_PARAM)
+        p->l->copy_buf[g->ops[o].in[i]] = 1;
   for (int32_t t = 0; t < g->ntensors; t++) {
     const remat_tensor *x = g->tensors[t];
     bool persistent = x->kind != TENSOR_ACT || x->keep || t == p->req->loss;
     bool param = x->kind == TENSOR_PARAM;
+    bool copied = p->l->copy_buf[t] == 1;
     p->l->value_buf[t] = add_buffer_dt(p, tensor_store_bytes(x), x->store,
                                        value_category(x), persistent, t);
     p->l->grad_buf[t] = -1;
@@ -152,7 +150,7 @@ static remat_status make_tensor_buffers(lower_ctx *p,
       if (p->l->grad_buf[t] < 0)
         return REMAT_ERR_OUT_OF_MEMORY;
     }
-    if (read_as_bf16(g, t)) {
+    if (copied) {
       p->l->copy_buf[t] = add_buffer_dt(p, op_numel(&x->shape) * 2, OP_BF16,
                                         REMAT_MEM_PARAMS, true, t);
       if (p->l->copy_buf[t] < 0)
