@@ -151,10 +151,7 @@ remat_status op_layernorm_plan(op_instance *inst, dnnl_engine_t engine,
                                char err[OP_ERRMSG_MAX]) {
   const op_desc *d = &inst->desc;
   if (d->in_dtype[0] != d->out_dtype)
-    return op_shape_err(err, d,
-                        "x is %s and y %s: x and y must have the same dtype",
-                        op_dtype_name(d->in_dtype[0]),
-                        op_dtype_name(d->out_dtype));
+    return op_same_dtype_err(d, err);
   for (int i = 1; i < 3; i++)
     if (d->in_dtype[i] != OP_F32)
       return op_shape_err(err, d, "%s is %s: gamma and beta must be f32",

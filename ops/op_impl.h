@@ -44,6 +44,9 @@ static inline op_span op_span_cols(uint32_t tile_slots,
   op_span s = {.tile_slots = tile_slots, .spread_slots = spread_slots};
   return s;
 }
+/* The error of an op whose x (input 0) and y differ in dtype: "<op>: x is
+ * f32 and y bf16: x and y must have the same dtype". */
+remat_status op_same_dtype_err(const op_desc *d, char err[OP_ERRMSG_MAX]);
 /* True when shapes a and b are equal. */
 bool op_shape_eq(const op_shape *a, const op_shape *b);
 /* A [1] shape (losses and reductions). */

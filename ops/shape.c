@@ -93,6 +93,13 @@ remat_status op_check_inputs(const op_desc *d, int nmin, int nmax,
   return REMAT_OK;
 }
 
+remat_status op_same_dtype_err(const op_desc *d, char err[OP_ERRMSG_MAX]) {
+  return op_shape_err(err, d,
+                      "x is %s and y %s: x and y must have the same dtype",
+                      op_dtype_name(d->in_dtype[0]),
+                      op_dtype_name(d->out_dtype));
+}
+
 bool op_shape_eq(const op_shape *a, const op_shape *b) {
   if (a->ndim != b->ndim) return false;
   for (int i = 0; i < a->ndim; i++)

@@ -90,10 +90,7 @@ remat_status op_softmax_plan(op_instance *inst, dnnl_engine_t engine,
                              char err[OP_ERRMSG_MAX]) {
   const op_desc *d = &inst->desc;
   if (d->in_dtype[0] != d->out_dtype)
-    return op_shape_err(err, d,
-                        "x is %s and y %s: x and y must have the same dtype",
-                        op_dtype_name(d->in_dtype[0]),
-                        op_dtype_name(d->out_dtype));
+    return op_same_dtype_err(d, err);
   softmax_state *s = op_state_new(sizeof *s, engine, "softmax");
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   inst->state = s;
