@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Side-by-side comparison of remat with PyTorch on the same GPT.
 
-The model here is runtime/gpt.c in PyTorch: same parameter names, shapes,
+The model here is runtime/graph/gpt.c in PyTorch: same parameter names, shapes,
 initialization and maths. Each configuration runs in its own process (so
 that peak RSS is its own) on the same thread count: PyTorch without and with
 torch.utils.checkpoint on every block, and build/benchmarks/bench_train with
@@ -40,7 +40,7 @@ ROOT = os.path.dirname(HERE)
 # ---- the model ----
 
 def param_shapes(L, D, T, V):
-    """(name, shape, init) in remat's creation order (runtime/gpt.c)."""
+    """(name, shape, init) in remat's creation order (runtime/graph/gpt.c)."""
     out = [("wte", (V, D), 0.02), ("wpe", (T, D), 0.01)]
     proj = 0.02 / math.sqrt(2.0 * L)
     for l in range(L):

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Runs build/benchmarks/sim_scaling for the default GPT (8 layers, d_model
+"""Runs build/benchmarks/sim/sim_scaling for the default GPT (8 layers, d_model
 512, 8 heads, seq 256, batch 8: its steps are run here, traced for the task
 costs and timed for the validation) and for a large one (24 layers, d_model
 1024, 16 heads, seq 1024, batch 16, nothing_saveable: compiled only, its
@@ -20,7 +20,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SIM = os.path.join(ROOT, "build", "benchmarks", "sim_scaling")
+SIM = os.path.join(ROOT, "build", "benchmarks", "sim", "sim_scaling")
 RESULTS = os.path.join(HERE, "results")
 CORES = "8,16,32,64,128,256"
 NODES = "1,2,4"

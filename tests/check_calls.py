@@ -3,7 +3,8 @@
 calls it: builds the file-level call graph from the object files' defined
 and undefined symbols (nm), and fails naming every cycle it finds.
 
-usage: check_calls.py OBJECT_DIR (the library's .p folder in a build)"""
+usage: check_calls.py OBJECT_DIR SOURCE_ROOT (the library's .p folder in a
+build, and the repository it was built from)"""
 import os
 import subprocess
 import sys
@@ -53,15 +54,32 @@ def find_cycles(edges):
     return comps
 
 
+def source_names(root):
+    """Object file name (meson's: the path with '/' as '_', then '.o') ->
+    the source file's path from the repository root."""
+    names = {}
+    for top in ("base", "ops", "sched", "runtime"):
+        for d, _, files in os.walk(os.path.join(root, top)):
+            for f in files:
+                if f.endswith(".c"):
+                    rel = os.path.relpath(os.path.join(d, f), root)
+                    names[rel.replace("/", "_") + ".o"] = rel[:-len(".c")]
+    return names
+
+
 def main():
-    folder = sys.argv[1]
+    folder, root = sys.argv[1], sys.argv[2]
     objs = sorted(f for f in os.listdir(folder) if f.endswith(".o"))
     if not objs:
         print(f"no object files in {folder}")
         return 1
+    names = source_names(root)
     owner, needs = {}, {}
     for o in objs:
-        name = o[:-len(".c.o")].replace("_", "/", 1)
+        if o not in names:
+            print(f"{o}: no source file under {root} has this object's name")
+            return 1
+        name = names[o]
         defined, undefined = symbols(os.path.join(folder, o))
         for s in defined:
             owner[s] = name

@@ -17,8 +17,8 @@
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
-#include "runtime/optim.h"
-#include "runtime/step_plan.h"
+#include "runtime/exec/optim.h"
+#include "runtime/compile/step_plan.h"
 #include "tmpdir.h"
 
 static const char *const two_nodes = "package:2 numa:1 core:2 pu:1";

@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
-#include "runtime/step_plan.h"
+#include "runtime/compile/step_plan.h"
 #include "sched/sched_internal.h"
 
 static const remat_gpt_config two = {

@@ -14,7 +14,7 @@
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
-#include "runtime/planner.h"
+#include "runtime/compile/planner.h"
 
 static const remat_gpt_config four = {
     .layers = 4, .d_model = 32, .heads = 4, .seq = 16, .batch = 2, .vocab = 13};

@@ -1,0 +1,517 @@
+/* Stage "lower with autodiff" (lowering.h): decides which tensors carry a
+ * gradient, applies the remat decision and lists the step's buffers and
+ * kernel nodes in program order: forward, seed, backward with just-in-time
+ * recompute per region, finite checks, the gate, then parameter updates.
+ * It reads the graph and the decision and writes only its output. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "runtime/compile/lowering.h"
+#include "runtime/exec/optim.h"
+
+/* The request being lowered and the lowering being built. */
+typedef struct lower_ctx {
+  const lower_request *req;
+  const remat_graph *g;
+  plan_lowering *l;
+} lower_ctx;
+
+static int32_t add_buffer_dt(lower_ctx *p, int64_t bytes, op_dtype dtype,
+                             remat_mem_category cat, bool persistent,
+                             int32_t tensor) {
+  if (p->l->nbufs == p->l->cap_bufs) {
+    int32_t cap = p->l->cap_bufs ? 2 * p->l->cap_bufs : 256;
+    plan_buffer *b = remat__realloc(p->l->bufs, (size_t)cap * sizeof *b);
+    if (b == NULL)
+      return -1;
+    p->l->bufs = b;
+    p->l->cap_bufs = cap;
+  }
+  plan_buffer *b = &p->l->bufs[p->l->nbufs];
+  memset(b, 0, sizeof *b);
+  b->bytes = bytes;
+  b->dtype = dtype;
+  b->cat = cat;
+  b->persistent = persistent;
+  b->tensor = tensor;
+  return p->l->nbufs++;
+}
+
+/* An f32 buffer (aux, workspace, moments) or one of a tensor's. */
+static int32_t add_buffer(lower_ctx *p, int64_t bytes,
+                          remat_mem_category cat, bool persistent,
+                          int32_t tensor) {
+  return add_buffer_dt(p, bytes, OP_F32, cat, persistent, tensor);
+}
+
+static plan_knode *add_knode(lower_ctx *p, knode_kind kind, int32_t op,
+                             const op_kernel *k) {
+  if (p->l->nknodes == p->l->cap_knodes) {
+    int32_t cap = p->l->cap_knodes ? 2 * p->l->cap_knodes : 256;
+    plan_knode *n = remat__realloc(p->l->knodes, (size_t)cap * sizeof *n);
+    if (n == NULL)
+      return NULL;
+    p->l->knodes = n;
+    p->l->cap_knodes = cap;
+  }
+  plan_knode *kn = &p->l->knodes[p->l->nknodes++];
+  memset(kn, 0, sizeof *kn);
+  kn->kind = kind;
+  kn->op = op;
+  kn->region = -1;
+  kn->seed = (knode_seed_bufs){-1, -1};
+  kn->optim = (knode_optim_bufs){-1, -1, -1, -1, -1, -1, 0};
+  kn->kernel = k;
+  kn->tiles = k != NULL ? k->tiles : 1;
+  kn->flops = k != NULL ? k->flops : 0.0;
+  for (int i = 0; i < PLAN_SLOTS; i++)
+    kn->slot_buf[i] = -1;
+  if (op >= 0) {
+    const graph_op *gop = &p->g->ops[op];
+    kn->inst = &gop->inst;
+    kn->region = gop->region < 0 ? -1 : p->g->regions[gop->region].top;
+  }
+  return kn;
+}
+
+/* ---- autodiff: which tensors carry a gradient ---- */
+
+/* A tensor gets a gradient buffer when it depends on a parameter and the
+ * loss depends on it. */
+static remat_status mark_gradients(lower_ctx *p, bool *has_grad) {
+  const remat_graph *g = p->g;
+  bool *depends = remat__calloc((size_t)g->ntensors, sizeof *depends);
+  if (depends == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  for (int32_t t = 0; t < g->ntensors; t++)
+    depends[t] = g->tensors[t]->kind == TENSOR_PARAM;
+  for (int32_t o = 0; o < g->nops; o++)
+    for (int i = 0; i < g->ops[o].desc.nin; i++)
+      depends[g->ops[o].out] |= depends[g->ops[o].in[i]];
+  memset(has_grad, 0, (size_t)g->ntensors * sizeof *has_grad);
+  if (p->req->loss >= 0)
+    has_grad[p->req->loss] = depends[p->req->loss];
+  for (int32_t o = g->nops - 1; o >= 0; o--) {
+    const graph_op *op = &g->ops[o];
+    if (!has_grad[op->out])
+      continue;
+    for (int i = 0; i < op->desc.nin; i++)
+      if (depends[op->in[i]])
+        has_grad[op->in[i]] = true;
+  }
+  free(depends);
+  return REMAT_OK;
+}
+
+/* ---- buffers ---- */
+
+static remat_mem_category value_category(const remat_tensor *t) {
+  switch (t->kind) {
+  case TENSOR_PARAM: return REMAT_MEM_PARAMS;
+  case TENSOR_INPUT: return REMAT_MEM_WORKSPACE;
+  default: return REMAT_MEM_ACTIVATIONS;
+  }
+}
+
+/* Value buffers (of the tensor's storage type), gradients (f32 for
+ * parameters, the storage type for activations), and the bf16 copies of
+ * parameters (persistent, counted as parameters, replicated per node as
+ * parameters are). */
+static remat_status make_tensor_buffers(lower_ctx *p,
+                                        const bool *has_grad) {
+  const remat_graph *g = p->g;
+  /* copy_buf[t] is first 1 for a parameter some op reads in bf16 */
+  for (int32_t t = 0; t < g->ntensors; t++)
+    p->l->copy_buf[t] = 0;
+  for (int32_t o = 0; o < g->nops; o++)
+    for (int i = 0; i < g->ops[o].desc.nin; i++)
+      if (g->ops[o].desc.in_dtype[i] == OP_BF16 &&
+          g->tensors[g->ops[o].in[i]]->kind == TENSOR_PARAM)
+        p->l->copy_buf[g->ops[o].in[i]] = 1;
+  for (int32_t t = 0; t < g->ntensors; t++) {
+    const remat_tensor *x = g->tensors[t];
+    bool persistent = x->kind != TENSOR_ACT || x->keep || t == p->req->loss;
+    bool param = x->kind == TENSOR_PARAM;
+    bool copied = p->l->copy_buf[t] == 1;
+    p->l->value_buf[t] = add_buffer_dt(p, tensor_store_bytes(x), x->store,
+                                       value_category(x), persistent, t);
+    p->l->grad_buf[t] = -1;
+    p->l->recomp_buf[t] = -1;
+    p->l->copy_buf[t] = -1;
+    if (p->l->value_buf[t] < 0)
+      return REMAT_ERR_OUT_OF_MEMORY;
+    if (!(p->req->loss < 0) && has_grad[t]) {
+      p->l->grad_buf[t] = add_buffer_dt(
+          p, tensor_store_bytes(x), x->store,
+          param ? REMAT_MEM_GRADS : REMAT_MEM_ACT_GRADS, param, t);
+      if (p->l->grad_buf[t] < 0)
+        return REMAT_ERR_OUT_OF_MEMORY;
+    }
+    if (copied) {
+      p->l->copy_buf[t] = add_buffer_dt(p, op_numel(&x->shape) * 2, OP_BF16,
+                                        REMAT_MEM_PARAMS, true, t);
+      if (p->l->copy_buf[t] < 0)
+        return REMAT_ERR_OUT_OF_MEMORY;
+    }
+  }
+  return REMAT_OK;
+}
+
+/* The buffer input i of op `op` reads: a parameter's bf16 copy when the
+ * op reads it in bf16, else the recomputed buffer (use_recomputed) or the
+ * value. */
+static int32_t input_buf(const lower_ctx *p, const graph_op *op, int i,
+                         bool use_recomputed) {
+  int32_t t = op->in[i];
+  if (p->l->copy_buf[t] >= 0 && op->desc.in_dtype[i] == OP_BF16)
+    return p->l->copy_buf[t];
+  return use_recomputed ? p->l->recomp_buf[t] : p->l->value_buf[t];
+}
+
+/* The forward instance (recompute false) or the recomputed instance of op
+ * o's output and aux buffers, created on first use. */
+typedef struct op_buffers {
+  int32_t aux[OP_MAX_AUX];
+  int32_t raux[OP_MAX_AUX];
+} op_buffers;
+
+static remat_status make_aux(lower_ctx *p, op_buffers *ob, int32_t o,
+                             bool recompute) {
+  const op_instance *inst = &p->g->ops[o].inst;
+  int32_t *aux = recompute ? ob[o].raux : ob[o].aux;
+  remat_mem_category cat =
+      recompute ? REMAT_MEM_RECOMPUTED : REMAT_MEM_ACTIVATIONS;
+  for (int k = 0; k < inst->naux; k++) {
+    aux[k] = add_buffer(p, (int64_t)inst->aux_bytes[k], cat, false, -1);
+    if (aux[k] < 0)
+      return REMAT_ERR_OUT_OF_MEMORY;
+  }
+  return REMAT_OK;
+}
+
+/* ---- forward ---- */
+
+static remat_status emit_forward_kernels(lower_ctx *p, op_buffers *ob,
+                                         int32_t o, bool recompute) {
+  const remat_graph *g = p->g;
+  const graph_op *op = &g->ops[o];
+  for (int k = 0; k < op->inst.nfwd; k++) {
+    const op_kernel *kern = &op->inst.fwd[k];
+    plan_knode *kn = add_knode(p, recompute ? KNODE_RECOMPUTE : KNODE_FORWARD,
+                               o, kern);
+    if (kn == NULL)
+      return REMAT_ERR_OUT_OF_MEMORY;
+    for (int i = 0; i < op->desc.nin; i++) {
+      int32_t t = op->in[i];
+      kn->slot_buf[plan_slot(OP_SLOT_IN(i))] =
+          input_buf(p, op, i, recompute && !p->req->saved[t]);
+    }
+    kn->slot_buf[plan_slot(OP_SLOT_OUT)] =
+        recompute ? p->l->recomp_buf[op->out] : p->l->value_buf[op->out];
+    for (int a = 0; a < op->inst.naux; a++)
+      kn->slot_buf[plan_slot(OP_SLOT_AUX(a))] =
+          recompute ? ob[o].raux[a] : ob[o].aux[a];
+  }
+  return REMAT_OK;
+}
+
+/* ---- recompute: which forward tensors backward needs again ---- */
+
+static bool is_recomputed(const lower_ctx *p, int32_t t) {
+  return !p->req->saved[t];
+}
+
+/* Marks op outputs that backward kernels read and that are not saved, then
+ * closes over the forward inputs their recomputation reads. */
+static void mark_needed(lower_ctx *p, const bool *has_grad,
+                        bool *needed) {
+  const remat_graph *g = p->g;
+  for (int32_t o = g->nops - 1; o >= 0; o--) {
+    const graph_op *op = &g->ops[o];
+    if (!has_grad[op->out])
+      continue;
+    for (int k = 0; k < op->inst.nbwd; k++) {
+      uint32_t r = op->inst.bwd[k].reads;
+      for (int i = 0; i < op->desc.nin; i++)
+        if ((r & OP_SLOT_IN(i)) && is_recomputed(p, op->in[i]))
+          needed[op->in[i]] = true;
+      if ((r & (OP_SLOT_OUT | OP_SLOT_AUX(0) | OP_SLOT_AUX(1))) &&
+          is_recomputed(p, op->out))
+        needed[op->out] = true;
+    }
+  }
+  for (int32_t o = g->nops - 1; o >= 0; o--) {
+    const graph_op *op = &g->ops[o];
+    if (!needed[op->out])
+      continue;
+    for (int k = 0; k < op->inst.nfwd; k++)
+      for (int i = 0; i < op->desc.nin; i++)
+        if ((op->inst.fwd[k].reads & OP_SLOT_IN(i)) &&
+            is_recomputed(p, op->in[i]))
+          needed[op->in[i]] = true;
+  }
+}
+
+static remat_status emit_region_recompute(lower_ctx *p, op_buffers *ob,
+                                          const bool *needed, int32_t top) {
+  const remat_graph *g = p->g;
+  for (int32_t o = 0; o < g->nops; o++) {
+    const graph_op *op = &g->ops[o];
+    if (op->region < 0 || g->regions[op->region].top != top ||
+        !needed[op->out])
+      continue;
+    const remat_tensor *x = g->tensors[op->out];
+    p->l->recomp_buf[op->out] = add_buffer_dt(
+        p, tensor_store_bytes(x), x->store, REMAT_MEM_RECOMPUTED, false,
+        op->out);
+    if (p->l->recomp_buf[op->out] < 0)
+      return REMAT_ERR_OUT_OF_MEMORY;
+    remat_status s = make_aux(p, ob, o, true);
+    if (s == REMAT_OK)
+      s = emit_forward_kernels(p, ob, o, true);
+    if (s != REMAT_OK)
+      return s;
+  }
+  return REMAT_OK;
+}
+
+/* ---- backward ---- */
+
+/* Skip a kernel whose only results are gradients nobody needs. */
+static bool kernel_needed(const op_kernel *k, const int32_t *din_buf) {
+  if ((k->writes & PLAN_DIN_SLOTS) == 0 || (k->writes & ~PLAN_DIN_SLOTS) != 0)
+    return true;
+  for (int i = 0; i < OP_MAX_IN; i++)
+    if ((k->writes & OP_SLOT_DIN(i)) && din_buf[i] >= 0)
+      return true;
+  return false;
+}
+
+static remat_status emit_backward_op(lower_ctx *p, op_buffers *ob,
+                                     int32_t o) {
+  const remat_graph *g = p->g;
+  const graph_op *op = &g->ops[o];
+  int32_t din_buf[OP_MAX_IN] = {-1, -1, -1};
+  bool any = false;
+  for (int i = 0; i < op->desc.nin; i++) {
+    din_buf[i] = p->l->grad_buf[op->in[i]];
+    any |= din_buf[i] >= 0;
+  }
+  if (!any)
+    return REMAT_OK;
+  int32_t ws[OP_MAX_WS];
+  for (int w = 0; w < op->inst.nws; w++) {
+    ws[w] = add_buffer(p, (int64_t)op->inst.ws_bytes[w], REMAT_MEM_WORKSPACE,
+                       false, -1);
+    if (ws[w] < 0)
+      return REMAT_ERR_OUT_OF_MEMORY;
+  }
+  bool out_recomputed = is_recomputed(p, op->out);
+  for (int k = 0; k < op->inst.nbwd; k++) {
+    const op_kernel *kern = &op->inst.bwd[k];
+    if (!kernel_needed(kern, din_buf))
+      continue;
+    plan_knode *kn = add_knode(p, KNODE_BACKWARD, o, kern);
+    if (kn == NULL)
+      return REMAT_ERR_OUT_OF_MEMORY;
+    for (int i = 0; i < op->desc.nin; i++) {
+      int32_t t = op->in[i];
+      if (kern->reads & OP_SLOT_IN(i))
+        kn->slot_buf[plan_slot(OP_SLOT_IN(i))] =
+            input_buf(p, op, i, is_recomputed(p, t));
+      if (kern->writes & OP_SLOT_DIN(i))
+        kn->slot_buf[plan_slot(OP_SLOT_DIN(i))] = din_buf[i];
+    }
+    if (kern->reads & OP_SLOT_OUT)
+      kn->slot_buf[plan_slot(OP_SLOT_OUT)] =
+          out_recomputed ? p->l->recomp_buf[op->out] : p->l->value_buf[op->out];
+    for (int a = 0; a < op->inst.naux; a++)
+      if (kern->reads & OP_SLOT_AUX(a))
+        kn->slot_buf[plan_slot(OP_SLOT_AUX(a))] =
+            out_recomputed ? ob[o].raux[a] : ob[o].aux[a];
+    if (kern->reads & OP_SLOT_DOUT)
+      kn->slot_buf[plan_slot(OP_SLOT_DOUT)] = p->l->grad_buf[op->out];
+    for (int w = 0; w < op->inst.nws; w++)
+      if ((kern->reads | kern->writes) & OP_SLOT_WS(w))
+        kn->slot_buf[plan_slot(OP_SLOT_WS(w))] = ws[w];
+  }
+  return REMAT_OK;
+}
+
+static remat_status emit_backward(lower_ctx *p, op_buffers *ob,
+                                  const bool *has_grad, const bool *needed) {
+  const remat_graph *g = p->g;
+  if (p->l->grad_buf[p->req->loss] < 0)
+    return REMAT_OK; /* the loss depends on no parameter */
+  plan_knode *seed = add_knode(p, KNODE_SEED, -1, NULL);
+  if (seed == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  seed->seed.loss = p->l->value_buf[p->req->loss];
+  seed->seed.loss_grad = p->l->grad_buf[p->req->loss];
+  int32_t current_top = -2;
+  for (int32_t o = g->nops - 1; o >= 0; o--) {
+    const graph_op *op = &g->ops[o];
+    if (!has_grad[op->out])
+      continue;
+    int32_t top = op->region < 0 ? -1 : g->regions[op->region].top;
+    remat_status s;
+    if (top != current_top && top >= 0 &&
+        (s = emit_region_recompute(p, ob, needed, top)) != REMAT_OK)
+      return s;
+    current_top = top;
+    if ((s = emit_backward_op(p, ob, o)) != REMAT_OK)
+      return s;
+  }
+  return REMAT_OK;
+}
+
+/* ---- updates ---- */
+
+/* Per parameter a finite check of its gradient (as soon as it is final),
+ * one gate after all checks, then the updates: a NaN or Inf anywhere in the
+ * gradients or the loss skips every update, so none is half-applied. */
+static remat_status emit_updates(lower_ctx *p) {
+  const remat_graph *g = p->g;
+  for (int kind = KNODE_CHECK; kind <= KNODE_UPDATE; kind++) {
+    if (kind == KNODE_GATE) {
+      if (add_knode(p, KNODE_GATE, -1, NULL) == NULL)
+        return REMAT_ERR_OUT_OF_MEMORY;
+      continue;
+    }
+    for (int32_t t = 0; t < g->ntensors; t++) {
+      const remat_tensor *x = g->tensors[t];
+      if (x->kind != TENSOR_PARAM || p->l->grad_buf[t] < 0)
+        continue;
+      plan_knode *kn = add_knode(p, (knode_kind)kind, -1, NULL);
+      if (kn == NULL)
+        return REMAT_ERR_OUT_OF_MEMORY;
+      kn->optim.param_tensor = t;
+      kn->tiles = optim_tiles(op_numel(&x->shape));
+      kn->optim.grad = p->l->grad_buf[t];
+      if (kind == KNODE_CHECK) {
+        kn->optim.check_tile0 = p->l->ncheck_tiles;
+        p->l->ncheck_tiles += kn->tiles;
+        continue;
+      }
+      kn->optim.param = p->l->value_buf[t];
+      kn->optim.param_copy = p->l->copy_buf[t];
+      if (p->req->opt_kind != REMAT_OPT_ADAMW)
+        continue;
+      kn->optim.adam_m =
+          add_buffer(p, tensor_bytes(x), REMAT_MEM_OPTIMIZER, true, -1);
+      kn->optim.adam_v =
+          add_buffer(p, tensor_bytes(x), REMAT_MEM_OPTIMIZER, true, -1);
+      if (kn->optim.adam_m < 0 || kn->optim.adam_v < 0)
+        return REMAT_ERR_OUT_OF_MEMORY;
+    }
+  }
+  return REMAT_OK;
+}
+
+
+/* ---- the stage ---- */
+
+static remat_status alloc_tensor_maps(lower_ctx *p) {
+  size_t n = (size_t)p->g->ntensors + 1;
+  p->l->value_buf = remat__malloc(n * sizeof *p->l->value_buf);
+  p->l->grad_buf = remat__malloc(n * sizeof *p->l->grad_buf);
+  p->l->recomp_buf = remat__malloc(n * sizeof *p->l->recomp_buf);
+  p->l->copy_buf = remat__malloc(n * sizeof *p->l->copy_buf);
+  if (!p->l->value_buf || !p->l->grad_buf || !p->l->recomp_buf ||
+      !p->l->copy_buf)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  return REMAT_OK;
+}
+
+static remat_status lower_into(lower_ctx *p, bool *has_grad, bool *needed,
+                               op_buffers *ob) {
+  const remat_graph *g = p->g;
+  remat_status s = alloc_tensor_maps(p);
+  if (s == REMAT_OK)
+    s = mark_gradients(p, has_grad);
+  if (s == REMAT_OK)
+    s = make_tensor_buffers(p, has_grad);
+  for (int32_t o = 0; o < g->nops && s == REMAT_OK; o++)
+    s = make_aux(p, ob, o, false);
+  for (int32_t o = 0; o < g->nops && s == REMAT_OK; o++)
+    s = emit_forward_kernels(p, ob, o, false);
+  if (s != REMAT_OK || p->req->loss < 0)
+    return s;
+  mark_needed(p, has_grad, needed);
+  s = emit_backward(p, ob, has_grad, needed);
+  if (s == REMAT_OK && p->req->has_opt)
+    s = emit_updates(p);
+  return s;
+}
+
+remat_status lower_graph(const lower_request *req, plan_lowering *out) {
+  memset(out, 0, sizeof *out);
+  lower_ctx ctx = {req, req->g, out};
+  size_t n = (size_t)req->g->ntensors + 1;
+  bool *has_grad = remat__calloc(n, sizeof *has_grad);
+  bool *needed = remat__calloc(n, sizeof *needed);
+  op_buffers *ob = remat__calloc((size_t)req->g->nops + 1, sizeof *ob);
+  remat_status s = REMAT_ERR_OUT_OF_MEMORY;
+  if (has_grad != NULL && needed != NULL && ob != NULL)
+    s = lower_into(&ctx, has_grad, needed, ob);
+  free(has_grad);
+  free(needed);
+  free(ob);
+  if (s != REMAT_OK)
+    lowering_free(out);
+  return s;
+}
+
+void lowering_free(plan_lowering *l) {
+  for (int32_t i = 0; i < l->nknodes; i++) {
+    free(l->knodes[i].touch);
+    free(l->knodes[i].init);
+  }
+  free(l->knodes);
+  free(l->bufs);
+  free(l->value_buf);
+  free(l->grad_buf);
+  free(l->recomp_buf);
+  free(l->copy_buf);
+  memset(l, 0, sizeof *l);
+}
+
+/* ---- what a node reads and writes ---- */
+
+static int add_use(knode_use *out, int n, int32_t buf, bool writes) {
+  if (buf < 0)
+    return n;
+  for (int i = 0; i < n; i++)
+    if (out[i].buf == buf) {
+      out[i].writes |= writes;
+      return n;
+    }
+  out[n] = (knode_use){buf, writes};
+  return n + 1;
+}
+
+int knode_uses(const plan_knode *kn, knode_use *out) {
+  int n = 0;
+  switch (kn->kind) {
+  case KNODE_SEED:
+    n = add_use(out, n, kn->seed.loss, false);
+    return add_use(out, n, kn->seed.loss_grad, true);
+  case KNODE_CHECK:
+    return add_use(out, n, kn->optim.grad, false);
+  case KNODE_GATE:
+    return 0;
+  case KNODE_UPDATE:
+    n = add_use(out, n, kn->optim.param, true);
+    n = add_use(out, n, kn->optim.param_copy, true);
+    n = add_use(out, n, kn->optim.grad, false);
+    n = add_use(out, n, kn->optim.adam_m, true);
+    return add_use(out, n, kn->optim.adam_v, true);
+  default:
+    for (int s = 0; s < PLAN_SLOTS; s++)
+      n = add_use(out, n, kn->slot_buf[s], (kn->kernel->writes >> s) & 1u);
+    return n;
+  }
+}

@@ -1,0 +1,117 @@
+/* Stage "memory prediction" (memplan.h): the step's predicted peak bytes,
+ * from walking the kernel nodes in program order with each buffer allocated
+ * at its first writer and freed after its last user. The same walk tells
+ * the arena which blocks to reserve before the first step. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/alloc.h"
+#include "runtime/compile/memplan.h"
+
+static int64_t rounded(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+int64_t memplan_persistent_bytes(const remat_graph *g, const plan_lowering *l,
+                                 int nworkers, int nnodes) {
+  int64_t bytes = 0;
+  for (int32_t b = 0; b < l->nbufs; b++)
+    if (l->bufs[b].persistent)
+      bytes += rounded(l->bufs[b].bytes) *
+               (plan_buffer_replicated(&l->bufs[b], nnodes) ? nnodes : 1);
+  size_t scratch = 0;
+  for (int32_t o = 0; o < g->nops; o++)
+    if (g->ops[o].inst.scratch_bytes > scratch)
+      scratch = g->ops[o].inst.scratch_bytes;
+  if (scratch > 0)
+    bytes += rounded(rounded((int64_t)scratch) * nworkers);
+  return bytes;
+}
+
+/* Walks program order: a node's buffers are allocated when it starts, and a
+ * buffer is freed when its last user is done. */
+int64_t memplan_transient_peak(const plan_lowering *p, int64_t *live) {
+  int32_t *left = remat__malloc(((size_t)p->nbufs + 1) * sizeof *left);
+  if (left == NULL)
+    return -1;
+  for (int32_t b = 0; b < p->nbufs; b++)
+    left[b] = p->bufs[b].users;
+  int64_t cur = 0, peak = 0;
+  for (int32_t i = 0; i < p->nknodes; i++) {
+    const plan_knode *kn = &p->knodes[i];
+    for (int k = 0; k < kn->ninit; k++)
+      if (!p->bufs[kn->init[k]].persistent)
+        cur += rounded(p->bufs[kn->init[k]].bytes);
+    if (live != NULL)
+      live[i] = cur;
+    if (cur > peak)
+      peak = cur;
+    for (int k = 0; k < kn->ntouch; k++) {
+      const plan_buffer *b = &p->bufs[kn->touch[k]];
+      if (!b->persistent && --left[kn->touch[k]] == 0)
+        cur -= rounded(b->bytes);
+    }
+  }
+  free(left);
+  return peak;
+}
+
+typedef struct size_count {
+  int64_t bytes, live, high;
+  int home;
+} size_count;
+
+static size_count *count_for(size_count *c, int *n, const plan_buffer *b) {
+  int64_t bytes = rounded(b->bytes);
+  for (int i = 0; i < *n; i++)
+    if (c[i].bytes == bytes && c[i].home == b->node)
+      return &c[i];
+  c[*n] = (size_count){bytes, 0, 0, b->node};
+  return &c[(*n)++];
+}
+
+/* Tells the arena how many blocks of each size and home (plan_buffer.node)
+ * program order holds at once, so that the first step's blocks are
+ * reserved before it runs. */
+static remat_status expect_blocks(const plan_lowering *p, mem_arena *arena) {
+  size_count *c = remat__calloc((size_t)p->nbufs + 1, sizeof *c);
+  int32_t *left = remat__malloc(((size_t)p->nbufs + 1) * sizeof *left);
+  remat_status s = c && left ? REMAT_OK : REMAT_ERR_OUT_OF_MEMORY;
+  int n = 0;
+  for (int32_t b = 0; s == REMAT_OK && b < p->nbufs; b++)
+    left[b] = p->bufs[b].users;
+  for (int32_t i = 0; s == REMAT_OK && i < p->nknodes; i++) {
+    const plan_knode *kn = &p->knodes[i];
+    for (int k = 0; k < kn->ninit; k++) {
+      const plan_buffer *b = &p->bufs[kn->init[k]];
+      if (b->persistent)
+        continue;
+      size_count *sc = count_for(c, &n, b);
+      if (++sc->live > sc->high)
+        sc->high = sc->live;
+    }
+    for (int k = 0; k < kn->ntouch; k++) {
+      const plan_buffer *b = &p->bufs[kn->touch[k]];
+      if (!b->persistent && --left[kn->touch[k]] == 0)
+        count_for(c, &n, b)->live--;
+    }
+  }
+  for (int i = 0; s == REMAT_OK && i < n; i++)
+    s = mem_expect(arena, (size_t)c[i].bytes, c[i].high, c[i].home);
+  free(c);
+  free(left);
+  return s;
+}
+
+remat_status memplan_predict(const remat_graph *g, const plan_lowering *l,
+                             int nworkers, int nnodes, mem_arena *arena,
+                             memplan_prediction *out) {
+  remat_status s = expect_blocks(l, arena);
+  if (s != REMAT_OK)
+    return s;
+  out->transient_peak = memplan_transient_peak(l, NULL);
+  if (out->transient_peak < 0)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  out->peak =
+      memplan_persistent_bytes(g, l, nworkers, nnodes) + out->transient_peak;
+  return REMAT_OK;
+}
+

@@ -1,0 +1,426 @@
+/* Stage "plan remat" (planner.h): resolves each region's policy (its own,
+ * or the runtime's default) and decides which activations are saved. With
+ * a memory budget, the regions that name no policy (or name "auto") get,
+ * per top-level region, the candidate policy that fits the budget with the
+ * least recompute: each candidate is measured once for every region (saved
+ * bytes, working bytes, recompute FLOPs), a dynamic program over the chain
+ * of regions picks the assignment, and the assignment's peak is measured
+ * (tightening the model budget by any excess and planning again). Every
+ * measurement goes through measure_decision, which leaves nothing behind. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "runtime/compile/measure.h"
+#include "runtime/compile/planner.h"
+#include "runtime/policy/policy.h"
+
+/* ---- the chain optimizer ---- */
+
+int64_t chain_peak(const chain_region *r, int n, int64_t tail,
+                   const int *choice) {
+  int64_t saved = 0, peak = 0;
+  for (int i = 0; i < n; i++) {
+    int64_t at = saved + r[i].working[choice[i]];
+    if (at > peak)
+      peak = at;
+    saved += r[i].saved[choice[i]];
+  }
+  return saved + tail > peak ? saved + tail : peak;
+}
+
+typedef struct frontier_entry {
+  int64_t saved, peak;
+  double cost;
+  int32_t parent; /* index in the previous frontier */
+  int8_t choice;
+} frontier_entry;
+
+static int by_saved_then_cost(const void *a, const void *b) {
+  const frontier_entry *x = a, *y = b;
+  if (x->saved != y->saved)
+    return x->saved < y->saved ? -1 : 1;
+  if (x->cost != y->cost)
+    return x->cost < y->cost ? -1 : 1;
+  return (x->peak > y->peak) - (x->peak < y->peak);
+}
+
+/* Keeps entries not dominated in (saved, cost, peak). */
+static int prune(frontier_entry *f, int n) {
+  qsort(f, (size_t)n, sizeof *f, by_saved_then_cost);
+  int kept = 0;
+  for (int i = 0; i < n; i++) {
+    bool dominated = false;
+    for (int j = 0; j < kept && !dominated; j++)
+      dominated = f[j].cost <= f[i].cost && f[j].peak <= f[i].peak;
+    if (!dominated)
+      f[kept++] = f[i];
+  }
+  return kept;
+}
+
+int chain_plan(const chain_region *r, int n, int64_t tail, int64_t budget,
+               int *choice) {
+  frontier_entry **levels = remat__calloc((size_t)n + 1, sizeof *levels);
+  int *sizes = remat__calloc((size_t)n + 1, sizeof *sizes);
+  int result = -2;
+  if (levels == NULL || sizes == NULL)
+    goto out;
+  levels[0] = remat__calloc(1, sizeof **levels);
+  if (levels[0] == NULL)
+    goto out;
+  levels[0][0] = (frontier_entry){0, 0, 0.0, -1, 0};
+  sizes[0] = 1;
+  for (int i = 0; i < n; i++) {
+    int cap = sizes[i] * r[i].nchoices;
+    levels[i + 1] = remat__malloc((size_t)(cap > 0 ? cap : 1) * sizeof **levels);
+    if (levels[i + 1] == NULL)
+      goto out;
+    int m = 0;
+    for (int e = 0; e < sizes[i]; e++)
+      for (int c = 0; c < r[i].nchoices; c++) {
+        const frontier_entry *prev = &levels[i][e];
+        int64_t at = prev->saved + r[i].working[c];
+        if (at > budget)
+          continue;
+        levels[i + 1][m++] = (frontier_entry){
+            prev->saved + r[i].saved[c], at > prev->peak ? at : prev->peak,
+            prev->cost + r[i].recompute[c], e, (int8_t)c};
+      }
+    sizes[i + 1] = prune(levels[i + 1], m);
+  }
+  int best = -1;
+  for (int e = 0; e < sizes[n]; e++) {
+    frontier_entry *f = &levels[n][e];
+    int64_t peak = f->saved + tail > f->peak ? f->saved + tail : f->peak;
+    if (peak > budget)
+      continue;
+    f->peak = peak;
+    if (best < 0 || f->cost < levels[n][best].cost ||
+        (f->cost == levels[n][best].cost && peak < levels[n][best].peak))
+      best = e;
+  }
+  result = -1;
+  for (int i = n, e = best; best >= 0 && i > 0; i--) {
+    choice[i - 1] = levels[i][e].choice;
+    e = levels[i][e].parent;
+  }
+  if (best >= 0)
+    result = 0;
+out:
+  for (int i = 0; levels != NULL && i <= n; i++)
+    free(levels[i]);
+  free(levels);
+  free(sizes);
+  return result;
+}
+
+/* ---- planning the graph ---- */
+
+static const char *const candidate_names[PLANNER_MAX_CHOICES] = {
+    "everything_saveable", "dots_saveable",
+    "dots_with_no_batch_dims_saveable", "nothing_saveable"};
+
+typedef struct planner {
+  const plan_target *t;
+  remat_graph *g;
+  remat_decision *out;                /* the candidate being looked at */
+  remat_policy *fallback;
+  remat_policy *candidates[PLANNER_MAX_CHOICES];
+  const remat_policy **region_policy; /* [nregions] */
+  bool *free_region;                  /* [nregions]: top-level, planned */
+  int32_t *tops;                      /* top-level regions in order */
+  int ntops;
+  chain_region *chain;                /* [ntops] */
+  int64_t tail;
+  int64_t persistent;
+} planner;
+
+static bool is_auto(const remat_policy *pol) {
+  return pol != NULL && pol->kind == POLICY_AUTO;
+}
+
+static bool planned_region(const planner *pl, int32_t r) {
+  const graph_region *reg = &pl->g->regions[r];
+  return pl->free_region[reg->top] &&
+         (reg->policy == NULL || is_auto(reg->policy));
+}
+
+/* Gives every region its policy, the candidate `choice` under a planned
+ * top-level region, and decides every tensor into pl->out. */
+static remat_status decide(planner *pl, const int *choice) {
+  remat_graph *g = pl->g;
+  for (int32_t r = 0; r < g->nregions; r++) {
+    const graph_region *reg = &g->regions[r];
+    pl->region_policy[r] = reg->policy ? reg->policy : pl->fallback;
+    pl->out->source[r] = reg->policy ? REGION_OWN : REGION_DEFAULT;
+    for (int t = 0; t < pl->ntops; t++)
+      if (pl->tops[t] == reg->top && planned_region(pl, r)) {
+        pl->region_policy[r] = pl->candidates[choice[t]];
+        pl->out->source[r] = REGION_BUDGET;
+      }
+  }
+  return policy_decide_with(g, pl->out->saved, pl->out->deciding_region,
+                            pl->region_policy);
+}
+
+static remat_status measure(planner *pl, const int *choice, plan_measures *m) {
+  remat_status s = decide(pl, choice);
+  if (s != REMAT_OK)
+    return s;
+  lower_request req = {pl->g, pl->out->saved, pl->t->loss, pl->t->has_opt,
+                       pl->t->opt_kind};
+  return measure_decision(&req, pl->t->nworkers, pl->t->nnodes, m);
+}
+
+/* Measures every planned region on candidate c (the others on their own
+ * policy) and records its chain figures; see chain_region for the terms. */
+static remat_status measure_candidate(planner *pl, int c) {
+  int *choice = remat__malloc(((size_t)pl->ntops + 1) * sizeof *choice);
+  if (choice == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  for (int t = 0; t < pl->ntops; t++)
+    choice[t] = c;
+  plan_measures m;
+  remat_status s = measure(pl, choice, &m);
+  free(choice);
+  if (s != REMAT_OK)
+    return s;
+  int64_t before = 0, total = 0;
+  for (int t = 0; t < pl->ntops; t++)
+    total += m.region_saved[pl->tops[t]];
+  for (int t = 0; t < pl->ntops; t++) {
+    chain_region *cr = &pl->chain[t];
+    int32_t r = pl->tops[t];
+    int k = pl->free_region[r] ? c : 0;
+    cr->saved[k] = m.region_saved[r];
+    cr->working[k] = m.region_live_peak[r] - before;
+    cr->recompute[k] = m.region_recompute[r];
+    before += m.region_saved[r];
+  }
+  if (m.outside_live_peak - total > pl->tail)
+    pl->tail = m.outside_live_peak - total;
+  pl->persistent = m.persistent;
+  measures_free(&m);
+  return REMAT_OK;
+}
+
+/* The measured peak of an assignment, or -1 on failure (status in *s). */
+static int64_t peak_of(planner *pl, const int *choice, remat_status *s) {
+  plan_measures m;
+  *s = measure(pl, choice, &m);
+  int64_t peak = *s == REMAT_OK ? m.peak : -1;
+  measures_free(&m);
+  return peak;
+}
+
+/* Every planned region on one candidate, least recompute first: the first
+ * that fits is taken. *smallest gets the least peak among them, so every
+ * budget at or above the reported smallest feasible budget fits (the
+ * budget's feasibility is monotonic). Returns REMAT_ERR_BUDGET when none
+ * fits. */
+static remat_status uniform_fallback(planner *pl, int64_t budget,
+                                     int64_t *smallest) {
+  int *choice = remat__calloc((size_t)pl->ntops + 1, sizeof *choice);
+  if (choice == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  remat_status s = REMAT_OK;
+  int fits = -1;
+  *smallest = INT64_MAX;
+  for (int c = 0; c < PLANNER_MAX_CHOICES && s == REMAT_OK; c++) {
+    for (int t = 0; t < pl->ntops; t++)
+      choice[t] = c;
+    int64_t peak = peak_of(pl, choice, &s);
+    if (s == REMAT_OK && peak < *smallest)
+      *smallest = peak;
+    if (s == REMAT_OK && peak <= budget && fits < 0)
+      fits = c;
+  }
+  for (int t = 0; fits >= 0 && t < pl->ntops; t++)
+    choice[t] = fits;
+  if (s == REMAT_OK)
+    s = fits >= 0 ? decide(pl, choice) : REMAT_ERR_BUDGET;
+  free(choice);
+  return s;
+}
+
+static remat_status infeasible(planner *pl, int64_t budget, int64_t smallest) {
+  return graph_fail(pl->g, REMAT_ERR_BUDGET,
+                    "memory budget of %lld bytes (%.2f MiB) is infeasible: "
+                    "the smallest feasible budget for this graph is %lld "
+                    "bytes (%.2f MiB)",
+                    (long long)budget, (double)budget / 1048576.0,
+                    (long long)smallest, (double)smallest / 1048576.0);
+}
+
+/* The chain's dynamic program, checked by measurement: a plan whose
+ * measured peak exceeds the budget tightens the model budget by the excess
+ * and plans again (at most 16 times). Returns REMAT_ERR_BUDGET when no
+ * attempt fits. */
+static remat_status plan_chain(planner *pl, int64_t budget) {
+  int *choice = remat__calloc((size_t)pl->ntops + 1, sizeof *choice);
+  if (choice == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  remat_status s = REMAT_ERR_BUDGET;
+  int64_t model_budget = budget - pl->persistent;
+  for (int attempt = 0; attempt < 16; attempt++) {
+    int rc = chain_plan(pl->chain, pl->ntops, pl->tail, model_budget, choice);
+    if (rc == -2)
+      s = REMAT_ERR_OUT_OF_MEMORY;
+    if (rc < 0)
+      break;
+    remat_status ms;
+    int64_t peak = peak_of(pl, choice, &ms);
+    if (ms != REMAT_OK || peak <= budget) {
+      s = ms;
+      break;
+    }
+    model_budget -= peak - budget;
+  }
+  free(choice);
+  return s;
+}
+
+static remat_status plan_budget(planner *pl, int64_t budget) {
+  for (int t = 0; t < pl->ntops; t++)
+    pl->chain[t].nchoices =
+        pl->free_region[pl->tops[t]] ? PLANNER_MAX_CHOICES : 1;
+  for (int c = 0; c < PLANNER_MAX_CHOICES; c++) {
+    remat_status s = measure_candidate(pl, c);
+    if (s != REMAT_OK)
+      return s;
+  }
+  remat_status s = plan_chain(pl, budget);
+  int64_t smallest = 0;
+  if (s == REMAT_ERR_BUDGET)
+    s = uniform_fallback(pl, budget, &smallest);
+  return s == REMAT_ERR_BUDGET ? infeasible(pl, budget, smallest) : s;
+}
+
+/* No planned region: every region's policy is fixed; a budget only
+ * checks. */
+static remat_status plan_fixed(planner *pl, int64_t budget) {
+  int zero[1] = {0};
+  for (int t = 0; t < pl->ntops; t++)
+    pl->free_region[pl->tops[t]] = false;
+  if (budget <= 0)
+    return decide(pl, zero);
+  remat_status s;
+  int64_t peak = peak_of(pl, zero, &s);
+  if (s == REMAT_OK && peak > budget)
+    return infeasible(pl, budget, peak);
+  return s;
+}
+
+static remat_status setup(planner *pl) {
+  remat_graph *g = pl->g;
+  remat_status s = policy_resolve_default(g, &pl->fallback);
+  for (int c = 0; s == REMAT_OK && c < PLANNER_MAX_CHOICES; c++)
+    s = remat_policy_parse(candidate_names[c], &pl->candidates[c]);
+  if (s != REMAT_OK)
+    return s;
+  size_t n = (size_t)g->nregions + 1;
+  pl->region_policy = remat__calloc(n, sizeof *pl->region_policy);
+  pl->free_region = remat__calloc(n, sizeof *pl->free_region);
+  pl->tops = remat__calloc(n, sizeof *pl->tops);
+  pl->chain = remat__calloc(n, sizeof *pl->chain);
+  if (!pl->region_policy || !pl->free_region || !pl->tops || !pl->chain)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  bool budget = pl->t->budget > 0;
+  for (int32_t r = 0; r < g->nregions; r++) {
+    const remat_policy *own =
+        g->regions[r].policy ? g->regions[r].policy : pl->fallback;
+    if ((s = policy_check_names(g, own)) != REMAT_OK)
+      return s;
+    if (g->regions[r].parent == -1)
+      pl->tops[pl->ntops++] = r;
+    if (is_auto(own) || (budget && g->regions[r].policy == NULL))
+      pl->free_region[g->regions[r].top] = true;
+  }
+  return REMAT_OK;
+}
+
+static void teardown(planner *pl) {
+  remat_policy_destroy(pl->fallback);
+  for (int c = 0; c < PLANNER_MAX_CHOICES; c++)
+    remat_policy_destroy(pl->candidates[c]);
+  free(pl->region_policy);
+  free(pl->free_region);
+  free(pl->tops);
+  free(pl->chain);
+}
+
+static remat_status alloc_decision(const remat_graph *g, remat_decision *d) {
+  memset(d, 0, sizeof *d);
+  d->nregions = g->nregions;
+  size_t nt = (size_t)g->ntensors + 1, nr = (size_t)g->nregions + 1;
+  d->saved = remat__calloc(nt, sizeof *d->saved);
+  d->deciding_region = remat__calloc(nt, sizeof *d->deciding_region);
+  d->region_policy = remat__calloc(nr, sizeof *d->region_policy);
+  d->source = remat__calloc(nr, sizeof *d->source);
+  if (!d->saved || !d->deciding_region || !d->region_policy || !d->source)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  return REMAT_OK;
+}
+
+/* The policy text of every region, as decided. */
+static remat_status name_policies(planner *pl) {
+  for (int32_t r = 0; r < pl->g->nregions; r++) {
+    char text[1024];
+    remat_status s = remat_policy_format(pl->region_policy[r], text, sizeof text);
+    if (s != REMAT_OK)
+      snprintf(text, sizeof text, "(policy of %d bytes or more)",
+               (int)sizeof text);
+    if ((pl->out->region_policy[r] = remat__strdup(text)) == NULL)
+      return REMAT_ERR_OUT_OF_MEMORY;
+  }
+  return REMAT_OK;
+}
+
+static remat_status run_planner(planner *pl) {
+  int64_t budget = pl->t->budget;
+  remat_status s = setup(pl);
+  bool any_free = false;
+  for (int t = 0; t < pl->ntops; t++)
+    any_free |= pl->free_region[pl->tops[t]];
+  if (s == REMAT_OK && any_free && budget <= 0)
+    return graph_fail(pl->g, REMAT_ERR_POLICY,
+                      "policy 'auto' needs a memory budget: set "
+                      "REMAT_MEMORY_BUDGET or remat_config.memory_budget");
+  if (s == REMAT_OK && any_free && pl->t->loss >= 0)
+    s = plan_budget(pl, budget);
+  else if (s == REMAT_OK)
+    s = plan_fixed(pl, budget);
+  return s == REMAT_OK ? name_policies(pl) : s;
+}
+
+remat_status plan_remat(const plan_target *t, remat_decision *out) {
+  planner pl;
+  memset(&pl, 0, sizeof pl);
+  pl.t = t;
+  pl.g = t->g;
+  pl.out = out;
+  remat_status s = alloc_decision(t->g, out);
+  if (s == REMAT_OK)
+    s = run_planner(&pl);
+  teardown(&pl);
+  if (s != REMAT_OK) {
+    decision_free(out);
+    if (t->g->status == REMAT_OK)
+      graph_fail(t->g, s, "remat_compile: %s",
+                 s == REMAT_ERR_OUT_OF_MEMORY ? "out of memory"
+                                              : remat_last_error());
+  }
+  return s;
+}
+
+void decision_free(remat_decision *d) {
+  for (int32_t r = 0; d->region_policy != NULL && r < d->nregions; r++)
+    free(d->region_policy[r]);
+  free(d->region_policy);
+  free(d->saved);
+  free(d->deciding_region);
+  free(d->source);
+  memset(d, 0, sizeof *d);
+}

@@ -1,0 +1,19 @@
+/* Names of the step's kernel nodes as traces show them: the layer (the
+ * name of the region, remat_region_name), the tensor and what the node
+ * does, e.g. "h3.attn_probs recompute", "h3.ffn_in dW". */
+#ifndef REMAT_RUNTIME_TASK_NAMES_H
+#define REMAT_RUNTIME_TASK_NAMES_H
+
+#include "runtime/compile/lowering.h"
+
+#define TASK_NAME_MAX 160
+
+/* The nearest named region (remat_region_name) at or around region r,
+ * "" when none. */
+const char *task_names_layer(const remat_graph *g, int32_t r);
+
+/* One name per kernel node of `l`, TASK_NAME_MAX bytes each, in an array
+ * the caller frees; NULL when out of memory. */
+char *task_names_build(const remat_graph *g, const plan_lowering *l);
+
+#endif

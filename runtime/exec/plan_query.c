@@ -1,0 +1,43 @@
+/* What a compiled plan decided, for programs and tests to read: every
+ * tensor of the graph, and per tensor saved or recomputed, the deciding
+ * region and the policy that region got. */
+#include "runtime/compile/step_plan.h"
+
+int remat_num_tensors(const remat_graph *g) {
+  return g == NULL ? 0 : (int)g->ntensors;
+}
+
+remat_tensor *remat_tensor_at(const remat_graph *g, int i) {
+  if (g == NULL || i < 0 || i >= g->ntensors)
+    return NULL;
+  return g->tensors[i];
+}
+
+static const remat_policy_source sources[] = {
+    [REGION_OWN] = REMAT_POLICY_OWN,
+    [REGION_DEFAULT] = REMAT_POLICY_DEFAULT,
+    [REGION_BUDGET] = REMAT_POLICY_BUDGET};
+
+remat_status remat_tensor_plan_of(const remat_graph *g, const remat_tensor *t,
+                                  remat_tensor_plan *out) {
+  if (g == NULL || t == NULL || out == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_tensor_plan_of: g, t and out must not be NULL");
+  if (t->graph != g)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_tensor_plan_of: tensor '%s' belongs to another "
+                       "graph",
+                       t->name);
+  if (!g->compiled)
+    return remat__fail(REMAT_ERR_STATE,
+                       "remat_tensor_plan_of: the graph is not compiled: "
+                       "call remat_compile first");
+  const remat_step_plan *p = g->plan;
+  int32_t r = p->decision.deciding_region[t->id];
+  out->saved = p->decision.saved[t->id];
+  out->recomputed = p->low.recomp_buf[t->id] >= 0;
+  out->region = r;
+  out->policy = r >= 0 ? p->decision.region_policy[r] : "";
+  out->source = r >= 0 ? sources[p->decision.source[r]] : REMAT_POLICY_NONE;
+  return REMAT_OK;
+}

@@ -1,0 +1,48 @@
+/* Chrome traces of training steps (step_trace.c): which runs are traced
+ * (remat_trace_steps on a graph, else REMAT_TRACE), the records the
+ * scheduler fills, and the file: task events named by layer and tensor,
+ * and counter tracks of live bytes by category over each step. */
+#ifndef REMAT_RUNTIME_STEP_TRACE_H
+#define REMAT_RUNTIME_STEP_TRACE_H
+
+#include <limits.h>
+
+#include "runtime/compile/lowering.h"
+#include "sched/sched.h"
+
+struct remat_step_plan;
+
+/* The counter series of the trace, in their order. */
+enum { TRACE_NUM_COUNTERS = 8 };
+
+typedef struct step_trace {
+  char path[PATH_MAX];         /* remat_trace_steps' file, "" none */
+  int steps_left;              /* steps still to trace into path */
+  const char *target;          /* the file of the run in progress, or NULL */
+  int nsteps, cap_steps;       /* steps held in the arrays below */
+  sched_trace_record *records; /* [cap_steps * ntasks] */
+  int64_t *origin_ns, *end_ns; /* [cap_steps] */
+  const char **run_name;       /* [cap_steps]: "remat_step", ... */
+  int64_t *base;               /* [cap_steps * TRACE_NUM_COUNTERS] bytes at
+                                  each step's start */
+  int32_t *task_knode;         /* [ntasks] */
+  int32_t *task_node;          /* [ntasks]: NUMA affinity, -1 none */
+  int64_t *free_ns;            /* [nbufs]: scratch of the writer */
+  struct trace_event *events;  /* [2 * nbufs]: scratch of the writer */
+} step_trace;
+
+/* Before a run: whether it is traced and into which file, and the array
+ * the scheduler fills (*records, NULL when not traced). Everything the
+ * writer needs is allocated here, so a traced run fails for memory before
+ * any task runs. */
+remat_status step_trace_begin(struct remat_step_plan *p,
+                              const char *config_path,
+                              sched_trace_record **records);
+/* After a run that succeeded: writes the file (all the steps traced into
+ * it so far). A failed write gives REMAT_ERR_IO and a message in `err`. */
+remat_status step_trace_end(struct remat_step_plan *p, char *err, size_t len);
+/* After a run that failed: forgets its records. */
+void step_trace_cancel(struct remat_step_plan *p);
+void step_trace_free(step_trace *t);
+
+#endif

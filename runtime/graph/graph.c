@@ -1,0 +1,301 @@
+/* Graph building: inputs, parameters and op nodes, with shape inference
+ * through the op table and a sticky error (the first failure is kept, later
+ * calls return NULL and do nothing). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/checked.h"
+#include "runtime/internal.h"
+#include "runtime/policy/policy.h"
+#include "runtime/dp/dp.h"
+#include "runtime/compile/step_plan.h"
+
+
+remat_status remat_graph_create(remat_runtime *rt, remat_graph **out) {
+  if (rt == NULL || out == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_graph_create: rt and out must not be NULL");
+  remat_graph *g = remat__calloc(1, sizeof *g);
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
+                       "out of memory creating a graph");
+  g->rt = rt;
+  runtime_retain(rt);
+  *out = g;
+  return REMAT_OK;
+}
+
+void remat_graph_destroy(remat_graph *g) {
+  if (g == NULL)
+    return;
+  graph_enter_wait(g); /* a step running on another thread finishes first */
+  step_plan_destroy(g);
+  dp_graph_free(g);
+  for (int32_t i = 0; i < g->nops; i++)
+    if (g->ops[i].planned)
+      op_instance_release(&g->ops[i].inst);
+  for (int32_t i = 0; i < g->ntensors; i++)
+    free(g->tensors[i]);
+  free(g->tensors);
+  free(g->ops);
+  policy_free_all(g);
+  remat_runtime *rt = g->rt;
+  free(g);
+  runtime_release(rt);
+}
+
+remat_status remat_graph_status(const remat_graph *g) {
+  return g == NULL ? REMAT_ERR_INVALID_ARG : g->status;
+}
+
+const char *remat_graph_error(const remat_graph *g) {
+  return g == NULL ? "graph is NULL" : g->error;
+}
+
+remat_status remat_graph_seed(remat_graph *g, uint64_t seed) {
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG, "remat_graph_seed: g is NULL");
+  g->seed = seed;
+  return REMAT_OK;
+}
+
+/* Checks that building may go on; false after an error or compile. */
+static bool building(remat_graph *g, const char *what) {
+  if (g == NULL) {
+    remat__fail(REMAT_ERR_INVALID_ARG, "%s: graph is NULL", what);
+    return false;
+  }
+  if (g->status != REMAT_OK)
+    return false;
+  if (g->compiled) {
+    graph_fail(g, REMAT_ERR_STATE, "%s: the graph is already compiled", what);
+    return false;
+  }
+  return true;
+}
+
+static remat_tensor *new_tensor(remat_graph *g, tensor_kind kind,
+                                const op_shape *shape, op_dtype dtype,
+                                const char *name) {
+  if (g->ntensors >= REMAT__MAX_TENSORS) {
+    graph_fail(g, REMAT_ERR_LIMIT, "graph has too many tensors (limit %d)",
+               REMAT__MAX_TENSORS);
+    return NULL;
+  }
+  if (g->ntensors == g->cap_tensors) {
+    int32_t cap = g->cap_tensors ? 2 * g->cap_tensors : 64;
+    remat_tensor **t = remat__realloc(g->tensors, (size_t)cap * sizeof *t);
+    if (t == NULL) {
+      graph_fail(g, REMAT_ERR_OUT_OF_MEMORY, "out of memory adding a tensor");
+      return NULL;
+    }
+    g->tensors = t;
+    g->cap_tensors = cap;
+  }
+  remat_tensor *t = remat__calloc(1, sizeof *t);
+  if (t == NULL) {
+    graph_fail(g, REMAT_ERR_OUT_OF_MEMORY, "out of memory adding a tensor");
+    return NULL;
+  }
+  t->graph = g;
+  t->id = g->ntensors;
+  t->kind = kind;
+  t->shape = *shape;
+  t->dtype = dtype;
+  t->store = graph_store_dtype(g, kind == TENSOR_PARAM, dtype, shape);
+  t->producer = -1;
+  t->region = g->region_depth > 0 ? g->region_stack[g->region_depth - 1] : -1;
+  snprintf(t->name, sizeof t->name, "%s", name);
+  g->tensors[g->ntensors++] = t;
+  return t;
+}
+
+/* Checks a tensor's element count, computed without overflow, against
+ * the limit of one tensor; the message names the tensor and its shape. */
+static bool shape_fits(remat_graph *g, const char *what, const char *name,
+                       const op_shape *shape) {
+  int64_t n;
+  if (remat__numel(shape->dim, shape->ndim, &n) && n <= REMAT__MAX_NUMEL)
+    return true;
+  char buf[OP_SHAPE_STR_MAX];
+  graph_fail(g, REMAT_ERR_LIMIT,
+             "%s '%s' %s: more than 2^34 elements, the limit for one tensor",
+             what, name, op_shape_str(shape, buf));
+  return false;
+}
+
+static bool shape_from_dims(remat_graph *g, const char *what, const char *name,
+                            int ndim, const int64_t *dims, op_shape *shape) {
+  if (ndim < 1 || ndim > REMAT_MAX_DIMS || dims == NULL) {
+    graph_fail(g, REMAT_ERR_SHAPE,
+               "%s '%s': ndim %d is not valid: expected 1 to %d dims", what,
+               name, ndim, REMAT_MAX_DIMS);
+    return false;
+  }
+  shape->ndim = ndim;
+  for (int i = 0; i < ndim; i++) {
+    if (dims[i] < 1 || dims[i] > (INT64_C(1) << 31)) {
+      graph_fail(g, REMAT_ERR_SHAPE,
+                 "%s '%s': dim %d is %lld: expected 1 to 2^31", what, name, i,
+                 (long long)dims[i]);
+      return false;
+    }
+    shape->dim[i] = dims[i];
+  }
+  return shape_fits(g, what, name, shape);
+}
+
+static bool name_ok(remat_graph *g, const char *what, const char *name) {
+  if (name == NULL || *name == '\0' || strlen(name) >= REMAT__NAME_MAX) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "%s: name must be 1 to %d characters", what,
+               REMAT__NAME_MAX - 1);
+    return false;
+  }
+  return true;
+}
+
+remat_tensor *remat_input(remat_graph *g, const char *name, remat_dtype dtype,
+                          int ndim, const int64_t *dims) {
+  op_shape shape;
+  if (!building(g, "remat_input") || !name_ok(g, "remat_input", name) ||
+      !shape_from_dims(g, "input", name, ndim, dims, &shape))
+    return NULL;
+  if (dtype != REMAT_F32 && dtype != REMAT_I32) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "input '%s': dtype %d is not valid: expected REMAT_F32 or "
+               "REMAT_I32",
+               name, (int)dtype);
+    return NULL;
+  }
+  return new_tensor(g, TENSOR_INPUT, &shape, (op_dtype)dtype, name);
+}
+
+remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
+                          const int64_t *dims, remat_init init, float scale) {
+  op_shape shape;
+  if (!building(g, "remat_param") || !name_ok(g, "remat_param", name) ||
+      !shape_from_dims(g, "param", name, ndim, dims, &shape))
+    return NULL;
+  if ((unsigned)init > REMAT_INIT_NORMAL) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "param '%s': init %d is not valid: expected REMAT_INIT_ZEROS, "
+               "REMAT_INIT_ONES or REMAT_INIT_NORMAL",
+               name, (int)init);
+    return NULL;
+  }
+  for (int32_t i = 0; i < g->ntensors; i++)
+    if (g->tensors[i]->kind == TENSOR_PARAM &&
+        strcmp(g->tensors[i]->name, name) == 0) {
+      graph_fail(g, REMAT_ERR_INVALID_ARG,
+                 "param '%s': a parameter of this graph already has this "
+                 "name: parameter names must be unique (checkpoints store "
+                 "parameters by name)",
+                 name);
+      return NULL;
+    }
+  remat_tensor *t = new_tensor(g, TENSOR_PARAM, &shape, OP_F32, name);
+  if (t != NULL) {
+    t->init = init;
+    t->init_scale = scale;
+  }
+  return t;
+}
+
+/* Adds an op node after shape inference; returns its output tensor. */
+remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
+                           int nin, const op_attrs *attrs) {
+  const char *what = op_name(type);
+  if (!building(g, what))
+    return NULL;
+  op_desc desc = {.type = type, .nin = nin};
+  if (attrs != NULL)
+    desc.attrs = *attrs;
+  for (int i = 0; i < nin; i++) {
+    if (!graph_tensor_ok(g, in[i], what))
+      return NULL;
+    desc.in[i] = in[i]->shape;
+    /* in bf16 precision a parameter is read through its bf16 copy unless
+     * the op reads it as f32; parameter gradients are f32 */
+    bool param = in[i]->kind == TENSOR_PARAM;
+    desc.in_dtype[i] = in[i]->store;
+    if (param && in[i]->store == OP_F32 && !op_input_keeps_f32(type, i) &&
+        graph_store_dtype(g, false, OP_F32, &in[i]->shape) == OP_BF16)
+      desc.in_dtype[i] = OP_BF16;
+    desc.din_dtype[i] = param || in[i]->store == OP_I32 ? OP_F32 : in[i]->store;
+  }
+  char err[OP_ERRMSG_MAX];
+  remat_status s = op_infer(&desc, err);
+  if (s != REMAT_OK) {
+    graph_fail(g, s, "%s", err);
+    return NULL;
+  }
+  if (g->nops == g->cap_ops) {
+    int32_t cap = g->cap_ops ? 2 * g->cap_ops : 64;
+    graph_op *ops = remat__realloc(g->ops, (size_t)cap * sizeof *ops);
+    if (ops == NULL) {
+      graph_fail(g, REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+      return NULL;
+    }
+    g->ops = ops;
+    g->cap_ops = cap;
+  }
+  char name[REMAT__NAME_MAX];
+  snprintf(name, sizeof name, "%s_%d", what, g->nops);
+  if (!shape_fits(g, "output", name, &desc.out))
+    return NULL;
+  remat_tensor *out = new_tensor(g, TENSOR_ACT, &desc.out, OP_F32, name);
+  if (out == NULL)
+    return NULL;
+  desc.out_dtype = out->store;
+  graph_op *op = &g->ops[g->nops];
+  memset(op, 0, sizeof *op);
+  op->desc = desc;
+  for (int i = 0; i < nin; i++)
+    op->in[i] = in[i]->id;
+  op->out = out->id;
+  op->region = out->region;
+  out->producer = g->nops++;
+  return out;
+}
+
+int remat_tensor_ndim(const remat_tensor *t) {
+  return t == NULL ? 0 : t->shape.ndim;
+}
+
+int64_t remat_tensor_dim(const remat_tensor *t, int i) {
+  return t == NULL || i < 0 || i >= t->shape.ndim ? 0 : t->shape.dim[i];
+}
+
+int64_t remat_tensor_numel(const remat_tensor *t) {
+  return t == NULL ? 0 : op_numel(&t->shape);
+}
+
+const char *remat_tensor_name(const remat_tensor *t) {
+  return t == NULL ? "" : t->name;
+}
+
+remat_status remat_keep(remat_graph *g, remat_tensor *t) {
+  if (!building(g, "remat_keep"))
+    return g == NULL ? REMAT_ERR_INVALID_ARG : g->status ? g->status : REMAT_ERR_STATE;
+  if (!graph_tensor_ok(g, t, "remat_keep"))
+    return g->status;
+  t->keep = true;
+  return REMAT_OK;
+}
+
+int remat_num_params(const remat_graph *g) {
+  int n = 0;
+  for (int32_t i = 0; g != NULL && i < g->ntensors; i++)
+    n += g->tensors[i]->kind == TENSOR_PARAM;
+  return n;
+}
+
+remat_tensor *remat_param_at(const remat_graph *g, int i) {
+  for (int32_t k = 0; g != NULL && k < g->ntensors; k++)
+    if (g->tensors[k]->kind == TENSOR_PARAM && i-- == 0)
+      return g->tensors[k];
+  return NULL;
+}

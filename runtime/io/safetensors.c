@@ -1,0 +1,775 @@
+/* Saving and loading parameters (and writing gradients) in the safetensors
+ * format: an 8-byte little-endian header length, a JSON header (through
+ * cJSON) naming each tensor's dtype, shape and data offsets, then the raw
+ * little-endian data. A save writes a new temporary file beside the target
+ * and renames it over the target. A load checks the header against the
+ * file's size and the graph before it reads any tensor data, and reads all
+ * of the data before it writes any tensor. The engine (safetensors.h) takes
+ * any list of named tensors, which the checkpoints of checkpoint.c use. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/files.h"
+#include "base/checked.h"
+#include "runtime/io/safetensors.h"
+#include "runtime/compile/step_plan.h"
+
+#define HEADER_MAX ((uint64_t)100 << 20) /* the safetensors package's limit */
+#define HEADER_CHUNK ((size_t)1 << 16)   /* header bytes read at a time */
+#define QUOTE_MAX 64   /* bytes of a name from a file shown in a message */
+
+
+/* A parameter's size in bytes as F32 (false if it does not fit a size_t). */
+static bool param_bytes(const remat_tensor *p, size_t *out) {
+  return remat__mul_size((size_t)remat_tensor_numel(p), sizeof(float), out);
+}
+
+/* ---- holding the graph, and the list of parameters ---- */
+
+remat_status safet_hold(remat_graph *g, const char *path, const char *what) {
+  if (g == NULL || path == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG, "%s: graph and path must not be "
+                                              "NULL", what);
+  remat_status s = runtime_check_fork(g->rt, what);
+  if (s == REMAT_OK && !g->compiled)
+    s = remat__fail(REMAT_ERR_STATE,
+                    "%s: the graph is not compiled: call remat_compile "
+                    "first", what);
+  return s == REMAT_OK ? graph_enter(g, what) : s;
+}
+
+void safet_release(remat_graph *g) { graph_leave(g); }
+
+remat_status safet_params(remat_graph *g, bool grads, int extra,
+                          safet_item **items, int *n, const char *what) {
+  const plan_lowering *l = &g->plan->low;
+  *n = remat_num_params(g);
+  *items = remat__calloc((size_t)(*n + extra > 0 ? *n + extra : 1),
+                         sizeof **items);
+  if (*items == NULL)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  for (int i = 0; i < *n; i++) {
+    safet_item *it = &(*items)[i];
+    it->param = remat_param_at(g, i);
+    snprintf(it->name, sizeof it->name, "%s", it->param->name);
+    int32_t b = grads ? l->grad_buf[it->param->id]
+                      : l->value_buf[it->param->id];
+    if (b < 0)
+      return remat__fail(REMAT_ERR_INVALID_ARG,
+                         "%s: parameter '%s' has no gradient (it does not "
+                         "reach the loss)", what, it->name);
+    it->data = l->bufs[b].data;
+  }
+  return REMAT_OK;
+}
+
+/* ---- saving ---- */
+
+static int cmp_items(const void *a, const void *b) {
+  return strcmp(((const safet_item *)a)->name, ((const safet_item *)b)->name);
+}
+
+/* The message for two tensors of a save under one name: two parameters,
+ * or a parameter named like another's optimizer state. */
+static remat_status duplicate(const safet_item *a, const safet_item *b,
+                              const char *what) {
+  const safet_item *state = strcmp(a->name, a->param->name) != 0 ? a : b;
+  if (strcmp(state->name, state->param->name) != 0)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "%s: parameter name '%s' is also the name of the "
+                       "optimizer state of parameter '%s', so the file could "
+                       "not be loaded: rename the parameter", what,
+                       state->name, state->param->name);
+  return remat__fail(REMAT_ERR_INVALID_ARG,
+                     "%s: parameter name '%s' is used by more than one "
+                     "parameter, so the file could not be loaded: give each "
+                     "parameter its own name (remat_checkpoint_name renames "
+                     "a parameter)", what, a->name);
+}
+
+/* A file holding a name twice (or a tensor named like the metadata) could
+ * never be loaded, so such a list is refused before anything is written. */
+static remat_status check_names(const safet_item *items, int n,
+                                const char *what) {
+  safet_item *sorted = remat__malloc((size_t)(n > 0 ? n : 1) * sizeof *sorted);
+  if (sorted == NULL)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  memcpy(sorted, items, (size_t)n * sizeof *sorted);
+  qsort(sorted, (size_t)n, sizeof *sorted, cmp_items);
+  remat_status s = REMAT_OK;
+  for (int i = 0; i < n && s == REMAT_OK; i++) {
+    if (strcmp(sorted[i].name, "__metadata__") == 0)
+      s = remat__fail(REMAT_ERR_INVALID_ARG,
+                      "%s: parameter name '__metadata__' is reserved by the "
+                      "safetensors format: rename the parameter", what);
+    else if (i > 0 && strcmp(sorted[i - 1].name, sorted[i].name) == 0)
+      s = duplicate(&sorted[i - 1], &sorted[i], what);
+  }
+  free(sorted);
+  return s;
+}
+
+/* The target must be a regular file or not exist yet: a directory, a
+ * device, a FIFO or a symbolic link (which the rename would replace) is
+ * refused. */
+static remat_status check_target(const char *path, const char *what) {
+  struct stat st;
+  if (lstat(path, &st) != 0)
+    return errno == ENOENT ? REMAT_OK
+                           : remat__fail(REMAT_ERR_IO,
+                                         "%s: cannot save to '%s': %s", what,
+                                         path, strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return remat__fail(REMAT_ERR_IO,
+                       "%s: '%s' is %s: the target must be a regular file "
+                       "or a new name", what, path, remat__file_kind(st.st_mode));
+  return REMAT_OK;
+}
+
+/* __metadata__: the format, the producer, then the caller's entries. */
+static cJSON *build_meta(const safet_meta *meta, int nmeta) {
+  cJSON *m = cJSON_CreateObject();
+  bool ok = m != NULL && cJSON_AddStringToObject(m, "format", "pt") &&
+            cJSON_AddStringToObject(m, "producer", "remat");
+  for (int i = 0; ok && i < nmeta; i++)
+    ok = cJSON_AddStringToObject(m, meta[i].key, meta[i].value) != NULL;
+  if (!ok) {
+    cJSON_Delete(m);
+    return NULL;
+  }
+  return m;
+}
+
+/* The JSON header of the items, laid out back to back in list order. */
+static cJSON *build_header(const safet_item *items, int n,
+                           const safet_meta *meta, int nmeta) {
+  cJSON *root = cJSON_CreateObject(), *m = build_meta(meta, nmeta);
+  if (root == NULL || m == NULL || !cJSON_AddItemToObject(root, "__metadata__", m)) {
+    cJSON_Delete(root);
+    cJSON_Delete(m);
+    return NULL;
+  }
+  size_t offset = 0, bytes = 0;
+  for (int i = 0; i < n; i++) {
+    const remat_tensor *p = items[i].param;
+    cJSON *entry = cJSON_AddObjectToObject(root, items[i].name);
+    cJSON *shape = cJSON_AddArrayToObject(entry, "shape");
+    cJSON *offsets = cJSON_AddArrayToObject(entry, "data_offsets");
+    if (cJSON_AddStringToObject(entry, "dtype", "F32") == NULL ||
+        shape == NULL || offsets == NULL || !param_bytes(p, &bytes)) {
+      cJSON_Delete(root);
+      return NULL;
+    }
+    for (int d = 0; d < remat_tensor_ndim(p); d++)
+      cJSON_AddItemToArray(shape,
+                           cJSON_CreateNumber((double)remat_tensor_dim(p, d)));
+    cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)offset));
+    if (!remat__add_size(offset, bytes, &offset)) {
+      cJSON_Delete(root);
+      return NULL;
+    }
+    cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)offset));
+  }
+  return root;
+}
+
+/* 0, or -1 with errno set. */
+static int write_all(int fd, const void *buf, size_t len) {
+  const char *p = buf;
+  while (len > 0) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n == 0)
+      errno = EIO;
+    if (n <= 0)
+      return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* What a save writes: the header text and the items. */
+typedef struct save_body {
+  const char *json;
+  const safet_item *items;
+  int nitems;
+} save_body;
+
+/* Header length (little-endian u64), the JSON padded with spaces to a
+ * multiple of 8, then each item's data; then fsync. */
+static remat_status write_body(int fd, const save_body *body, const char *what,
+                               const char *path) {
+  size_t json_len = strlen(body->json), padded = 0;
+  if (!remat__add_size(json_len, 7, &padded))
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  padded = padded / 8 * 8;
+  unsigned char len_bytes[8];
+  for (int i = 0; i < 8; i++)
+    len_bytes[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+  char *header = remat__malloc(padded);
+  if (header == NULL)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  memset(header, ' ', padded);
+  memcpy(header, body->json, json_len);
+  int bad = write_all(fd, len_bytes, 8) || write_all(fd, header, padded);
+  free(header);
+  for (int i = 0; !bad && i < body->nitems; i++) {
+    size_t bytes = 0;
+    if (!param_bytes(body->items[i].param, &bytes))
+      return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+    bad = write_all(fd, body->items[i].data, bytes);
+  }
+  if (bad || fsync(fd) != 0)
+    return remat__fail(REMAT_ERR_IO, "%s: cannot write '%s': %s", what, path,
+                       strerror(errno));
+  return REMAT_OK;
+}
+
+/* Creates the temporary file beside the target (files.h). */
+static remat_status create_temp(const char *path, const char *what,
+                                char **tmp, int *fd) {
+  size_t len = 0;
+  if (!remat__add_size(strlen(path), REMAT__TEMP_EXTRA, &len) ||
+      (*tmp = remat__malloc(len)) == NULL)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  *fd = remat__temp_create(path, *tmp, len);
+  if (*fd >= 0)
+    return REMAT_OK;
+  int err = errno;
+  free(*tmp);
+  *tmp = NULL;
+  return remat__fail(REMAT_ERR_IO,
+                     "%s: cannot create a temporary file beside '%s': %s",
+                     what, path, strerror(err));
+}
+
+/* Syncs the directory that holds `path`, so that the rename outlives a
+ * crash (file systems that cannot sync a directory say EINVAL). */
+static remat_status sync_dir(const char *path, const char *what) {
+  const char *slash = strrchr(path, '/');
+  size_t len = slash == NULL ? 1 : slash == path ? 1 : (size_t)(slash - path);
+  char *dir = remat__malloc(len + 1);
+  if (dir == NULL)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  memcpy(dir, slash == NULL ? "." : path, len);
+  dir[len] = '\0';
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int bad = fd < 0 || (fsync(fd) != 0 && errno != EINVAL);
+  remat_status s = REMAT_OK;
+  if (bad)
+    s = remat__fail(REMAT_ERR_IO, "%s: '%s' was written but its directory "
+                    "'%s' cannot be synced: %s", what, path, dir,
+                    strerror(errno));
+  if (fd >= 0)
+    close(fd);
+  free(dir);
+  return s;
+}
+
+/* Writes a new file beside the target, then renames it over the target:
+ * the target is either as it was or the whole new file. */
+static remat_status write_replace(const char *path, const save_body *body,
+                                  const char *what) {
+  char *tmp = NULL;
+  int fd = -1;
+  remat_status s = create_temp(path, what, &tmp, &fd);
+  if (s != REMAT_OK)
+    return s;
+  s = write_body(fd, body, what, path);
+  if (close(fd) != 0 && s == REMAT_OK)
+    s = remat__fail(REMAT_ERR_IO, "%s: cannot write '%s': %s", what, path,
+                    strerror(errno));
+  if (s == REMAT_OK && rename(tmp, path) != 0)
+    s = remat__fail(REMAT_ERR_IO, "%s: cannot rename '%s' to '%s': %s", what,
+                    tmp, path, strerror(errno));
+  if (s != REMAT_OK)
+    unlink(tmp);
+  free(tmp);
+  return s == REMAT_OK ? sync_dir(path, what) : s;
+}
+
+remat_status safet_save(remat_graph *g, const char *path,
+                        const safet_item *items, int nitems,
+                        const safet_meta *meta, int nmeta, const char *what) {
+  (void)g;
+  remat_status s = check_names(items, nitems, what);
+  if (s == REMAT_OK)
+    s = check_target(path, what);
+  if (s != REMAT_OK)
+    return s;
+  cJSON *root = build_header(items, nitems, meta, nmeta);
+  char *json = root ? cJSON_PrintUnformatted(root) : NULL;
+  cJSON_Delete(root);
+  if (json == NULL)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  save_body body = {.json = json, .items = items, .nitems = nitems};
+  s = write_replace(path, &body, what);
+  cJSON_free(json);
+  return s;
+}
+
+/* The two weights-only saves: every parameter's value or gradient. */
+static remat_status save_params(remat_graph *g, const char *path, bool grads,
+                                const char *what) {
+  remat_status s = safet_hold(g, path, what);
+  if (s != REMAT_OK)
+    return s;
+  safet_item *items = NULL;
+  int n = 0;
+  s = safet_params(g, grads, 0, &items, &n, what);
+  if (s == REMAT_OK)
+    s = safet_save(g, path, items, n, NULL, 0, what);
+  free(items);
+  safet_release(g);
+  return s;
+}
+
+remat_status remat_save_safetensors(remat_graph *g, const char *path) {
+  return save_params(g, path, false, "remat_save_safetensors");
+}
+
+remat_status remat_save_grads_safetensors(remat_graph *g, const char *path) {
+  return save_params(g, path, true, "remat_save_grads_safetensors");
+}
+
+/* ---- loading ---- */
+
+/* A failure about the file: "<call>: '<path>': <words>", where the caller
+ * passes src->what and src->path right after the words' format. */
+#define LOAD_FAIL(status, ...) remat__fail(status, "%s: '%s': " __VA_ARGS__)
+
+/* The open file being loaded. */
+typedef struct source {
+  const char *what; /* the public call, for messages */
+  const char *path;
+  int fd;
+  uint64_t size;       /* of the whole file */
+  uint64_t data_start; /* 8 + the header length */
+} source;
+
+/* Opens a regular file (O_NONBLOCK, so that a FIFO cannot block the open). */
+static remat_status open_source(const char *path, const char *what,
+                                source *src) {
+  *src = (source){.what = what, .path = path, .fd = -1};
+  src->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (src->fd < 0)
+    return remat__fail(REMAT_ERR_IO,
+                       "%s: cannot open '%s': %s", what, path,
+                       strerror(errno));
+  struct stat st;
+  if (fstat(src->fd, &st) != 0)
+    return remat__fail(REMAT_ERR_IO,
+                       "%s: cannot open '%s': %s", what, path,
+                       strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return remat__fail(REMAT_ERR_IO,
+                       "%s: '%s' is %s, not a regular file", what, path, remat__file_kind(st.st_mode));
+  src->size = (uint64_t)st.st_size;
+  return REMAT_OK;
+}
+
+/* Reads exactly `len` bytes at `offset` (which the caller has checked lies
+ * within the file). */
+static remat_status read_at(const source *src, void *buf, size_t len,
+                            uint64_t offset) {
+  unsigned char *p = buf;
+  while (len > 0) {
+    ssize_t n = pread(src->fd, p, len, (off_t)offset);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return remat__fail(REMAT_ERR_IO,
+                         "%s: cannot read '%s': %s", src->what, src->path,
+                         n < 0 ? strerror(errno)
+                               : "the file is shorter than when it was "
+                                 "opened");
+    p += n;
+    len -= (size_t)n;
+    offset += (uint64_t)n;
+  }
+  return REMAT_OK;
+}
+
+/* The header's length, checked against the file and the cap. */
+static remat_status header_length(source *src, uint64_t *hlen) {
+  if (src->size < 8)
+    return LOAD_FAIL(REMAT_ERR_IO, "truncated: %llu bytes, shorter than the "
+                     "8-byte header length", src->what, src->path,
+                     (unsigned long long)src->size);
+  unsigned char b[8];
+  remat_status s = read_at(src, b, 8, 0);
+  if (s != REMAT_OK)
+    return s;
+  *hlen = 0;
+  for (int i = 0; i < 8; i++)
+    *hlen |= (uint64_t)b[i] << (8 * i);
+  if (*hlen > src->size - 8)
+    return LOAD_FAIL(REMAT_ERR_IO, "header length %llu exceeds the %llu bytes "
+                     "after it (truncated or not a safetensors file)",
+                     src->what, src->path, (unsigned long long)*hlen,
+                     (unsigned long long)(src->size - 8));
+  if (*hlen > HEADER_MAX)
+    return LOAD_FAIL(REMAT_ERR_IO, "header length %llu exceeds the %llu-byte "
+                     "(100 MiB) limit on safetensors headers", src->what, src->path,
+                     (unsigned long long)*hlen,
+                     (unsigned long long)HEADER_MAX);
+  src->data_start = 8 + *hlen;
+  return REMAT_OK;
+}
+
+/* Reads the `hlen` bytes of header text a chunk at a time into a buffer
+ * that grows as they arrive; stops (setting *junk) at a first byte that is
+ * not '{' or at a NUL byte, so a junk header costs a chunk of memory, not
+ * its declared length. */
+static remat_status read_header_text(const source *src, uint64_t hlen,
+                                     char **text, bool *junk) {
+  size_t cap = 0, done = 0;
+  *text = NULL;
+  *junk = hlen == 0;
+  remat_status s = REMAT_OK;
+  while (done < hlen && s == REMAT_OK && !*junk) {
+    size_t n = hlen - done < HEADER_CHUNK ? (size_t)(hlen - done)
+                                          : HEADER_CHUNK;
+    if (done + n > cap) {
+      cap = cap * 2 < done + n ? done + n : cap * 2;
+      cap = cap > hlen ? (size_t)hlen : cap;
+      char *grown = remat__realloc(*text, cap);
+      if (grown == NULL)
+        return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
+                           src->what);
+      *text = grown;
+    }
+    s = read_at(src, *text + done, n, 8 + done);
+    *junk = s == REMAT_OK && ((*text)[0] != '{' || memchr(*text + done, 0, n));
+    done += n;
+  }
+  return s;
+}
+
+/* Reads and parses the header (a JSON object). */
+static remat_status read_header(source *src, cJSON **root) {
+  uint64_t hlen = 0;
+  char *text = NULL;
+  bool junk = false;
+  remat_status s = header_length(src, &hlen);
+  if (s == REMAT_OK)
+    s = read_header_text(src, hlen, &text, &junk);
+  *root = s == REMAT_OK && !junk ? cJSON_ParseWithLength(text, (size_t)hlen)
+                                 : NULL;
+  free(text);
+  if (s == REMAT_OK && !cJSON_IsObject(*root)) {
+    cJSON_Delete(*root);
+    *root = NULL;
+    s = LOAD_FAIL(REMAT_ERR_IO, "the header is not a JSON object", src->what, src->path);
+  }
+  return s;
+}
+
+/* One tensor of the file matched to an item. */
+typedef struct entry {
+  const safet_item *item;
+  uint64_t begin, end;
+} entry;
+
+/* A JSON number with no fractional part, of any sign or size. */
+static bool json_whole(const cJSON *item, double *out) {
+  if (!cJSON_IsNumber(item) || item->valuedouble != floor(item->valuedouble))
+    return false;
+  *out = item->valuedouble;
+  return true;
+}
+
+/* A whole number as written ("4611686018427387904", "-8", "1e+300"). */
+static void format_number(char *buf, size_t len, double v) {
+  snprintf(buf, len, fabs(v) < 1e19 ? "%.0f" : "%g", v);
+}
+
+/* "[3,4]" */
+static void format_shape(char *buf, size_t len, int ndim, const double *dims) {
+  size_t n = (size_t)snprintf(buf, len, "[");
+  for (int i = 0; i < ndim && n < len; i++) {
+    char num[32];
+    format_number(num, sizeof num, dims[i]);
+    n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? "," : "", num);
+  }
+  if (n < len)
+    snprintf(buf + n, len - n, "]");
+}
+
+/* A string from the file, fit for a one-line message: control bytes
+ * become \xNN, and past QUOTE_MAX bytes it is cut with "...". */
+static void quote(char *buf, size_t len, const char *text) {
+  size_t n = 0, i = 0;
+  for (; text[i] != '\0' && i < QUOTE_MAX && n + 5 < len; i++) {
+    unsigned char c = (unsigned char)text[i];
+    if (c < 32 || c == 127)
+      n += (size_t)snprintf(buf + n, len - n, "\\x%02x", c);
+    else
+      buf[n++] = (char)c;
+  }
+  snprintf(buf + n, len - n, "%s", text[i] != '\0' ? "..." : "");
+}
+
+static int find_item(const safet_load_req *req, const char *name) {
+  for (int i = 0; i < req->nitems; i++)
+    if (strcmp(req->items[i].name, name) == 0)
+      return i;
+  return -1;
+}
+
+/* An offset into the data section: from 0 to its size. */
+static bool offset_ok(double v, uint64_t data_size, uint64_t *out) {
+  if (!(v >= 0.0 && v < 18446744073709551616.0))
+    return false;
+  *out = (uint64_t)v;
+  return *out <= data_size;
+}
+
+/* Reads the two data_offsets: whole numbers within the data. */
+static remat_status check_offsets(const source *src, const char *name,
+                                  const cJSON *offs, entry *e) {
+  double b, en;
+  if (!json_whole(cJSON_GetArrayItem(offs, 0), &b) ||
+      !json_whole(cJSON_GetArrayItem(offs, 1), &en))
+    return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' has data_offsets that are not "
+                     "whole numbers", src->what, src->path, name);
+  uint64_t data_size = src->size - src->data_start;
+  if (offset_ok(b, data_size, &e->begin) && offset_ok(en, data_size, &e->end))
+    return REMAT_OK;
+  char bs[32], es[32];
+  format_number(bs, sizeof bs, b);
+  format_number(es, sizeof es, en);
+  return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' has data_offsets [%s,%s] out of "
+                   "range: the %llu-byte file has %llu bytes of data after "
+                   "its header", src->what, src->path, name, bs, es,
+                   (unsigned long long)src->size,
+                   (unsigned long long)data_size);
+}
+
+/* The file's shape against the parameter's. */
+static remat_status check_shape(const source *src, const char *name,
+                                const cJSON *shape, const remat_tensor *p) {
+  double dims[REMAT_MAX_DIMS], model[REMAT_MAX_DIMS];
+  int ndim = 0;
+  const cJSON *d;
+  cJSON_ArrayForEach(d, shape) {
+    if (!json_whole(d, &dims[ndim++]))
+      return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' has a shape that is not a "
+                       "list of whole numbers", src->what, src->path, name);
+  }
+  int same = ndim == remat_tensor_ndim(p);
+  for (int k = 0; k < remat_tensor_ndim(p); k++) {
+    model[k] = (double)remat_tensor_dim(p, k);
+    same = same && dims[k] == model[k];
+  }
+  if (same)
+    return REMAT_OK;
+  char fs[96], ms[96];
+  format_shape(fs, sizeof fs, ndim, dims);
+  format_shape(ms, sizeof ms, remat_tensor_ndim(p), model);
+  return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' has shape %s in the file "
+                   "but %s in the model", src->what, src->path, name, fs, ms);
+}
+
+/* Checks one header entry against the file and the model: its fields, its
+ * offsets, then (unless the load skips it) dtype, shape and size. */
+static remat_status check_entry(const safet_load_req *req, const source *src,
+                                const cJSON *item, bool skip, entry *entries,
+                                int *seen) {
+  char name[4 * QUOTE_MAX + 8], dt[4 * QUOTE_MAX + 8];
+  quote(name, sizeof name, item->string);
+  if (!cJSON_IsObject(item))
+    return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' is not a JSON object",
+                     src->what, src->path, name);
+  const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
+  const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
+  const cJSON *offs = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
+  if (!cJSON_IsString(dtype) || !cJSON_IsArray(shape) ||
+      !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 ||
+      cJSON_GetArraySize(shape) > REMAT_MAX_DIMS)
+    return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' needs a dtype string, a shape "
+                     "array of at most %d dims and two data_offsets",
+                     src->what, src->path, name, REMAT_MAX_DIMS);
+  entry e = {0};
+  remat_status s = check_offsets(src, name, offs, &e);
+  if (s != REMAT_OK || skip)
+    return s;
+  int i = find_item(req, item->string);
+  if (i < 0)
+    return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' is not a parameter of the "
+                     "model%s", src->what, src->path, name,
+                     req->weights_only ? "" : " or the optimizer state of one");
+  if (seen[i])
+    return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' appears twice", src->what,
+                     src->path, name);
+  quote(dt, sizeof dt, dtype->valuestring);
+  if (strcmp(dtype->valuestring, "F32") != 0)
+    return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' has dtype %s, expected F32",
+                     src->what, src->path, name, dt);
+  e.item = &req->items[i];
+  if ((s = check_shape(src, name, shape, e.item->param)) != REMAT_OK)
+    return s;
+  size_t need = 0;
+  if (!param_bytes(e.item->param, &need) || e.end < e.begin ||
+      e.end - e.begin != need)
+    return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' has data_offsets [%llu,%llu] "
+                     "(%llu bytes) but its F32 shape needs %llu bytes",
+                     src->what, src->path, name, (unsigned long long)e.begin,
+                     (unsigned long long)e.end,
+                     (unsigned long long)(e.end >= e.begin ? e.end - e.begin
+                                                           : 0),
+                     (unsigned long long)need);
+  seen[i] = 1;
+  entries[i] = e;
+  return REMAT_OK;
+}
+
+static int cmp_begin(const void *a, const void *b) {
+  const entry *x = a, *y = b;
+  if (x->begin != y->begin)
+    return (x->begin > y->begin) - (x->begin < y->begin);
+  return (x->end > y->end) - (x->end < y->end);
+}
+
+/* Every item present, no two tensors sharing bytes. */
+static remat_status check_cover(const safet_load_req *req, const source *src,
+                                const entry *entries, const int *seen) {
+  int n = req->nitems;
+  for (int i = 0; i < n; i++)
+    if (!seen[i])
+      return LOAD_FAIL(REMAT_ERR_SHAPE, "the model's tensor '%s' is missing "
+                       "from the file", src->what, src->path,
+                       req->items[i].name);
+  size_t count = n > 0 ? (size_t)n : 0;
+  entry *sorted = remat__malloc((count ? count : 1) * sizeof *sorted);
+  if (sorted == NULL)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
+                       src->what);
+  memcpy(sorted, entries, count * sizeof *sorted);
+  qsort(sorted, count, sizeof *sorted, cmp_begin);
+  remat_status s = REMAT_OK;
+  for (int i = 1; i < n && s == REMAT_OK; i++)
+    if (sorted[i].begin < sorted[i - 1].end)
+      s = LOAD_FAIL(REMAT_ERR_IO, "tensors '%s' and '%s' overlap in the data",
+                    src->what, src->path, sorted[i - 1].item->name,
+                    sorted[i].item->name);
+  free(sorted);
+  return s;
+}
+
+/* A checkpoint's optimizer state, which a weights-only load skips. */
+static bool skipped(const safet_load_req *req, const cJSON *meta,
+                    const char *name) {
+  return req->weights_only &&
+         cJSON_GetObjectItemCaseSensitive(meta, SAFET_CHECKPOINT_KEY) &&
+         find_item(req, name) < 0 &&
+         (strncmp(name, SAFET_ADAM_M, strlen(SAFET_ADAM_M)) == 0 ||
+          strncmp(name, SAFET_ADAM_V, strlen(SAFET_ADAM_V)) == 0);
+}
+
+/* Reads the header, checks the metadata, then checks every entry against
+ * the file and the model. */
+static remat_status check_file(const safet_load_req *req, source *src,
+                               entry *entries, int *seen) {
+  cJSON *root = NULL;
+  remat_status s = read_header(src, &root);
+  const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
+  if (s == REMAT_OK && req->check_meta != NULL)
+    s = req->check_meta(req->ctx, meta, src->path);
+  const cJSON *item;
+  cJSON_ArrayForEach(item, root) {
+    if (s != REMAT_OK)
+      break;
+    if (item != meta)
+      s = check_entry(req, src, item, skipped(req, meta, item->string),
+                      entries, seen);
+  }
+  cJSON_Delete(root);
+  if (s == REMAT_OK)
+    s = check_cover(req, src, entries, seen);
+  return s;
+}
+
+/* Reads every tensor's data into one buffer, then writes the items: a read
+ * that fails (the file changed since it was checked) leaves every tensor
+ * as it was. The buffer is the model's size, whatever the file's. */
+static remat_status read_items(const safet_load_req *req, const source *src,
+                               const entry *entries) {
+  int n = req->nitems;
+  size_t total = 0;
+  for (int i = 0; i < n; i++)
+    if (!remat__add_size(total, (size_t)(entries[i].end - entries[i].begin),
+                         &total))
+      return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
+                         src->what);
+  unsigned char *buf = remat__malloc(total > 0 ? total : 1);
+  if (buf == NULL)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
+                       src->what);
+  remat_status s = REMAT_OK;
+  size_t at = 0;
+  for (int i = 0; i < n && s == REMAT_OK; i++) {
+    size_t bytes = (size_t)(entries[i].end - entries[i].begin);
+    s = read_at(src, buf + at, bytes, src->data_start + entries[i].begin);
+    at += bytes;
+  }
+  at = 0;
+  for (int i = 0; i < n && s == REMAT_OK; i++) {
+    size_t bytes = (size_t)(entries[i].end - entries[i].begin);
+    memcpy(entries[i].item->data, buf + at, bytes);
+    at += bytes;
+  }
+  free(buf);
+  return s;
+}
+
+remat_status safet_load(remat_graph *g, const char *path,
+                        const safet_load_req *req) {
+  source src;
+  remat_status s = open_source(path, req->what, &src);
+  size_t n = req->nitems > 0 ? (size_t)req->nitems : 1;
+  entry *entries = remat__calloc(n, sizeof *entries);
+  int *seen = remat__calloc(n, sizeof *seen);
+  if (s == REMAT_OK && (entries == NULL || seen == NULL))
+    s = remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", req->what);
+  if (s == REMAT_OK)
+    s = check_file(req, &src, entries, seen);
+  if (s == REMAT_OK)
+    s = read_items(req, &src, entries);
+  if (s == REMAT_OK && req->commit != NULL)
+    req->commit(req->ctx);
+  if (s == REMAT_OK) /* sums of gradients of the weights that were */
+    g->plan->accum_count = 0;
+  if (s == REMAT_OK) /* per-node and bf16 copies: before the next run */
+    g->plan->params_written = true;
+  if (src.fd >= 0)
+    close(src.fd);
+  free(entries);
+  free(seen);
+  return s;
+}
+
+remat_status remat_load_safetensors(remat_graph *g, const char *path) {
+  const char *what = "remat_load_safetensors";
+  remat_status s = safet_hold(g, path, what);
+  if (s != REMAT_OK)
+    return s;
+  safet_load_req req = {.what = what, .weights_only = true};
+  s = safet_params(g, false, 0, &req.items, &req.nitems, what);
+  if (s == REMAT_OK)
+    s = safet_load(g, path, &req);
+  free(req.items);
+  safet_release(g);
+  return s;
+}
