@@ -26,7 +26,8 @@ typedef struct shape {
   int32_t *pred;       /* [nedges] */
 } shape;
 
-static int empty_task(void *arg, int worker) {
+static int empty_task(void *context, void *arg, int worker) {
+  (void)context;
   (void)arg;
   (void)worker;
   return 0;
@@ -152,25 +153,25 @@ static void spawn_omp_task(const shape *s, char *dep, int32_t i) {
   switch (s->pred_first[i + 1] - s->pred_first[i]) {
   case 0:
 #pragma omp task depend(out : dep[i])
-    omp_body(NULL, 0);
+    omp_body(NULL, NULL, 0);
     break;
   case 1:
 #pragma omp task depend(in : dep[p[0]]) depend(out : dep[i])
-    omp_body(NULL, 0);
+    omp_body(NULL, NULL, 0);
     break;
   case 2:
 #pragma omp task depend(in : dep[p[0]], dep[p[1]]) depend(out : dep[i])
-    omp_body(NULL, 0);
+    omp_body(NULL, NULL, 0);
     break;
   case 3:
 #pragma omp task depend(in : dep[p[0]], dep[p[1]], dep[p[2]]) \
                  depend(out : dep[i])
-    omp_body(NULL, 0);
+    omp_body(NULL, NULL, 0);
     break;
   default:
 #pragma omp task depend(in : dep[p[0]], dep[p[1]], dep[p[2]], dep[p[3]]) \
                  depend(out : dep[i])
-    omp_body(NULL, 0);
+    omp_body(NULL, NULL, 0);
     break;
   }
   /* clang-format on */

@@ -139,7 +139,7 @@ typedef struct graph_op {
   bool planned;
 } graph_op;
 
-struct remat_step_plan; /* step_plan.h */
+struct graph_step;      /* exec/step_state.h */
 struct remat_policy;    /* policy.c */
 
 #define REMAT__MAX_REGION_DEPTH 32
@@ -168,7 +168,7 @@ struct remat_graph {
   _Atomic int busy; /* a call that uses the compiled step is running */
   _Atomic uintptr_t owner; /* the thread inside (graph_check.c) */
   int depth;               /* its nested calls */
-  struct remat_step_plan *plan;
+  struct graph_step *step; /* the compiled step and its state */
   struct dp_graph *dp;     /* data parallel (mpi_dp.c), NULL when not */
 };
 

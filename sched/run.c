@@ -57,7 +57,7 @@ static bool run_task(sched_worker *w, int32_t task) {
   int status = 0;
   if (t->async ||
       atomic_load_explicit(&pool->error_status, memory_order_relaxed) == 0) {
-    status = t->fn(t->arg, w->index);
+    status = t->fn(pool->context, t->arg, w->index);
     if (status != 0)
       record_error(pool, task, status);
   }
@@ -425,6 +425,7 @@ remat_status sched_run(sched_pool *pool, sched_dag *dag,
     return status;
   pthread_mutex_lock(&pool->run_mutex);
   atomic_store(&pool->error_status, 0);
+  pool->context = opts ? opts->context : NULL;
   status = run_locked(pool, dag, opts ? opts->trace_path : NULL,
                       opts ? opts->records : NULL, traced, err);
   pthread_mutex_unlock(&pool->run_mutex);

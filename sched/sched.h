@@ -22,11 +22,13 @@ typedef enum sched_bind {
   SCHED_BIND_NONE = 2  /* no binding; workers still grouped by node */
 } sched_bind;
 
-/* A task body. `worker` is the index of the worker running it. A non-zero
- * return is a remat_status: the run records the first one, skips the bodies
- * of the tasks that remain (their successors are still released) and
- * returns it. */
-typedef int (*sched_task_fn)(void *arg, int worker);
+/* A task body. `context` is the run's (sched_run_opts.context: the same for
+ * every task of a run, so that a DAG built once can run on state that it
+ * does not point to), `arg` the task's own (sched_dag_add), `worker` the
+ * index of the worker running it. A non-zero return is a remat_status: the
+ * run records the first one, skips the bodies of the tasks that remain
+ * (their successors are still released) and returns it. */
+typedef int (*sched_task_fn)(void *context, void *arg, int worker);
 
 /* Where workers go: computed from a topology, with no binding done, so that
  * synthetic topologies can test it on any machine. */
@@ -123,6 +125,8 @@ typedef struct sched_run_opts {
    * succeeded into a failure. NULL: a trace write failure becomes the run's
    * status when the tasks succeeded. */
   sched_trace_result *trace_result;
+  /* Passed to every task body of the run (NULL when opts is NULL). */
+  void *context;
 } sched_run_opts;
 
 /* Runs every task of a finalized DAG once, respecting edges; returns when

@@ -297,6 +297,7 @@ struct sched_pool {
   uint64_t pending_serial;   /* the DAG whose npred `pending` now holds */
   sched_links links;         /* queue links */
   sched_trace_record *trace; /* only while a traced run is in progress */
+  void *context;             /* the run's sched_run_opts.context */
   int64_t trace_origin_ns;
 
   /* Read-mostly during a run. */

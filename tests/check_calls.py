@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""Checks that no source file of the library calls back into a file that
-calls it: builds the file-level call graph from the object files' defined
-and undefined symbols (nm), and fails naming every cycle it finds.
+"""Checks the library's call structure, and fails naming what breaks it:
+- no source file calls back into a file that calls it: the file-level call
+  graph from the object files' defined and undefined symbols (nm) has no
+  cycle;
+- runtime/compile/ uses no symbol of runtime/exec/ (compile builds the
+  compiled step; running it is exec's);
+- outside runtime/compile/, no declaration takes a `compiled_step *` that is
+  not const: the compiled step cannot change once compile returns.
 
 usage: check_calls.py OBJECT_DIR SOURCE_ROOT (the library's .p folder in a
 build, and the repository it was built from)"""
 import os
+import re
 import subprocess
 import sys
 
@@ -67,6 +73,41 @@ def source_names(root):
     return names
 
 
+def layer_breaks(needs, owner):
+    """(file, symbol, owner) for each runtime/compile/ file's use of a
+    runtime/exec/ symbol."""
+    out = []
+    for f, undefined in sorted(needs.items()):
+        if not f.startswith("runtime/compile/"):
+            continue
+        for s in sorted(undefined):
+            if owner.get(s, "").startswith("runtime/exec/"):
+                out.append((f, s, owner[s]))
+    return out
+
+
+MUTABLE = re.compile(r"(?<!const )\bcompiled_step\s*\*")
+
+
+def mutable_compiled(root):
+    """file:line of each `compiled_step *` without const in runtime/ outside
+    runtime/compile/."""
+    out = []
+    for d, _, files in os.walk(os.path.join(root, "runtime")):
+        rel_dir = os.path.relpath(d, root)
+        if rel_dir.startswith("runtime/compile"):
+            continue
+        for f in sorted(files):
+            if not f.endswith((".c", ".h")):
+                continue
+            path = os.path.join(d, f)
+            with open(path, encoding="utf-8") as src:
+                for n, line in enumerate(src, 1):
+                    if MUTABLE.search(line):
+                        out.append(f"{os.path.join(rel_dir, f)}:{n}")
+    return out
+
+
 def main():
     folder, root = sys.argv[1], sys.argv[2]
     objs = sorted(f for f in os.listdir(folder) if f.endswith(".o"))
@@ -89,9 +130,18 @@ def main():
     cycles = find_cycles(edges)
     for c in cycles:
         print("files that call each other: " + " <-> ".join(c))
+    layer = layer_breaks(needs, owner)
+    for f, s, o in layer:
+        print(f"{f} uses {s} of {o}: runtime/compile/ must not use "
+              f"runtime/exec/")
+    writes = mutable_compiled(root)
+    for w in writes:
+        print(f"{w}: a compiled_step pointer without const outside "
+              f"runtime/compile/")
     print(f"{len(objs)} files, {sum(len(e) for e in edges.values())} "
-          f"call edges, {len(cycles)} cycles")
-    return 1 if cycles else 0
+          f"call edges, {len(cycles)} cycles, {len(layer)} compile->exec "
+          f"uses, {len(writes)} mutable compiled steps")
+    return 1 if cycles or layer or writes else 0
 
 
 if __name__ == "__main__":

@@ -134,14 +134,16 @@ typedef struct rendezvous {
   atomic_int b_started;
 } rendezvous;
 
-static int nop_task(void *arg, int worker) {
+static int nop_task(void *context, void *arg, int worker) {
+  (void)context;
   (void)arg;
   (void)worker;
   return 0;
 }
 
 /* Task A: waits (up to 5 s) until B has started on the other worker. */
-static int wait_for_b(void *arg, int worker) {
+static int wait_for_b(void *context, void *arg, int worker) {
+  (void)context;
   (void)worker;
   rendezvous *rv = arg;
   for (int64_t end = now_ns() + 5000000000; now_ns() < end;) {
@@ -151,7 +153,8 @@ static int wait_for_b(void *arg, int worker) {
   return REMAT_ERR_STATE;
 }
 
-static int start_b(void *arg, int worker) {
+static int start_b(void *context, void *arg, int worker) {
+  (void)context;
   (void)worker;
   atomic_store(&((rendezvous *)arg)->b_started, 1);
   return 0;
@@ -187,7 +190,8 @@ static void test_idle_worker_steals(void **state) {
   hwloc_topology_destroy(topo);
 }
 
-static int sleep_2ms(void *arg, int worker) {
+static int sleep_2ms(void *context, void *arg, int worker) {
+  (void)context;
   (void)arg;
   (void)worker;
   usleep(2000);

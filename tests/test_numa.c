@@ -18,7 +18,7 @@
 
 #include "gpt_fixture.h"
 #include "runtime/exec/optim.h"
-#include "runtime/compile/step_plan.h"
+#include "runtime/exec/step_state.h"
 #include "tmpdir.h"
 
 static const char *const two_nodes = "package:2 numa:1 core:2 pu:1";
@@ -51,7 +51,7 @@ static void open_on(fixture *f, const remat_gpt_config *c, const char *topo,
 
 /* A node's tiles as op_span describes them (the optimizer's: flat tiles
  * of OPTIM_TILE elements); rows 0: not row-tiled. */
-static op_span span_of(remat_step_plan *p, const plan_knode *kn) {
+static op_span span_of(const compiled_step *p, const plan_knode *kn) {
   if (kn->kernel != NULL)
     return kn->kernel->span;
   op_span s = {0};
@@ -65,7 +65,7 @@ static op_span span_of(remat_step_plan *p, const plan_knode *kn) {
 
 /* Bytes [lo, hi) of buffer b that tile t of kn writes by rows or by its
  * share; false when it writes b whole or spread. */
-static bool written_range(remat_step_plan *p, const plan_knode *kn,
+static bool written_range(const compiled_step *p, const plan_knode *kn,
                           int64_t t, int32_t b, int64_t *lo, int64_t *hi) {
   op_span s = span_of(p, kn);
   int64_t bytes = p->low.bufs[b].bytes;
@@ -111,7 +111,7 @@ static int64_t slice_hi(const numa_plan *n, int32_t b, int k) {
 
 /* Whether every byte tile t of kn writes outside parameters (which have a
  * copy per node) lies in node k's slice. */
-static bool writes_on(remat_step_plan *p, const plan_knode *kn, int64_t t,
+static bool writes_on(const compiled_step *p, const plan_knode *kn, int64_t t,
                       int k) {
   knode_use uses[PLAN_MAX_USES];
   int nuses = knode_uses(kn, uses);
@@ -134,8 +134,8 @@ static bool writes_on(remat_step_plan *p, const plan_knode *kn, int64_t t,
 static void check_deal(const char *topo, int threads, int nnodes) {
   fixture f;
   open_on(&f, &mid, topo, threads, "everything_saveable", NULL);
-  remat_step_plan *p = f.g->plan;
-  numa_plan *n = &p->numa;
+  const compiled_step *p = &f.g->step->compiled;
+  const numa_plan *n = &p->numa;
   assert_int_equal(n->nnodes, nnodes);
   int64_t pinned[4] = {0}, row_tiles = 0, unpinned_rows = 0, t0 = 0;
   for (int32_t i = 0; i < p->low.nknodes; i++) {
@@ -181,8 +181,8 @@ static void test_deal_and_pins(void **state) {
 static void check_slices(const char *topo, int threads, int nnodes) {
   fixture f;
   open_on(&f, &mid, topo, threads, "nothing_saveable", NULL);
-  remat_step_plan *p = f.g->plan;
-  numa_plan *n = &p->numa;
+  const compiled_step *p = &f.g->step->compiled;
+  const numa_plan *n = &p->numa;
   int64_t sliced = 0;
   for (int32_t b = 0; b < p->low.nbufs; b++) {
     const plan_buffer *buf = &p->low.bufs[b];
@@ -217,14 +217,16 @@ static void check_slices(const char *topo, int threads, int nnodes) {
       assert_int_equal(nonempty, 1);
     sliced += nonempty > 1;
     if (nonempty > 1) {
-      int home = buf->node;
-      assert_true(home >= nnodes && home < p->arena.nhomes);
-      assert_memory_equal(p->arena.layout_ends + home * nnodes,
+      const mem_arena *arena = &f.g->step->state.arena;
+      int home = n->home[b];
+      assert_true(home >= nnodes && home < arena->nhomes);
+      assert_memory_equal(arena->layout_ends + home * nnodes,
                           n->slice_end + b * nnodes,
                           (size_t)nnodes * sizeof(int64_t));
     } else {
-      assert_true(buf->node >= 0 && buf->node < nnodes);
-      assert_true(slice_hi(n, b, buf->node) > slice_lo(n, b, buf->node) ||
+      int home = n->home[b];
+      assert_true(home >= 0 && home < nnodes);
+      assert_true(slice_hi(n, b, home) > slice_lo(n, b, home) ||
                   buf->bytes == 0);
     }
   }
@@ -400,7 +402,7 @@ static void expect_remote_quarter(const char *topo, int threads) {
   assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
   assert_int_equal(remat_gpt_build(g, &big, &m), REMAT_OK);
   assert_int_equal(remat_compile(g, m.loss, &adamw), REMAT_OK);
-  const numa_plan *n = &g->plan->numa;
+  const numa_plan *n = &g->step->compiled.numa;
   if (n->remote_bytes * 4 > n->remote_bytes_unplaced || n->remote_bytes <= 0)
     fail_msg("%s: remote_bytes %lld, unplaced %lld", topo,
              (long long)n->remote_bytes, (long long)n->remote_bytes_unplaced);
@@ -431,9 +433,9 @@ static int64_t predicted_peak(const char *topo, const char *policy,
   remat_status s = remat_compile(g, m.loss, &adamw);
   int64_t peak = -1;
   if (s == REMAT_OK) {
-    peak = g->plan->predicted.peak;
+    peak = g->step->compiled.predicted.peak;
     if (copy_bytes != NULL)
-      *copy_bytes = g->plan->numa.copy_bytes;
+      *copy_bytes = g->step->compiled.numa.copy_bytes;
   } else {
     assert_int_equal(s, REMAT_ERR_BUDGET);
   }

@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
-#include "runtime/compile/step_plan.h"
+#include "runtime/exec/step_state.h"
 #include "sched/sched_internal.h"
 
 static const remat_gpt_config two = {
@@ -305,7 +305,7 @@ static bool has_edge(const sched_dag *dag, int32_t from, int32_t to) {
 /* Every recompute node of block k waits for the done task of the last
  * backward node of block k + lookahead (the seed when there is none), and
  * for no later backward node of a block further ahead. */
-static void check_lookahead(const remat_step_plan *p, int layers,
+static void check_lookahead(const compiled_step *p, int layers,
                             int lookahead) {
   const plan_lowering *l = &p->low;
   int32_t last_bwd[16], seed = -1;
@@ -324,13 +324,13 @@ static void check_lookahead(const remat_step_plan *p, int layers,
       continue;
     int ahead = kn->region + lookahead;
     int32_t gate = ahead < layers ? last_bwd[ahead] : seed;
-    if (!has_edge(p->dag, l->knodes[gate].done_task, kn->start_task))
+    if (!has_edge(p->tasks.dag, p->tasks.done_task[gate], p->tasks.start_task[i]))
       fail_msg("lookahead %d: recompute node %d of block %d does not wait "
                "for node %d",
                lookahead, i, kn->region, gate);
     for (int r = ahead + 1; r < layers; r++)
-      assert_false(has_edge(p->dag, l->knodes[last_bwd[r]].done_task,
-                            kn->start_task));
+      assert_false(has_edge(p->tasks.dag, p->tasks.done_task[last_bwd[r]],
+                            p->tasks.start_task[i]));
     checked++;
   }
   assert_true(checked > 0);
@@ -347,7 +347,7 @@ static void test_lookahead_edges(void **state) {
     fixture f;
     assert_int_equal(fixture_open(&f, &c, 1, "nothing_saveable", 0, NULL),
                      REMAT_OK);
-    check_lookahead(f.g->plan, c.layers, lookahead);
+    check_lookahead(&f.g->step->compiled, c.layers, lookahead);
     fixture_close(&f);
   }
   unsetenv("REMAT_LOOKAHEAD");
@@ -363,7 +363,7 @@ static void test_gate_edges(void **state) {
   fixture f;
   assert_int_equal(fixture_open(&f, &two, 2, "nothing_saveable", 0, &adam),
                    REMAT_OK);
-  const remat_step_plan *p = f.g->plan;
+  const compiled_step *p = &f.g->step->compiled;
   const plan_lowering *l = &p->low;
   int32_t gate = -1;
   for (int32_t i = 0; i < l->nknodes; i++)
@@ -377,9 +377,9 @@ static void test_gate_edges(void **state) {
       continue;
     if (kn->kind == KNODE_UPDATE) {
       updates++;
-      assert_true(has_edge(p->dag, l->knodes[gate].done_task, kn->start_task));
-      assert_false(has_edge(p->dag, kn->done_task, l->knodes[gate].start_task));
-    } else if (!has_edge(p->dag, kn->done_task, l->knodes[gate].start_task)) {
+      assert_true(has_edge(p->tasks.dag, p->tasks.done_task[gate], p->tasks.start_task[i]));
+      assert_false(has_edge(p->tasks.dag, p->tasks.done_task[i], p->tasks.start_task[gate]));
+    } else if (!has_edge(p->tasks.dag, p->tasks.done_task[i], p->tasks.start_task[gate])) {
       fail_msg("node %d (kind %d) does not finish before the gate", i,
                (int)kn->kind);
     }

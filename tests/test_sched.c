@@ -49,7 +49,8 @@ typedef struct test_dag {
   recorder rec;
 } test_dag;
 
-static int record_task(void *arg, int worker) {
+static int record_task(void *context, void *arg, int worker) {
+  (void)context;
   task_ctx *c = arg;
   recorder *r = c->rec;
   atomic_store(&r->stamp[c->id], atomic_fetch_add(&r->seq, 1));
@@ -404,7 +405,8 @@ static void test_cycle(void **state) {
   test_dag_free(&t);
 }
 
-static int nop_task(void *arg, int worker) {
+static int nop_task(void *context, void *arg, int worker) {
+  (void)context;
   (void)arg;
   (void)worker;
   return 0;

@@ -24,7 +24,8 @@ typedef struct async_case {
   pthread_t completer;
 } async_case;
 
-static int first_task(void *arg, int worker) {
+static int first_task(void *context, void *arg, int worker) {
+  (void)context;
   (void)worker;
   return ((async_case *)arg)->fail_first;
 }
@@ -39,7 +40,8 @@ static void *completer_main(void *arg) {
 }
 
 /* Starts an operation: a thread that completes the task 20 ms later. */
-static int async_body(void *arg, int worker) {
+static int async_body(void *context, void *arg, int worker) {
+  (void)context;
   (void)worker;
   async_case *c = arg;
   atomic_fetch_add(&c->body_ran, 1);
@@ -49,7 +51,8 @@ static int async_body(void *arg, int worker) {
              : REMAT_ERR_BACKEND;
 }
 
-static int after_task(void *arg, int worker) {
+static int after_task(void *context, void *arg, int worker) {
+  (void)context;
   (void)worker;
   async_case *c = arg;
   atomic_fetch_add(&c->after_ran, 1);

@@ -187,27 +187,6 @@ double sim_memset_bw(int threads) {
   return (double)bytes / (best > 0 ? best : 1e-9);
 }
 
-static float *slot_data(const remat_step_plan *p, const plan_knode *kn,
-                        uint32_t slot) {
-  int32_t b = kn->slot_buf[plan_slot(slot)];
-  return b < 0 ? NULL : p->low.bufs[b].data;
-}
-
-/* What the start task binds (runtime/exec/tasks.c), for tiles run here. */
-static void bind(const remat_step_plan *p, plan_knode *kn) {
-  op_bufs *o = &kn->bufs;
-  for (int i = 0; i < OP_MAX_IN; i++) {
-    o->in[i] = slot_data(p, kn, OP_SLOT_IN(i));
-    o->din[i] = slot_data(p, kn, OP_SLOT_DIN(i));
-  }
-  o->out = slot_data(p, kn, OP_SLOT_OUT);
-  for (int k = 0; k < OP_MAX_AUX; k++)
-    o->aux[k] = slot_data(p, kn, OP_SLOT_AUX(k));
-  o->dout = slot_data(p, kn, OP_SLOT_DOUT);
-  for (int k = 0; k < OP_MAX_WS; k++)
-    o->ws[k] = slot_data(p, kn, OP_SLOT_WS(k));
-}
-
 /* Memory lent to the buffers of the node being measured: grown when a
  * node needs more, reused otherwise (so that its pages are faulted in
  * once, not for every kernel). */
@@ -219,25 +198,28 @@ typedef struct lender {
 static size_t rounded(int64_t bytes) { return ((size_t)bytes + 63) / 64 * 64; }
 
 /* Whether kn's tiles read buffer b (or add into it). */
-static bool read_by(const remat_step_plan *p, const plan_knode *kn, int32_t b) {
+static bool read_by(const compiled_step *c, const plan_knode *kn, int32_t b) {
   if (kn->kernel == NULL)
     return true;
   for (int i = 0; i < PLAN_SLOTS; i++)
     if (kn->slot_buf[i] == b &&
-        (((kn->kernel->reads >> i) & 1u) || p->low.bufs[b].zero_fill))
+        (((kn->kernel->reads >> i) & 1u) || c->low.bufs[b].zero_fill))
       return true;
   return false;
 }
 
 /* Gives every buffer kn touches that has no memory now a place in the
  * lender's memory, zeroed where the tiles read it; marks them in mine[]. */
-static int lend_buffers(remat_step_plan *p, plan_knode *kn, lender *len,
+static int lend_buffers(const sim_step *s, int32_t k, lender *len,
                         bool *mine) {
+  const compiled_step *c = s->c;
+  const plan_knode *kn = &c->low.knodes[k];
+  float **data = s->state->data;
   size_t need = 0;
   memset(mine, 0, PLAN_MAX_USES * sizeof *mine);
   for (int i = 0; i < kn->ntouch; i++)
-    if (p->low.bufs[kn->touch[i]].data == NULL)
-      need += rounded(p->low.bufs[kn->touch[i]].bytes);
+    if (data[kn->touch[i]] == NULL)
+      need += rounded(c->low.bufs[kn->touch[i]].bytes);
   if (need > len->cap) {
     free(len->base);
     len->base = aligned_alloc(64, need);
@@ -248,25 +230,25 @@ static int lend_buffers(remat_step_plan *p, plan_knode *kn, lender *len,
   }
   size_t at = 0;
   for (int i = 0; i < kn->ntouch; i++) {
-    plan_buffer *b = &p->low.bufs[kn->touch[i]];
-    mine[i] = b->data == NULL;
+    int32_t b = kn->touch[i];
+    mine[i] = data[b] == NULL;
     if (!mine[i])
       continue;
-    b->data = (float *)(len->base + at);
-    at += rounded(b->bytes);
-    if (read_by(p, kn, kn->touch[i]))
-      memset(b->data, 0, rounded(b->bytes));
+    data[b] = (float *)(len->base + at);
+    at += rounded(c->low.bufs[b].bytes);
+    if (read_by(c, kn, b))
+      memset(data[b], 0, rounded(c->low.bufs[b].bytes));
   }
   if (kn->kernel != NULL)
-    bind(p, kn);
+    tasks_bind(c, s->state, k);
   return 1;
 }
 
-static void release_buffers(remat_step_plan *p, plan_knode *kn,
-                            const bool *mine) {
+static void release_buffers(const sim_step *s, int32_t k, const bool *mine) {
+  const plan_knode *kn = &s->c->low.knodes[k];
   for (int i = 0; i < kn->ntouch; i++)
     if (mine[i])
-      p->low.bufs[kn->touch[i]].data = NULL;
+      s->state->data[kn->touch[i]] = NULL;
 }
 
 /* Median of TIMED_RUNS runs, after one untimed, cycling through up to
@@ -279,11 +261,12 @@ static double time_tiles(const sim_step *s, const sample *tasks, int32_t n) {
   int32_t pick[3] = {0, m / 2, m - 1};
   int npick = m >= 3 ? 3 : (int)m;
   double t[TIMED_RUNS];
-  tasks_tile(s->dag->tasks[tasks[0].task].arg, 0);
+  step_run run = {s->c, s->state, RUN_STEP, s->state->opt_step + 1};
+  tasks_tile(&run, s->dag->tasks[tasks[0].task].arg, 0);
   for (int i = 0; i < TIMED_RUNS; i++) {
     void *arg = s->dag->tasks[tasks[pick[i % npick]].task].arg;
     double t0 = thread_cpu();
-    tasks_tile(arg, 0);
+    tasks_tile(&run, arg, 0);
     t[i] = thread_cpu() - t0;
   }
   qsort(t, TIMED_RUNS, sizeof *t, cmp_double);
@@ -293,8 +276,8 @@ static double time_tiles(const sim_step *s, const sample *tasks, int32_t n) {
 static double zero_fill_bytes(const sim_step *s, const plan_knode *kn) {
   double bytes = 0;
   for (int i = 0; i < kn->ninit; i++)
-    if (s->plan->low.bufs[kn->init[i]].zero_fill)
-      bytes += (double)s->plan->low.bufs[kn->init[i]].bytes;
+    if (s->c->low.bufs[kn->init[i]].zero_fill)
+      bytes += (double)s->c->low.bufs[kn->init[i]].bytes;
   return bytes;
 }
 
@@ -302,7 +285,8 @@ static double zero_fill_bytes(const sim_step *s, const plan_knode *kn) {
 static int measure_group(const sim_step *s, const sample *g, int32_t n,
                          double memset_bw, lender *len, double *cost) {
   int64_t tile = s->tile[g[0].task];
-  plan_knode *kn = &s->plan->low.knodes[s->knode[g[0].task]];
+  int32_t k = s->knode[g[0].task];
+  const plan_knode *kn = &s->c->low.knodes[k];
   if (tile == SIM_DONE) {
     *cost = 0.0;
     return 1;
@@ -312,10 +296,10 @@ static int measure_group(const sim_step *s, const sample *g, int32_t n,
     return 1;
   }
   bool mine[PLAN_MAX_USES];
-  int ok = lend_buffers(s->plan, kn, len, mine);
+  int ok = lend_buffers(s, k, len, mine);
   if (ok)
     *cost = time_tiles(s, g, n);
-  release_buffers(s->plan, kn, mine);
+  release_buffers(s, k, mine);
   return ok;
 }
 
@@ -327,10 +311,7 @@ int sim_costs_isolated(const sim_step *s, double memset_bw, double overhead_s,
   int ok = c->task_s != NULL && v != NULL;
   lender len = {NULL, 0};
   int saved_threads = omp_get_max_threads();
-  int64_t saved_step = s->plan->opt_step;
   omp_set_num_threads(1);
-  if (s->plan->opt_step < 1)
-    s->plan->opt_step = 1;
   for (int32_t t = 0; ok && t < s->ntasks; t++)
     v[t] = (sample){s->key[t], 0.0, t};
   if (ok)
@@ -346,7 +327,6 @@ int sim_costs_isolated(const sim_step *s, double memset_bw, double overhead_s,
     c->groups++;
     i = j;
   }
-  s->plan->opt_step = saved_step;
   omp_set_num_threads(saved_threads);
   free(len.base);
   free(v);

@@ -350,7 +350,7 @@ static void begin(sim *x, int v, int32_t task, double clock) {
 static void track_alloc(sim *x, int32_t orig) {
   const plan_knode *kn = sim_knode(x->s, orig);
   for (int i = 0; i < kn->ninit; i++) {
-    const plan_buffer *b = &x->s->plan->low.bufs[kn->init[i]];
+    const plan_buffer *b = &x->s->c->low.bufs[kn->init[i]];
     if (!b->persistent)
       x->live += b->bytes;
   }
@@ -361,7 +361,7 @@ static void track_alloc(sim *x, int32_t orig) {
 static void track_free(sim *x, int32_t orig) {
   const plan_knode *kn = sim_knode(x->s, orig);
   for (int i = 0; i < kn->ntouch; i++) {
-    const plan_buffer *b = &x->s->plan->low.bufs[kn->touch[i]];
+    const plan_buffer *b = &x->s->c->low.bufs[kn->touch[i]];
     if (!b->persistent && --x->users_left[kn->touch[i]] == 0)
       x->live -= b->bytes;
   }
@@ -524,14 +524,14 @@ static int setup(sim *x) {
   x->nonempty = calloc((size_t)(W + 63) / 64, sizeof *x->nonempty);
   x->idle = malloc((size_t)W * sizeof *x->idle);
   x->ev = malloc((size_t)W * sizeof *x->ev);
-  x->users_left = malloc(((size_t)x->s->plan->low.nbufs + 1) * sizeof *x->users_left);
+  x->users_left = malloc(((size_t)x->s->c->low.nbufs + 1) * sizeof *x->users_left);
   if (!x->w || !x->pending || !x->inbox_next || !x->nonempty || !x->idle ||
       !x->ev || !x->users_left ||
       !sim_fluid_init(&x->fluid, W, N, x->m->mem_bw, x->m->link_bw))
     return 0;
   memcpy(x->pending, x->l->npred, (size_t)x->l->ntasks * sizeof *x->pending);
-  for (int32_t b = 0; b < x->s->plan->low.nbufs; b++)
-    x->users_left[b] = x->s->plan->low.bufs[b].users;
+  for (int32_t b = 0; b < x->s->c->low.nbufs; b++)
+    x->users_left[b] = x->s->c->low.bufs[b].users;
   for (int n = 0; n < N; n++)
     x->inbox_head[n] = x->inbox_tail[n] = -1;
   for (int v = 0; v < W; v++) {

@@ -84,7 +84,7 @@ static bool is_param(const plan_buffer *b) {
 static sim_access kernel_access(const sim_step *s, const plan_knode *kn,
                                 int64_t tile, uint32_t slot, bool reduces) {
   int32_t b = kn->slot_buf[plan_slot(slot)];
-  const plan_buffer *buf = &s->plan->low.bufs[b];
+  const plan_buffer *buf = &s->c->low.bufs[b];
   double T = (double)kn->tiles, bytes = (double)buf->bytes;
   bool writes = (kn->kernel->writes & slot) != 0;
   double twice = writes && buf->zero_fill ? 2.0 : 1.0;
@@ -121,7 +121,7 @@ static int kernel_footprint(const sim_step *s, int32_t task, sim_access *out) {
 /* An optimizer tile: its element range of each buffer. */
 static int optim_footprint(const sim_step *s, int32_t task, sim_access *out) {
   const plan_knode *kn = sim_knode(s, task);
-  int64_t numel = op_numel(&s->plan->g->tensors[kn->optim.param_tensor]->shape);
+  int64_t numel = op_numel(&s->c->g->tensors[kn->optim.param_tensor]->shape);
   int64_t lo, hi;
   optim_tile_range(numel, s->tile[task], &lo, &hi);
   double flo = (double)lo / (double)numel, fhi = (double)hi / (double)numel;
@@ -140,7 +140,7 @@ static int start_footprint(const sim_step *s, int32_t task, sim_access *out) {
   const plan_knode *kn = sim_knode(s, task);
   int n = 0;
   for (int i = 0; i < kn->ninit; i++) {
-    const plan_buffer *b = &s->plan->low.bufs[kn->init[i]];
+    const plan_buffer *b = &s->c->low.bufs[kn->init[i]];
     if (b->zero_fill)
       out[n++] = (sim_access){kn->init[i], (double)b->bytes, SIM_ROWS_ALL,
                               0.0, 1.0, is_param(b)};

@@ -17,8 +17,8 @@ static int deal(int64_t t, int64_t T, int nodes) {
  * [bound[n], bound[n + 1]), the rows its first writer's tiles write. */
 static void slice_bounds(const sim_step *s, int32_t b, int nodes,
                          double *bound) {
-  int32_t fw = s->plan->low.bufs[b].first_writer;
-  const plan_knode *kn = fw >= 0 ? &s->plan->low.knodes[fw] : NULL;
+  int32_t fw = s->c->low.bufs[b].first_writer;
+  const plan_knode *kn = fw >= 0 ? &s->c->low.knodes[fw] : NULL;
   int64_t T = kn != NULL && kn->kernel != NULL ? kn->tiles : 0;
   for (int n = 0; n <= nodes; n++) {
     double f = (double)n / nodes;

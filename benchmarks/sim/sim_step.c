@@ -30,7 +30,7 @@ const char *sim_task_name(const sim_step *s, int32_t task) {
  * depends on. */
 static uint64_t start_key(const sim_step *s, const plan_knode *kn, uint64_t h) {
   for (int i = 0; i < kn->ninit; i++) {
-    const plan_buffer *b = &s->plan->low.bufs[kn->init[i]];
+    const plan_buffer *b = &s->c->low.bufs[kn->init[i]];
     h = mix(h, (uint64_t)b->persistent);
     h = mix(h, b->zero_fill ? (uint64_t)b->bytes : 0);
   }
@@ -51,7 +51,7 @@ static uint64_t task_key(const sim_step *s, int32_t task) {
       for (int d = 0; d < kn->inst->desc.in[i].ndim; d++)
         h = mix(h, (uint64_t)kn->inst->desc.in[i].dim[d]);
   if (kn->optim.param_tensor >= 0)
-    h = mix(h, (uint64_t)op_numel(&s->plan->g->tensors[kn->optim.param_tensor]->shape));
+    h = mix(h, (uint64_t)op_numel(&s->c->g->tensors[kn->optim.param_tensor]->shape));
   if (tile >= 0)
     h = mix(h, (uint64_t)(tile == kn->tiles - 1 && kn->tiles > 1));
   if (tile == SIM_START)
@@ -61,7 +61,7 @@ static uint64_t task_key(const sim_step *s, int32_t task) {
 
 static void map_task(sim_step *s, int32_t t) {
   const sched_task *task = &s->dag->tasks[t];
-  const plan_knode *base = s->plan->low.knodes;
+  const plan_knode *base = s->c->low.knodes;
   if (task->fn == tasks_tile) {
     const plan_tile *tile = task->arg;
     s->knode[t] = (int32_t)(tile->kn - base);
@@ -76,8 +76,9 @@ int sim_step_init(sim_step *s, remat_graph *g) {
   memset(s, 0, sizeof *s);
   if (g == NULL || !g->compiled)
     return 0;
-  s->plan = g->plan;
-  s->dag = g->plan->dag;
+  s->c = &g->step->compiled;
+  s->state = &g->step->state;
+  s->dag = s->c->tasks.dag;
   s->ntasks = s->dag->ntasks;
   s->knode = malloc((size_t)s->ntasks * sizeof *s->knode);
   s->tile = malloc((size_t)s->ntasks * sizeof *s->tile);
@@ -90,7 +91,7 @@ int sim_step_init(sim_step *s, remat_graph *g) {
     map_task(s, t);
   for (int32_t t = 0; t < s->ntasks; t++)
     s->key[t] = task_key(s, t);
-  s->persistent_bytes = g->plan->predicted.peak - g->plan->predicted.transient_peak;
+  s->persistent_bytes = s->c->predicted.peak - s->c->predicted.transient_peak;
   return 1;
 }
 

@@ -6,17 +6,18 @@
 #ifndef REMAT_SIM_STEP_H
 #define REMAT_SIM_STEP_H
 
-#include "runtime/compile/step_plan.h"
+#include "runtime/exec/step_state.h"
 #include "sched/sched_internal.h"
 
 #define SIM_START (-1) /* sim_step.tile of a start task */
 #define SIM_DONE (-2)  /* sim_step.tile of a done task */
 
 typedef struct sim_step {
-  remat_step_plan *plan;
+  const compiled_step *c;
+  step_state *state;  /* the graph's: tiles measured in isolation run on it */
   const sched_dag *dag;
   int32_t ntasks;
-  int32_t *knode;     /* [ntasks] index into plan->low.knodes */
+  int32_t *knode;     /* [ntasks] index into c->low.knodes */
   int64_t *tile;      /* [ntasks] tile index, SIM_START or SIM_DONE */
   uint64_t *key;      /* [ntasks] cost key */
   int64_t persistent_bytes; /* parameters, moments, inputs, scratch */
@@ -27,7 +28,7 @@ int sim_step_init(sim_step *s, remat_graph *g);
 void sim_step_free(sim_step *s);
 
 static inline const plan_knode *sim_knode(const sim_step *s, int32_t task) {
-  return &s->plan->low.knodes[s->knode[task]];
+  return &s->c->low.knodes[s->knode[task]];
 }
 
 /* Name of a task's kernel ("linear.fwd", "optimizer.update", ...). */

@@ -67,7 +67,7 @@ static remat_status assign_init(plan_lowering *l) {
       continue;
     for (int k = 0; k < OP_MAX_IN; k++) {
       int32_t b = kn->slot_buf[plan_slot(OP_SLOT_DIN(k))];
-      kn->bufs.din_accumulate[k] = b >= 0 && l->bufs[b].zero_fill;
+      kn->din_accumulate[k] = b >= 0 && l->bufs[b].zero_fill;
     }
   }
   free(writers);

@@ -10,7 +10,7 @@
 
 #include "base/alloc.h"
 #include "runtime/compile/lowering.h"
-#include "runtime/exec/optim.h"
+#include "runtime/compile/optim_tiles.h"
 
 /* The request being lowered and the lowering being built. */
 typedef struct lower_ctx {

@@ -9,7 +9,8 @@
 #include "runtime/internal.h"
 
 /* One buffer of the step: a tensor's value, its gradient, a recomputed
- * copy, an op's aux tensor, a workspace or an optimizer moment. */
+ * copy, an op's aux tensor, a workspace or an optimizer moment. Its memory
+ * is the step state's (exec/step_state.h), not the lowering's. */
 typedef struct plan_buffer {
   int64_t bytes;
   op_dtype dtype;       /* element type (bf16 activations in bf16 precision;
@@ -20,10 +21,6 @@ typedef struct plan_buffer {
   int32_t tensor;       /* tensor id, -1 for aux/workspace/moment buffers */
   int32_t users;        /* kernel nodes that touch it (per step) */
   int32_t first_writer; /* kernel node that allocates or zero-fills it */
-  _Atomic int32_t users_left;
-  int node;             /* arena home (numa_place.c): its NUMA node, or the
-                           layout of its per-node slices */
-  float *data;          /* of `dtype` elements (cast before indexing) */
 } plan_buffer;
 
 /* Whether a buffer has a copy on every one of `nnodes` nodes (parameters,
@@ -79,11 +76,10 @@ typedef struct plan_knode {
   int ntouch;
   int32_t *init;                /* lifetimes: buffers it allocates/zeroes */
   int ninit;
+  bool din_accumulate[OP_MAX_IN]; /* lifetimes: op kernels add into din[k]
+                                     (several kernels write it) */
   int64_t tiles;
   double flops;
-  op_bufs bufs;                 /* op kernels: filled by the start task */
-  int32_t start_task, done_task;
-  struct remat_step_plan *plan; /* set by the DAG stage for task bodies */
 } plan_knode;
 
 /* What lowering needs to know besides the graph. */

@@ -4,6 +4,7 @@
  * the arena which blocks to reserve before the first step. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/alloc.h"
 #include "runtime/compile/memplan.h"
@@ -54,64 +55,72 @@ int64_t memplan_transient_peak(const plan_lowering *p, int64_t *live) {
   return peak;
 }
 
-typedef struct size_count {
-  int64_t bytes, live, high;
-  int home;
-} size_count;
-
-static size_count *count_for(size_count *c, int *n, const plan_buffer *b) {
-  int64_t bytes = rounded(b->bytes);
+static memplan_blocks *count_for(memplan_blocks *c, int *n, int64_t bytes,
+                                 int home) {
+  bytes = rounded(bytes);
   for (int i = 0; i < *n; i++)
-    if (c[i].bytes == bytes && c[i].home == b->node)
+    if (c[i].bytes == bytes && c[i].home == home)
       return &c[i];
-  c[*n] = (size_count){bytes, 0, 0, b->node};
+  c[*n] = (memplan_blocks){bytes, 0, home};
   return &c[(*n)++];
 }
 
-/* Tells the arena how many blocks of each size and home (plan_buffer.node)
- * program order holds at once, so that the first step's blocks are
- * reserved before it runs. */
-static remat_status expect_blocks(const plan_lowering *p, mem_arena *arena) {
-  size_count *c = remat__calloc((size_t)p->nbufs + 1, sizeof *c);
+/* How many blocks of each size and home program order holds at once: the
+ * highest count of each, walked as memplan_transient_peak walks. */
+static remat_status expect_blocks(const plan_lowering *p, const int *home,
+                                  memplan_prediction *out) {
+  memplan_blocks *c = remat__calloc((size_t)p->nbufs + 1, sizeof *c);
+  int64_t *live = remat__calloc((size_t)p->nbufs + 1, sizeof *live);
   int32_t *left = remat__malloc(((size_t)p->nbufs + 1) * sizeof *left);
-  remat_status s = c && left ? REMAT_OK : REMAT_ERR_OUT_OF_MEMORY;
+  remat_status s = c && live && left ? REMAT_OK : REMAT_ERR_OUT_OF_MEMORY;
   int n = 0;
   for (int32_t b = 0; s == REMAT_OK && b < p->nbufs; b++)
     left[b] = p->bufs[b].users;
   for (int32_t i = 0; s == REMAT_OK && i < p->nknodes; i++) {
     const plan_knode *kn = &p->knodes[i];
     for (int k = 0; k < kn->ninit; k++) {
-      const plan_buffer *b = &p->bufs[kn->init[k]];
-      if (b->persistent)
+      int32_t b = kn->init[k];
+      if (p->bufs[b].persistent)
         continue;
-      size_count *sc = count_for(c, &n, b);
-      if (++sc->live > sc->high)
-        sc->high = sc->live;
+      memplan_blocks *sc = count_for(c, &n, p->bufs[b].bytes, home[b]);
+      if (++live[sc - c] > sc->count)
+        sc->count = live[sc - c];
     }
     for (int k = 0; k < kn->ntouch; k++) {
-      const plan_buffer *b = &p->bufs[kn->touch[k]];
-      if (!b->persistent && --left[kn->touch[k]] == 0)
-        count_for(c, &n, b)->live--;
+      int32_t b = kn->touch[k];
+      if (!p->bufs[b].persistent && --left[b] == 0)
+        live[count_for(c, &n, p->bufs[b].bytes, home[b]) - c]--;
     }
   }
-  for (int i = 0; s == REMAT_OK && i < n; i++)
-    s = mem_expect(arena, (size_t)c[i].bytes, c[i].high, c[i].home);
-  free(c);
+  free(live);
   free(left);
-  return s;
-}
-
-remat_status memplan_predict(const remat_graph *g, const plan_lowering *l,
-                             int nworkers, int nnodes, mem_arena *arena,
-                             memplan_prediction *out) {
-  remat_status s = expect_blocks(l, arena);
-  if (s != REMAT_OK)
+  if (s != REMAT_OK) {
+    free(c);
     return s;
-  out->transient_peak = memplan_transient_peak(l, NULL);
-  if (out->transient_peak < 0)
-    return REMAT_ERR_OUT_OF_MEMORY;
-  out->peak =
-      memplan_persistent_bytes(g, l, nworkers, nnodes) + out->transient_peak;
+  }
+  out->expect = c;
+  out->nexpect = n;
   return REMAT_OK;
 }
 
+remat_status memplan_predict(const remat_graph *g, const plan_lowering *l,
+                             const numa_plan *numa, int nworkers,
+                             memplan_prediction *out) {
+  memset(out, 0, sizeof *out);
+  remat_status s = expect_blocks(l, numa->home, out);
+  if (s != REMAT_OK)
+    return s;
+  out->transient_peak = memplan_transient_peak(l, NULL);
+  if (out->transient_peak < 0) {
+    memplan_prediction_free(out);
+    return REMAT_ERR_OUT_OF_MEMORY;
+  }
+  out->peak = memplan_persistent_bytes(g, l, nworkers, numa->nnodes) +
+              out->transient_peak;
+  return REMAT_OK;
+}
+
+void memplan_prediction_free(memplan_prediction *p) {
+  free(p->expect);
+  memset(p, 0, sizeof *p);
+}

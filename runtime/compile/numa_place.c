@@ -17,7 +17,7 @@
  *   kernels, sharded per node.
  * - Copies. Every tile of a linear reads all of its weight: on several
  *   nodes each parameter has a copy on every node, which the update tile of
- *   each range writes after updating it (numa_refresh). Reads are local;
+ *   each range writes after updating it (exec/node_copies.c). Reads are local;
  *   the update writes (nodes - 1) copies of its range across the link.
  * - Pinning. A dealt tile of a row-tiled kernel gets its node as the
  *   affinity of its task when every byte it writes (outside copies) lies
@@ -33,8 +33,7 @@
 
 #include "base/alloc.h"
 #include "runtime/compile/numa_place.h"
-#include "runtime/exec/optim.h"
-#include "runtime/compile/step_plan.h"
+#include "runtime/compile/optim_tiles.h"
 
 /* How a tile touches one buffer (see op_span). */
 typedef enum touch_mode {
@@ -60,7 +59,8 @@ typedef struct knode_tiles {
 } knode_tiles;
 
 typedef struct numa_ctx {
-  remat_step_plan *p;
+  const remat_graph *g;
+  const plan_lowering *low;
   numa_plan *n;
   const sched_placement *pl;
   bool *sliced; /* [nbufs]: its first writer has placed it */
@@ -84,7 +84,7 @@ static touch_mode slot_mode(const op_span *s, uint32_t bit) {
 /* Op kernels as op_span says; the optimizer's check and update by flat
  * tiles of OPTIM_TILE elements over every buffer; the seed and the gate
  * whole (one tile). */
-static void describe(const remat_step_plan *p, const plan_knode *kn,
+static void describe(const remat_graph *g, const plan_knode *kn,
                      knode_tiles *d) {
   memset(d, 0, sizeof *d);
   d->tiles = kn->tiles;
@@ -105,7 +105,7 @@ static void describe(const remat_step_plan *p, const plan_knode *kn,
   bool optim = kn->kind == KNODE_CHECK || kn->kind == KNODE_UPDATE;
   if (optim)
     d->span = (op_span){
-        .rows = op_numel(&p->g->tensors[kn->optim.param_tensor]->shape),
+        .rows = op_numel(&g->tensors[kn->optim.param_tensor]->shape),
         .row_block = OPTIM_TILE,
         .row_tiles = 1};
   knode_use uses[PLAN_MAX_USES];
@@ -171,7 +171,7 @@ static void define_slices(numa_ctx *c, int32_t i, const knode_tiles *d,
   numa_plan *n = c->n;
   for (int u = 0; u < d->nuse; u++) {
     int32_t b = d->use[u].buf;
-    const plan_buffer *buf = &c->p->low.bufs[b];
+    const plan_buffer *buf = &c->low->bufs[b];
     if (!d->use[u].writes || buf->first_writer != i || c->sliced[b] ||
         n->replicated[b])
       continue;
@@ -202,7 +202,7 @@ static bool owns_writes(const numa_ctx *c, const knode_tiles *d, int64_t t,
     int32_t b = d->use[u].buf;
     if (!d->use[u].writes || c->n->replicated[b])
       continue;
-    int64_t lo = 0, hi = c->p->low.bufs[b].bytes;
+    int64_t lo = 0, hi = c->low->bufs[b].bytes;
     if (d->use[u].mode != TOUCH_SPREAD)
       tile_range(d, d->use[u].mode, t, hi, &lo, &hi);
     if (lo < slice_lo(c->n, b, k) || hi > slice_hi(c->n, b, k))
@@ -226,7 +226,7 @@ static void count_remote(numa_ctx *c, const knode_tiles *d, int64_t t,
   numa_plan *n = c->n;
   for (int u = 0; u < d->nuse; u++) {
     const tile_use *use = &d->use[u];
-    int64_t bytes = c->p->low.bufs[use->buf].bytes, lo, hi, remote;
+    int64_t bytes = c->low->bufs[use->buf].bytes, lo, hi, remote;
     tile_range(d, use->mode, t, bytes, &lo, &hi);
     if (n->replicated[use->buf])
       remote = use->writes ? (n->nnodes - 1) * (hi - lo) : 0;
@@ -244,7 +244,7 @@ static void count_remote(numa_ctx *c, const knode_tiles *d, int64_t t,
 static void place_knode(numa_ctx *c, int32_t i) {
   numa_plan *n = c->n;
   knode_tiles d;
-  describe(c->p, &c->p->low.knodes[i], &d);
+  describe(c->g, &c->low->knodes[i], &d);
   int64_t base = n->first_tile[i];
   for (int64_t t = 0; t < d.tiles; t++) {
     int64_t count, row = first_row(&d, t, &count);
@@ -259,27 +259,28 @@ static void place_knode(numa_ctx *c, int32_t i) {
   }
 }
 
-static remat_status alloc_plan(remat_step_plan *p, numa_plan *n, int nnodes) {
-  memset(n, 0, sizeof *n);
+static remat_status alloc_plan(const plan_lowering *low, numa_plan *n,
+                               int nnodes) {
   n->nnodes = nnodes;
-  int32_t nk = p->low.nknodes, nb = p->low.nbufs;
+  int32_t nk = low->nknodes, nb = low->nbufs;
   n->first_tile = remat__malloc(((size_t)nk + 1) * sizeof *n->first_tile);
   if (n->first_tile == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   for (int32_t i = 0; i < nk; i++) {
     n->first_tile[i] = n->ntiles;
-    n->ntiles += p->low.knodes[i].tiles;
+    n->ntiles += low->knodes[i].tiles;
   }
   n->tile_node = remat__malloc(((size_t)n->ntiles + 1) * sizeof *n->tile_node);
   n->affinity = remat__malloc(((size_t)n->ntiles + 1) * sizeof *n->affinity);
   n->slice_end = remat__malloc(((size_t)nb * (size_t)nnodes + 1) *
                                sizeof *n->slice_end);
   n->replicated = remat__calloc((size_t)nb + 1, sizeof *n->replicated);
+  n->home = remat__calloc((size_t)nb + 1, sizeof *n->home);
   if (n->tile_node == NULL || n->affinity == NULL || n->slice_end == NULL ||
-      n->replicated == NULL)
+      n->replicated == NULL || n->home == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   for (int32_t b = 0; b < nb; b++) {
-    const plan_buffer *buf = &p->low.bufs[b];
+    const plan_buffer *buf = &low->bufs[b];
     place_whole(n, b, buf->bytes, 0);
     n->replicated[b] = plan_buffer_replicated(buf, nnodes);
     if (n->replicated[b])
@@ -288,106 +289,82 @@ static remat_status alloc_plan(remat_step_plan *p, numa_plan *n, int nnodes) {
   return REMAT_OK;
 }
 
+/* The layout of `bytes` bytes sliced at `ends`: an earlier one when they
+ * are the same, else a new one; -1 when out of memory. */
+static int layout_of(numa_plan *n, int64_t bytes, const int64_t *ends) {
+  size_t row = (size_t)n->nnodes * sizeof *ends;
+  for (int j = 0; j < n->nlayouts; j++)
+    if (n->layout_bytes[j] == bytes &&
+        memcmp(n->layout_ends + (size_t)j * (size_t)n->nnodes, ends, row) == 0)
+      return j;
+  int64_t *b = remat__realloc(n->layout_bytes,
+                              ((size_t)n->nlayouts + 1) * sizeof *b);
+  if (b != NULL)
+    n->layout_bytes = b;
+  int64_t *e = remat__realloc(n->layout_ends,
+                              ((size_t)n->nlayouts + 1) * row);
+  if (e != NULL)
+    n->layout_ends = e;
+  if (b == NULL || e == NULL)
+    return -1;
+  n->layout_bytes[n->nlayouts] = bytes;
+  memcpy(n->layout_ends + (size_t)n->nlayouts * (size_t)n->nnodes, ends, row);
+  return n->nlayouts++;
+}
+
 /* Each buffer's arena home: the node of its only non-empty slice, else its
  * slice layout. */
-static remat_status set_homes(remat_step_plan *p) {
-  numa_plan *n = &p->numa;
-  for (int32_t b = 0; b < p->low.nbufs; b++) {
-    plan_buffer *buf = &p->low.bufs[b];
+static remat_status set_homes(const plan_lowering *low, numa_plan *n) {
+  for (int32_t b = 0; b < low->nbufs; b++) {
     int nonempty = 0, node = 0;
     for (int k = 0; k < n->nnodes; k++)
       if (slice_hi(n, b, k) > slice_lo(n, b, k)) {
         nonempty++;
         node = k;
       }
-    const int64_t *ends = n->slice_end + (int64_t)b * n->nnodes;
-    buf->node = nonempty <= 1
-                    ? node
-                    : mem_arena_layout(&p->arena, (size_t)buf->bytes, ends);
-    if (buf->node < 0)
+    if (nonempty <= 1) {
+      n->home[b] = node;
+      continue;
+    }
+    int j = layout_of(n, low->bufs[b].bytes,
+                      n->slice_end + (int64_t)b * n->nnodes);
+    if (j < 0)
       return REMAT_ERR_OUT_OF_MEMORY;
+    n->home[b] = n->nnodes + j;
   }
   return REMAT_OK;
 }
 
-remat_status numa_place(remat_step_plan *p) {
-  const sched_placement *pl = sched_pool_placement(p->g->rt->pool);
-  numa_ctx c = {p, &p->numa, pl, NULL};
-  remat_status s = alloc_plan(p, &p->numa, pl->nnodes < 1 ? 1 : pl->nnodes);
+remat_status numa_place(const remat_graph *g, const plan_lowering *low,
+                        const sched_placement *pl, numa_plan *out) {
+  memset(out, 0, sizeof *out);
+  numa_ctx c = {g, low, out, pl, NULL};
+  remat_status s = alloc_plan(low, out, pl->nnodes < 1 ? 1 : pl->nnodes);
   if (s == REMAT_OK) {
-    c.sliced = remat__calloc((size_t)p->low.nbufs + 1, sizeof *c.sliced);
+    c.sliced = remat__calloc((size_t)low->nbufs + 1, sizeof *c.sliced);
     s = c.sliced != NULL ? REMAT_OK : REMAT_ERR_OUT_OF_MEMORY;
   }
-  for (int32_t i = 0; s == REMAT_OK && i < p->low.nknodes; i++)
+  for (int32_t i = 0; s == REMAT_OK && i < low->nknodes; i++)
     place_knode(&c, i);
   free(c.sliced);
   if (s == REMAT_OK)
-    s = set_homes(p);
-  if (s != REMAT_OK)
+    s = set_homes(low, out);
+  if (s != REMAT_OK) {
+    numa_plan_free(out);
     return remat__fail(s, "remat_compile: out of memory placing the step on "
                           "NUMA nodes");
-  return REMAT_OK;
-}
-
-remat_status numa_place_copies(remat_step_plan *p) {
-  numa_plan *n = &p->numa;
-  if (n->copy_bytes == 0)
-    return REMAT_OK;
-  n->copies = remat__calloc((size_t)p->low.nbufs * (size_t)n->nnodes,
-                            sizeof *n->copies);
-  if (n->copies == NULL)
-    return REMAT_ERR_OUT_OF_MEMORY;
-  for (int32_t b = 0; b < p->low.nbufs; b++) {
-    const plan_buffer *buf = &p->low.bufs[b];
-    if (!n->replicated[b])
-      continue;
-    float **copy = n->copies + (int64_t)b * n->nnodes;
-    copy[0] = buf->data;
-    for (int k = 1; k < n->nnodes; k++) {
-      copy[k] = mem_alloc(&p->arena, (size_t)buf->bytes, REMAT_MEM_PARAMS, k,
-                          false);
-      if (copy[k] == NULL)
-        return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
-                           "remat_compile: out of memory copying %lld bytes "
-                           "of parameters to NUMA node %d",
-                           (long long)buf->bytes, k);
-      memcpy(copy[k], buf->data, (size_t)buf->bytes);
-    }
   }
   return REMAT_OK;
 }
 
-float *numa_data(const remat_step_plan *p, int32_t b, int node) {
-  const numa_plan *n = &p->numa;
-  if (n->copies != NULL && n->replicated[b])
-    return n->copies[(int64_t)b * n->nnodes + node];
-  return p->low.bufs[b].data;
-}
-
-void numa_refresh(remat_step_plan *p, int32_t b, int from, int64_t lo,
-                  int64_t hi) {
-  numa_plan *n = &p->numa;
-  if (n->copies == NULL || !n->replicated[b])
-    return;
-  float **copy = n->copies + (int64_t)b * n->nnodes;
-  size_t size = (size_t)op_dtype_size(p->low.bufs[b].dtype);
-  for (int k = 0; k < n->nnodes; k++)
-    if (k != from)
-      memcpy((char *)copy[k] + (size_t)lo * size,
-             (char *)copy[from] + (size_t)lo * size, (size_t)(hi - lo) * size);
-}
-
-void numa_plan_free(remat_step_plan *p) {
-  numa_plan *n = &p->numa;
-  for (int32_t b = 0; n->copies != NULL && b < p->low.nbufs; b++)
-    for (int k = 1; n->replicated[b] && k < n->nnodes; k++)
-      mem_free(&p->arena, n->copies[(int64_t)b * n->nnodes + k],
-               (size_t)p->low.bufs[b].bytes, REMAT_MEM_PARAMS, k, false);
-  free(n->copies);
+void numa_plan_free(numa_plan *n) {
   free(n->first_tile);
   free(n->tile_node);
   free(n->affinity);
   free(n->slice_end);
   free(n->replicated);
+  free(n->home);
+  free(n->layout_bytes);
+  free(n->layout_ends);
   memset(n, 0, sizeof *n);
 }

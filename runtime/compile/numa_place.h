@@ -21,30 +21,22 @@ typedef struct numa_plan {
    * sliced has all its bytes in one slice. */
   int64_t *slice_end;
   bool *replicated;    /* [nbufs]: a copy on every node (parameters) */
-  float **copies;      /* [nbufs * nnodes] of replicated buffers: the copy
-                          on each node; copies[b * nnodes] is b's data */
+  /* [nbufs]: each buffer's arena home: the node of its only non-empty
+   * slice, or nnodes + j for slice layout j (a buffer sliced over several
+   * nodes; buffers of one size and slices share a layout). */
+  int *home;
+  int nlayouts;
+  int64_t *layout_bytes; /* [nlayouts] */
+  int64_t *layout_ends;  /* [nlayouts * nnodes]: as slice_end */
   int64_t copy_bytes;  /* bytes of the copies besides the buffers' own */
   int64_t remote_bytes, remote_bytes_unplaced;
 } numa_plan;
 
-struct remat_step_plan;
-
-/* Fills p->numa from p->low (after lifetimes, before the DAG) and sets each
- * buffer's arena home (plan_buffer.node): the node of its only slice, or
- * a slice layout registered with p->arena. On one node every tile is
- * dealt to node 0, none is pinned and nothing is copied. */
-remat_status numa_place(struct remat_step_plan *p);
-/* After persistent allocation: the copies of replicated buffers on the
- * other nodes, filled from their data. */
-remat_status numa_place_copies(struct remat_step_plan *p);
-/* Buffer b's data as a worker on `node` reads it: the node's copy of a
- * replicated buffer. */
-float *numa_data(const struct remat_step_plan *p, int32_t b, int node);
-/* Copies elements [lo, hi) of replicated buffer b from node `from`'s copy to
- * the others (after an update tile or remat_write). */
-void numa_refresh(struct remat_step_plan *p, int32_t b, int from, int64_t lo,
-                  int64_t hi);
-/* Frees the copies (into p->arena) and the plan's arrays. */
-void numa_plan_free(struct remat_step_plan *p);
+/* Fills `out` from the lowering (after lifetimes) and the pool's workers
+ * per node. On one node every tile is dealt to node 0, none is pinned and
+ * nothing is copied. On failure `out` holds nothing. */
+remat_status numa_place(const remat_graph *g, const plan_lowering *low,
+                        const sched_placement *pl, numa_plan *out);
+void numa_plan_free(numa_plan *n);
 
 #endif

@@ -125,7 +125,10 @@ static const char *const candidate_names[PLANNER_MAX_CHOICES] = {
 typedef struct planner {
   const plan_target *t;
   remat_graph *g;
-  remat_decision *out;                /* the candidate being looked at */
+  remat_decision *out;                /* the decision, committed once */
+  remat_decision scratch;             /* the candidate being measured */
+  int *chosen;                        /* [ntops]: the candidate per
+                                         top-level region to commit */
   remat_policy *fallback;
   remat_policy *candidates[PLANNER_MAX_CHOICES];
   const remat_policy **region_policy; /* [nregions] */
@@ -148,28 +151,36 @@ static bool planned_region(const planner *pl, int32_t r) {
 }
 
 /* Gives every region its policy, the candidate `choice` under a planned
- * top-level region, and decides every tensor into pl->out. */
-static remat_status decide(planner *pl, const int *choice) {
+ * top-level region, and decides every tensor into `into` (the planner's
+ * scratch while measuring, its output when committing). */
+static remat_status decide(planner *pl, const int *choice,
+                           remat_decision *into) {
   remat_graph *g = pl->g;
   for (int32_t r = 0; r < g->nregions; r++) {
     const graph_region *reg = &g->regions[r];
     pl->region_policy[r] = reg->policy ? reg->policy : pl->fallback;
-    pl->out->source[r] = reg->policy ? REGION_OWN : REGION_DEFAULT;
+    into->source[r] = reg->policy ? REGION_OWN : REGION_DEFAULT;
     for (int t = 0; t < pl->ntops; t++)
       if (pl->tops[t] == reg->top && planned_region(pl, r)) {
         pl->region_policy[r] = pl->candidates[choice[t]];
-        pl->out->source[r] = REGION_BUDGET;
+        into->source[r] = REGION_BUDGET;
       }
   }
-  return policy_decide_with(g, pl->out->saved, pl->out->deciding_region,
+  return policy_decide_with(g, into->saved, into->deciding_region,
                             pl->region_policy);
 }
 
+/* Chooses `choice` as the decision to commit. */
+static void choose(planner *pl, const int *choice) {
+  for (int t = 0; t < pl->ntops; t++)
+    pl->chosen[t] = choice[t];
+}
+
 static remat_status measure(planner *pl, const int *choice, plan_measures *m) {
-  remat_status s = decide(pl, choice);
+  remat_status s = decide(pl, choice, &pl->scratch);
   if (s != REMAT_OK)
     return s;
-  lower_request req = {pl->g, pl->out->saved, pl->t->loss, pl->t->has_opt,
+  lower_request req = {pl->g, pl->scratch.saved, pl->t->loss, pl->t->has_opt,
                        pl->t->opt_kind};
   return measure_decision(&req, pl->t->nworkers, pl->t->nnodes, m);
 }
@@ -239,8 +250,10 @@ static remat_status uniform_fallback(planner *pl, int64_t budget,
   }
   for (int t = 0; fits >= 0 && t < pl->ntops; t++)
     choice[t] = fits;
-  if (s == REMAT_OK)
-    s = fits >= 0 ? decide(pl, choice) : REMAT_ERR_BUDGET;
+  if (s == REMAT_OK && fits >= 0)
+    choose(pl, choice);
+  else if (s == REMAT_OK)
+    s = REMAT_ERR_BUDGET;
   free(choice);
   return s;
 }
@@ -274,6 +287,8 @@ static remat_status plan_chain(planner *pl, int64_t budget) {
     int64_t peak = peak_of(pl, choice, &ms);
     if (ms != REMAT_OK || peak <= budget) {
       s = ms;
+      if (s == REMAT_OK)
+        choose(pl, choice);
       break;
     }
     model_budget -= peak - budget;
@@ -301,13 +316,12 @@ static remat_status plan_budget(planner *pl, int64_t budget) {
 /* No planned region: every region's policy is fixed; a budget only
  * checks. */
 static remat_status plan_fixed(planner *pl, int64_t budget) {
-  int zero[1] = {0};
   for (int t = 0; t < pl->ntops; t++)
     pl->free_region[pl->tops[t]] = false;
-  if (budget <= 0)
-    return decide(pl, zero);
+  if (budget <= 0) /* pl->chosen: all 0, unused for fixed regions */
+    return REMAT_OK;
   remat_status s;
-  int64_t peak = peak_of(pl, zero, &s);
+  int64_t peak = peak_of(pl, pl->chosen, &s);
   if (s == REMAT_OK && peak > budget)
     return infeasible(pl, budget, peak);
   return s;
@@ -315,7 +329,8 @@ static remat_status plan_fixed(planner *pl, int64_t budget) {
 
 static remat_status setup(planner *pl) {
   remat_graph *g = pl->g;
-  remat_status s = policy_resolve_default(g, &pl->fallback);
+  remat_status s = policy_resolve_default(g, pl->t->default_policy,
+                                          &pl->fallback);
   for (int c = 0; s == REMAT_OK && c < PLANNER_MAX_CHOICES; c++)
     s = remat_policy_parse(candidate_names[c], &pl->candidates[c]);
   if (s != REMAT_OK)
@@ -325,7 +340,9 @@ static remat_status setup(planner *pl) {
   pl->free_region = remat__calloc(n, sizeof *pl->free_region);
   pl->tops = remat__calloc(n, sizeof *pl->tops);
   pl->chain = remat__calloc(n, sizeof *pl->chain);
-  if (!pl->region_policy || !pl->free_region || !pl->tops || !pl->chain)
+  pl->chosen = remat__calloc(n, sizeof *pl->chosen);
+  if (!pl->region_policy || !pl->free_region || !pl->tops || !pl->chain ||
+      !pl->chosen)
     return REMAT_ERR_OUT_OF_MEMORY;
   bool budget = pl->t->budget > 0;
   for (int32_t r = 0; r < g->nregions; r++) {
@@ -349,6 +366,8 @@ static void teardown(planner *pl) {
   free(pl->free_region);
   free(pl->tops);
   free(pl->chain);
+  free(pl->chosen);
+  decision_free(&pl->scratch);
 }
 
 static remat_status alloc_decision(const remat_graph *g, remat_decision *d) {
@@ -392,6 +411,8 @@ static remat_status run_planner(planner *pl) {
     s = plan_budget(pl, budget);
   else if (s == REMAT_OK)
     s = plan_fixed(pl, budget);
+  if (s == REMAT_OK) /* the commit: the chosen decision into the output */
+    s = decide(pl, pl->chosen, pl->out);
   return s == REMAT_OK ? name_policies(pl) : s;
 }
 
@@ -402,6 +423,8 @@ remat_status plan_remat(const plan_target *t, remat_decision *out) {
   pl.g = t->g;
   pl.out = out;
   remat_status s = alloc_decision(t->g, out);
+  if (s == REMAT_OK)
+    s = alloc_decision(t->g, &pl.scratch);
   if (s == REMAT_OK)
     s = run_planner(&pl);
   teardown(&pl);

@@ -65,6 +65,7 @@ typedef struct plan_target {
   int32_t loss;     /* -1: forward only */
   bool has_opt;
   remat_optimizer_kind opt_kind;
+  const char *default_policy; /* of regions that name none (REMAT_POLICY) */
   int64_t budget;   /* 0: none */
   int nworkers;
   int nnodes;       /* parameters have a copy on each (numa_place.c) */

@@ -7,11 +7,8 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "runtime/dp/dp.h"
-#include "runtime/compile/step_plan.h"
 #include "runtime/compile/task_names.h"
 #include "runtime/compile/taskgraph.h"
-#include "runtime/exec/tasks.h"
 
 /* ---- edges between nodes ---- */
 
@@ -45,17 +42,17 @@ typedef struct buf_state {
 } buf_state;
 
 /* Data edges from program order. `mark` dedupes sources per target. */
-static bool data_edges(remat_step_plan *p, edge_list *e) {
-  buf_state *st = remat__calloc((size_t)p->low.nbufs, sizeof *st);
-  int32_t *mark = remat__malloc((size_t)p->low.nknodes * sizeof *mark);
+static bool data_edges(const taskgraph_request *r, edge_list *e) {
+  buf_state *st = remat__calloc((size_t)r->low->nbufs, sizeof *st);
+  int32_t *mark = remat__malloc((size_t)r->low->nknodes * sizeof *mark);
   bool ok = st != NULL && mark != NULL;
-  for (int32_t b = 0; ok && b < p->low.nbufs; b++)
+  for (int32_t b = 0; ok && b < r->low->nbufs; b++)
     st[b].last_writer = -1;
-  for (int32_t i = 0; ok && i < p->low.nknodes; i++)
+  for (int32_t i = 0; ok && i < r->low->nknodes; i++)
     mark[i] = -1;
-  for (int32_t i = 0; ok && i < p->low.nknodes; i++) {
+  for (int32_t i = 0; ok && i < r->low->nknodes; i++) {
     knode_use uses[PLAN_MAX_USES];
-    int nuses = knode_uses(&p->low.knodes[i], uses);
+    int nuses = knode_uses(&r->low->knodes[i], uses);
     for (int j = 0; ok && j < nuses; j++) {
       buf_state *s = &st[uses[j].buf];
       bool writes = uses[j].writes;
@@ -90,7 +87,7 @@ static bool data_edges(remat_step_plan *p, edge_list *e) {
       }
     }
   }
-  for (int32_t b = 0; st != NULL && b < p->low.nbufs; b++)
+  for (int32_t b = 0; st != NULL && b < r->low->nbufs; b++)
     free(st[b].readers);
   free(st);
   free(mark);
@@ -105,34 +102,34 @@ static bool data_edges(remat_step_plan *p, edge_list *e) {
  * while region k + 1's tensors were all still alive: measured on the
  * default GPT at 2 threads, the same step time and 1.5x the activation
  * peak.) */
-static bool memory_order_edges(remat_step_plan *p, int lookahead,
+static bool memory_order_edges(const taskgraph_request *r, int lookahead,
                                edge_list *e) {
-  int32_t nreg = p->g->nregions;
+  int32_t nreg = r->g->nregions;
   int32_t *last_bwd = remat__malloc(((size_t)nreg + 1) * sizeof *last_bwd);
   if (last_bwd == NULL)
     return false;
   int32_t seed = -1;
   for (int32_t r = 0; r < nreg; r++)
     last_bwd[r] = -1;
-  for (int32_t i = 0; i < p->low.nknodes; i++) {
-    plan_knode *kn = &p->low.knodes[i];
+  for (int32_t i = 0; i < r->low->nknodes; i++) {
+    const plan_knode *kn = &r->low->knodes[i];
     if (kn->kind == KNODE_SEED)
       seed = i;
     if (kn->kind == KNODE_BACKWARD && kn->region >= 0)
       last_bwd[kn->region] = i;
   }
   bool ok = true;
-  for (int32_t i = 0; ok && i < p->low.nknodes; i++) {
-    plan_knode *kn = &p->low.knodes[i];
+  for (int32_t i = 0; ok && i < r->low->nknodes; i++) {
+    const plan_knode *kn = &r->low->knodes[i];
     if (kn->kind != KNODE_RECOMPUTE)
       continue;
     int32_t gate = seed;
     int ahead = 0;
-    for (int32_t r = kn->region + 1; r < nreg; r++) {
-      if (p->g->regions[r].parent != -1 || last_bwd[r] < 0)
+    for (int32_t k = kn->region + 1; k < nreg; k++) {
+      if (r->g->regions[k].parent != -1 || last_bwd[k] < 0)
         continue;
       if (++ahead == lookahead) {
-        gate = last_bwd[r];
+        gate = last_bwd[k];
         break;
       }
     }
@@ -146,14 +143,14 @@ static bool memory_order_edges(remat_step_plan *p, int lookahead,
 /* Every other node before the gate (so every allocation of the step has
  * succeeded and every gradient is checked), the gate before every update:
  * a step that fails or finds a NaN changes no parameter. */
-static bool gate_edges(remat_step_plan *p, edge_list *e) {
+static bool gate_edges(const taskgraph_request *r, edge_list *e) {
   int32_t gate = -1;
-  for (int32_t i = 0; i < p->low.nknodes && gate < 0; i++)
-    if (p->low.knodes[i].kind == KNODE_GATE)
+  for (int32_t i = 0; i < r->low->nknodes && gate < 0; i++)
+    if (r->low->knodes[i].kind == KNODE_GATE)
       gate = i;
   bool ok = true;
-  for (int32_t i = 0; gate >= 0 && ok && i < p->low.nknodes; i++) {
-    if (p->low.knodes[i].kind == KNODE_UPDATE)
+  for (int32_t i = 0; gate >= 0 && ok && i < r->low->nknodes; i++) {
+    if (r->low->knodes[i].kind == KNODE_UPDATE)
       ok = push_edge(e, gate, i);
     else if (i != gate)
       ok = push_edge(e, i, gate);
@@ -188,39 +185,42 @@ static const char *node_name(const plan_knode *kn) {
  * nodes exactly in program order, the order memplan.c predicts, and more
  * workers never let a later node starve an earlier one. A tile's affinity
  * is the one the NUMA placement stage gave it (numa_place.c). */
-static remat_status add_tasks(remat_step_plan *p) {
-  p->task_names = task_names_build(p->g, &p->low);
-  if (p->task_names == NULL)
+static remat_status add_tasks(const taskgraph_request *r, plan_tasks *t) {
+  const plan_lowering *low = r->low;
+  t->names = task_names_build(r->g, low);
+  int32_t nk = low->nknodes;
+  t->start_task = remat__malloc(((size_t)nk + 1) * sizeof *t->start_task);
+  t->done_task = remat__malloc(((size_t)nk + 1) * sizeof *t->done_task);
+  t->ntiles = r->numa->ntiles;
+  t->tiles = remat__malloc(((size_t)t->ntiles + 1) * sizeof *t->tiles);
+  if (t->names == NULL || t->start_task == NULL || t->done_task == NULL ||
+      t->tiles == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
-  int64_t ntiles = 0;
-  for (int32_t i = 0; i < p->low.nknodes; i++)
-    ntiles += p->low.knodes[i].tiles;
-  p->tiles = remat__malloc((size_t)ntiles * sizeof *p->tiles);
-  if (p->tiles == NULL)
-    return REMAT_ERR_OUT_OF_MEMORY;
-  p->ntiles = ntiles;
   int64_t next = 0;
-  for (int32_t i = 0; i < p->low.nknodes; i++) {
-    plan_knode *kn = &p->low.knodes[i];
-    kn->plan = p;
+  for (int32_t i = 0; i < nk; i++) {
+    const plan_knode *kn = &low->knodes[i];
     /* kernel names ("linear.fwd"): the scheduler's messages and the
-     * simulator's cost groups; traces use p->task_names */
+     * simulator's cost groups; traces use t->names */
     const char *name = node_name(kn), *cat = node_category(kn);
-    kn->start_task = sched_dag_add(p->dag, tasks_start, kn, -i, -1, name, cat);
-    kn->done_task = sched_dag_add(p->dag, tasks_done, kn, -i, -1, name, cat);
-    if (kn->start_task < 0 || kn->done_task < 0)
-      return (remat_status)(kn->start_task < 0 ? -kn->start_task : -kn->done_task);
-    for (int64_t t = 0; t < kn->tiles; t++) {
-      plan_tile *tile = &p->tiles[next++];
-      tile->kn = kn;
-      tile->tile = t;
-      int node = p->numa.affinity[next - 1];
-      int32_t id = sched_dag_add(p->dag, tasks_tile, tile, -i, node, name, cat);
+    void *arg = (void *)kn; /* the bodies take it back as const */
+    t->start_task[i] =
+        sched_dag_add(t->dag, r->bodies->start, arg, -i, -1, name, cat);
+    t->done_task[i] =
+        sched_dag_add(t->dag, r->bodies->done, arg, -i, -1, name, cat);
+    if (t->start_task[i] < 0 || t->done_task[i] < 0)
+      return (remat_status)(t->start_task[i] < 0 ? -t->start_task[i]
+                                                 : -t->done_task[i]);
+    for (int64_t k = 0; k < kn->tiles; k++) {
+      plan_tile *tile = &t->tiles[next];
+      *tile = (plan_tile){kn, i, k};
+      int node = r->numa->affinity[next++];
+      int32_t id =
+          sched_dag_add(t->dag, r->bodies->tile, tile, -i, node, name, cat);
       if (id < 0)
         return (remat_status)-id;
-      remat_status s = sched_dag_edge(p->dag, kn->start_task, id);
+      remat_status s = sched_dag_edge(t->dag, t->start_task[i], id);
       if (s == REMAT_OK)
-        s = sched_dag_edge(p->dag, id, kn->done_task);
+        s = sched_dag_edge(t->dag, id, t->done_task[i]);
       if (s != REMAT_OK)
         return s;
     }
@@ -228,26 +228,47 @@ static remat_status add_tasks(remat_step_plan *p) {
   return REMAT_OK;
 }
 
-remat_status taskgraph_build(remat_step_plan *p, int lookahead) {
+static remat_status build(const taskgraph_request *r, plan_tasks *t) {
   char err[SCHED_ERRMSG_MAX];
-  remat_status s = sched_dag_create(&p->dag, err);
+  remat_status s = sched_dag_create(&t->dag, err);
   if (s != REMAT_OK)
     return remat__fail_msg(s, err);
-  if ((s = add_tasks(p)) != REMAT_OK)
+  if ((s = add_tasks(r, t)) != REMAT_OK)
     return remat__fail(s, "remat_compile: cannot build the task graph");
   edge_list e = {0};
-  bool ok = data_edges(p, &e) && memory_order_edges(p, lookahead, &e) && gate_edges(p, &e);
+  bool ok = data_edges(r, &e) && memory_order_edges(r, r->lookahead, &e) &&
+            gate_edges(r, &e);
   for (int64_t i = 0; ok && i < e.n; i++)
-    ok = sched_dag_edge(p->dag, p->low.knodes[e.from[i]].done_task,
-                        p->low.knodes[e.to[i]].start_task) == REMAT_OK;
+    ok = sched_dag_edge(t->dag, t->done_task[e.from[i]],
+                        t->start_task[e.to[i]]) == REMAT_OK;
   free(e.from);
   free(e.to);
   if (!ok)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "remat_compile: out of memory adding task edges");
-  if ((s = dp_add_tasks(p)) != REMAT_OK)
-    return s;
-  if ((s = sched_dag_finalize(p->dag, err)) != REMAT_OK)
-    return remat__fail_msg(s, err);
   return REMAT_OK;
+}
+
+remat_status taskgraph_build(const taskgraph_request *r, plan_tasks *out) {
+  memset(out, 0, sizeof *out);
+  remat_status s = build(r, out);
+  if (s != REMAT_OK)
+    plan_tasks_free(out);
+  return s;
+}
+
+remat_status taskgraph_finalize(plan_tasks *t) {
+  char err[SCHED_ERRMSG_MAX];
+  remat_status s = sched_dag_finalize(t->dag, err);
+  return s == REMAT_OK ? s : remat__fail_msg(s, err);
+}
+
+void plan_tasks_free(plan_tasks *t) {
+  if (t->dag != NULL)
+    sched_dag_destroy(t->dag);
+  free(t->tiles);
+  free(t->start_task);
+  free(t->done_task);
+  free(t->names);
+  memset(t, 0, sizeof *t);
 }

@@ -2,24 +2,30 @@
  * data parallel, so each does nothing. */
 #include "runtime/dp/dp.h"
 
-remat_status dp_add_tasks(remat_step_plan *p) {
-  (void)p;
+remat_status dp_add_tasks(const compiled_step *c, step_state *state,
+                          sched_dag *dag, struct dp_plan **out) {
+  (void)c;
+  (void)state;
+  (void)dag;
+  *out = NULL;
   return REMAT_OK;
 }
 
-remat_status dp_step_begin(remat_step_plan *p) {
-  (void)p;
+remat_status dp_step_begin(const compiled_step *c, step_state *state) {
+  (void)c;
+  (void)state;
   return REMAT_OK;
 }
 
-remat_status dp_step_end(remat_step_plan *p, remat_status s, char *err,
-                         size_t err_size) {
-  (void)p;
+remat_status dp_step_end(const compiled_step *c, step_state *state,
+                         remat_status s, char *err, size_t err_size) {
+  (void)c;
+  (void)state;
   (void)err;
   (void)err_size;
   return s;
 }
 
-void dp_plan_free(remat_step_plan *p) { (void)p; }
+void dp_plan_free(struct dp_plan *d) { (void)d; }
 
 void dp_graph_free(remat_graph *g) { (void)g; }

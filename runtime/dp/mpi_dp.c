@@ -12,6 +12,7 @@
 #include "remat_mpi.h"
 #include "runtime/dp/dp.h"
 #include "runtime/dp/mpi_comm.h"
+#include "runtime/exec/node_copies.h"
 #include "runtime/exec/precision.h"
 
 #define DEFAULT_BUCKET_BYTES (INT64_C(4) << 20)
@@ -69,7 +70,8 @@ typedef struct dp_bucket {
 } dp_bucket;
 
 typedef struct dp_plan {
-  remat_step_plan *p;
+  const compiled_step *c; /* the step whose gradients it averages */
+  step_state *s;          /* the state it reads and writes them in */
   dp_graph *cfg;
   dp_bucket *buckets;
   int nbuckets;
@@ -140,11 +142,11 @@ remat_status remat_graph_dp_stats(const remat_graph *g, remat_dp_stats *out) {
   if (g == NULL || out == NULL)
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_graph_dp_stats: graph or out is NULL");
-  if (g->dp == NULL || g->plan == NULL || g->plan->dp == NULL)
+  if (g->dp == NULL || g->step == NULL || g->step->state.dp == NULL)
     return remat__fail(REMAT_ERR_STATE,
                        "remat_graph_dp_stats: the graph is not a compiled "
                        "data-parallel training graph");
-  const dp_plan *d = g->plan->dp;
+  const dp_plan *d = g->step->state.dp;
   *out = (remat_dp_stats){.world_size = g->dp->size,
                           .rank = g->dp->rank,
                           .buckets = d->nbuckets,
@@ -168,21 +170,23 @@ void dp_graph_free(remat_graph *g) {
 
 /* ---- task bodies and completions ---- */
 
-static plan_buffer *buffer(remat_step_plan *p, int32_t b) {
-  return &p->low.bufs[b];
+static const plan_buffer *buffer(const compiled_step *c, int32_t b) {
+  return &c->low.bufs[b];
 }
 
 /* Runs on a worker when every gradient of the bucket is final. */
-static int bucket_task(void *arg, int worker) {
+static int bucket_task(void *context, void *arg, int worker) {
+  (void)context;
   (void)worker;
   dp_bucket *b = arg;
-  remat_step_plan *p = b->dp->p;
+  const dp_plan *d = b->dp;
   int64_t off = 0;
   for (int i = 0; i < b->ngrads; i++) {
-    plan_buffer *g = buffer(p, b->grads[i]);
+    const plan_buffer *g = buffer(d->c, b->grads[i]);
+    const float *data = d->s->data[b->grads[i]];
     int64_t n = g->bytes / (int64_t)sizeof(float);
-    if (g->data != NULL)
-      memcpy(b->data + off, g->data, (size_t)g->bytes);
+    if (data != NULL)
+      memcpy(b->data + off, data, (size_t)g->bytes);
     else
       memset(b->data + off, 0, (size_t)g->bytes);
     off += n;
@@ -191,28 +195,29 @@ static int bucket_task(void *arg, int worker) {
   return 0;
 }
 
-static float local_loss(const remat_step_plan *p) {
-  if (p->loss < 0)
+static float local_loss(const dp_plan *d) {
+  if (d->c->loss < 0)
     return 0.0f;
-  return precision_get1(&p->low.bufs[p->low.value_buf[p->loss]]);
+  int32_t b = d->c->low.value_buf[d->c->loss];
+  return precision_get1(&d->c->low.bufs[b], d->s->data[b]);
 }
 
 /* The agreement's local values: this rank's loss, NaN/Inf, failure. */
 static void agree_fill(dp_plan *d, int status) {
-  remat_step_plan *p = d->p;
-  float loss = local_loss(p);
+  float loss = local_loss(d);
   d->loss = (double)loss;
-  d->flags[FLAG_NONFINITE] = atomic_load(&p->nonfinite) || !isfinite(loss);
+  d->flags[FLAG_NONFINITE] = atomic_load(&d->s->nonfinite) || !isfinite(loss);
   d->flags[FLAG_OOM] = status == REMAT_ERR_OUT_OF_MEMORY;
   d->flags[FLAG_STATUS] = status;
   d->flags[FLAG_RANK] = status != REMAT_OK ? d->cfg->rank : -1;
 }
 
 /* Runs on a worker after every other node but the gate and the updates. */
-static int agree_task(void *arg, int worker) {
+static int agree_task(void *context, void *arg, int worker) {
+  (void)context;
   (void)worker;
   dp_plan *d = arg;
-  agree_fill(d, sched_run_failure(d->p->g->rt->pool));
+  agree_fill(d, sched_run_failure(d->c->g->rt->pool));
   comm_ready(&d->comm, d->nbuckets, true);
   return 0;
 }
@@ -221,29 +226,31 @@ static int agree_task(void *arg, int worker) {
  * buffers; the agreed loss and flags decide the update. */
 static void item_done(void *ctx, int i) {
   dp_plan *d = ctx;
-  remat_step_plan *p = d->p;
+  const compiled_step *c = d->c;
   comm_item *it = &d->comm.items[i];
   float scale = 1.0f / (float)d->cfg->size;
   if (i < d->nbuckets) {
     dp_bucket *b = &d->buckets[i];
     int64_t off = 0;
     for (int k = 0; k < b->ngrads; k++) {
-      plan_buffer *g = buffer(p, b->grads[k]);
-      int64_t n = g->bytes / (int64_t)sizeof(float);
-      for (int64_t j = 0; g->data != NULL && j < n; j++)
-        g->data[j] = b->data[off + j] * scale;
+      float *data = d->s->data[b->grads[k]];
+      int64_t n = buffer(c, b->grads[k])->bytes / (int64_t)sizeof(float);
+      for (int64_t j = 0; data != NULL && j < n; j++)
+        data[j] = b->data[off + j] * scale;
       off += n;
     }
   } else {
-    if (p->loss >= 0)
-      precision_set1(&p->low.bufs[p->low.value_buf[p->loss]],
+    if (c->loss >= 0) {
+      int32_t lb = c->low.value_buf[c->loss];
+      precision_set1(&c->low.bufs[lb], d->s->data[lb],
                      (float)(d->loss / (double)d->cfg->size));
+    }
     if (d->flags[FLAG_NONFINITE] || d->flags[FLAG_STATUS] != 0 ||
         d->comm.broken)
-      atomic_store(&p->nonfinite, 1); /* no rank updates */
+      atomic_store(&d->s->nonfinite, 1); /* no rank updates */
   }
   if (it->by_task)
-    sched_complete(p->g->rt->pool,
+    sched_complete(c->g->rt->pool,
                    i < d->nbuckets ? d->buckets[i].task : d->agree_task);
 }
 
@@ -273,7 +280,7 @@ static bool node_uses(const plan_knode *kn, int32_t buf, bool *writes) {
 
 /* The parameters' gradient buffers with their last writers, in the order
  * backward finishes them. */
-static grad_info *gradients(remat_step_plan *p, int *count) {
+static grad_info *gradients(const compiled_step *p, int *count) {
   const remat_graph *g = p->g;
   grad_info *gi = remat__malloc(((size_t)g->ntensors + 1) * sizeof *gi);
   if (gi == NULL)
@@ -300,7 +307,7 @@ static grad_info *gradients(remat_step_plan *p, int *count) {
 
 /* Groups the gradients into buckets of about the limit, in order. */
 static remat_status make_buckets(dp_plan *d, const grad_info *gi, int n) {
-  remat_step_plan *p = d->p;
+  const compiled_step *p = d->c;
   int64_t limit = d->cfg->bucket_bytes / (int64_t)sizeof(float);
   d->buckets = remat__calloc((size_t)n + 1, sizeof *d->buckets);
   if (d->buckets == NULL)
@@ -329,8 +336,8 @@ static remat_status make_buckets(dp_plan *d, const grad_info *gi, int n) {
 
 /* Bucket b's task: after every writer of its gradients, before every later
  * user of them. */
-static remat_status bucket_edges(dp_plan *d, dp_bucket *b) {
-  remat_step_plan *p = d->p;
+static remat_status bucket_edges(dp_plan *d, sched_dag *dag, dp_bucket *b) {
+  const compiled_step *p = d->c;
   int32_t last = -1;
   for (int32_t k = 0; k < p->low.nknodes; k++)
     for (int i = 0; i < b->ngrads; i++) {
@@ -338,11 +345,11 @@ static remat_status bucket_edges(dp_plan *d, dp_bucket *b) {
       if (node_uses(&p->low.knodes[k], b->grads[i], &w) && w)
         last = k;
     }
-  b->task = sched_dag_add(p->dag, bucket_task, b, -last, -1, "dp.allreduce",
+  b->task = sched_dag_add(dag, bucket_task, b, -last, -1, "dp.allreduce",
                           "comm");
   if (b->task < 0)
     return (remat_status)-b->task;
-  remat_status s = sched_dag_set_async(p->dag, b->task);
+  remat_status s = sched_dag_set_async(dag, b->task);
   for (int32_t k = 0; s == REMAT_OK && k < p->low.nknodes; k++) {
     bool uses = false, writes = false;
     for (int i = 0; i < b->ngrads && !writes; i++) {
@@ -353,17 +360,17 @@ static remat_status bucket_edges(dp_plan *d, dp_bucket *b) {
       }
     }
     if (uses && k <= last)
-      s = sched_dag_edge(p->dag, p->low.knodes[k].done_task, b->task);
+      s = sched_dag_edge(dag, p->tasks.done_task[k], b->task);
     else if (uses)
-      s = sched_dag_edge(p->dag, b->task, p->low.knodes[k].start_task);
+      s = sched_dag_edge(dag, b->task, p->tasks.start_task[k]);
   }
   return s;
 }
 
 /* The agreement: after every node but the gate and the updates (so after
  * every allocation, check and bucket), before the gate. */
-static remat_status agree_edges(dp_plan *d) {
-  remat_step_plan *p = d->p;
+static remat_status agree_edges(dp_plan *d, sched_dag *dag) {
+  const compiled_step *p = d->c;
   int32_t gate = -1, last = 0;
   for (int32_t k = 0; k < p->low.nknodes; k++) {
     knode_kind kind = p->low.knodes[k].kind;
@@ -372,20 +379,20 @@ static remat_status agree_edges(dp_plan *d) {
     else if (kind != KNODE_UPDATE)
       last = k;
   }
-  d->agree_task = sched_dag_add(p->dag, agree_task, d, -last, -1, "dp.agree",
+  d->agree_task = sched_dag_add(dag, agree_task, d, -last, -1, "dp.agree",
                                 "comm");
   if (d->agree_task < 0)
     return (remat_status)-d->agree_task;
-  remat_status s = sched_dag_set_async(p->dag, d->agree_task);
+  remat_status s = sched_dag_set_async(dag, d->agree_task);
   for (int32_t k = 0; s == REMAT_OK && k < p->low.nknodes; k++) {
     knode_kind kind = p->low.knodes[k].kind;
     if (kind != KNODE_GATE && kind != KNODE_UPDATE)
-      s = sched_dag_edge(p->dag, p->low.knodes[k].done_task, d->agree_task);
+      s = sched_dag_edge(dag, p->tasks.done_task[k], d->agree_task);
   }
   for (int i = 0; s == REMAT_OK && i < d->nbuckets; i++)
-    s = sched_dag_edge(p->dag, d->buckets[i].task, d->agree_task);
+    s = sched_dag_edge(dag, d->buckets[i].task, d->agree_task);
   if (s == REMAT_OK && gate >= 0)
-    s = sched_dag_edge(p->dag, d->agree_task, p->low.knodes[gate].start_task);
+    s = sched_dag_edge(dag, d->agree_task, p->tasks.start_task[gate]);
   return s;
 }
 
@@ -413,24 +420,27 @@ static remat_status make_items(dp_plan *d) {
   return REMAT_OK;
 }
 
-remat_status dp_add_tasks(remat_step_plan *p) {
-  if (p->g->dp == NULL || p->forward_only)
+remat_status dp_add_tasks(const compiled_step *c, step_state *state,
+                          sched_dag *dag, struct dp_plan **out) {
+  *out = NULL;
+  if (c->g->dp == NULL || c->forward_only)
     return REMAT_OK;
   dp_plan *d = remat__calloc(1, sizeof *d);
   if (d == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "remat_compile: out of memory for data parallel");
-  p->dp = d;
-  d->p = p;
-  d->cfg = p->g->dp;
+  *out = d;
+  d->c = c;
+  d->s = state;
+  d->cfg = c->g->dp;
   int n = 0;
-  grad_info *gi = gradients(p, &n);
+  grad_info *gi = gradients(c, &n);
   remat_status s = gi != NULL ? make_buckets(d, gi, n) : REMAT_ERR_OUT_OF_MEMORY;
   free(gi);
   for (int i = 0; s == REMAT_OK && i < d->nbuckets; i++)
-    s = bucket_edges(d, &d->buckets[i]);
+    s = bucket_edges(d, dag, &d->buckets[i]);
   if (s == REMAT_OK)
-    s = agree_edges(d);
+    s = agree_edges(d, dag);
   if (s == REMAT_OK)
     s = make_items(d);
   if (s != REMAT_OK)
@@ -442,8 +452,7 @@ remat_status dp_add_tasks(remat_step_plan *p) {
   return REMAT_OK;
 }
 
-void dp_plan_free(remat_step_plan *p) {
-  dp_plan *d = p->dp;
+void dp_plan_free(struct dp_plan *d) {
   if (d == NULL)
     return;
   comm_stop(&d->comm);
@@ -454,26 +463,26 @@ void dp_plan_free(remat_step_plan *p) {
   free(d->buckets);
   free(d->comm.items);
   free(d);
-  p->dp = NULL;
 }
 
 /* ---- steps ---- */
 
 /* Rank 0's parameters and optimizer moments to every rank. */
 static remat_status broadcast_params(dp_plan *d) {
-  remat_step_plan *p = d->p;
+  const compiled_step *p = d->c;
   for (int32_t b = 0; b < p->low.nbufs; b++) {
-    plan_buffer *buf = &p->low.bufs[b];
+    const plan_buffer *buf = &p->low.bufs[b];
+    float *data = d->s->data[b];
     bool param = buf->tensor >= 0 && p->low.value_buf[buf->tensor] == b &&
                  p->g->tensors[buf->tensor]->kind == TENSOR_PARAM;
     if (!param && buf->cat != REMAT_MEM_OPTIMIZER)
       continue;
-    if (!buf->persistent || buf->data == NULL)
+    if (!buf->persistent || data == NULL)
       continue;
     int64_t n = buf->bytes / (int64_t)sizeof(float);
     for (int64_t off = 0; off < n; off += MAX_COUNT) {
       int count = (int)(n - off < MAX_COUNT ? n - off : MAX_COUNT);
-      int rc = MPI_Bcast(buf->data + off, count, MPI_FLOAT, 0, d->cfg->comm);
+      int rc = MPI_Bcast(data + off, count, MPI_FLOAT, 0, d->cfg->comm);
       if (rc != MPI_SUCCESS)
         return remat__fail(REMAT_ERR_BACKEND,
                            "remat_step: broadcasting rank 0's parameters "
@@ -481,13 +490,14 @@ static remat_status broadcast_params(dp_plan *d) {
                            rc);
     }
     if (param)
-      numa_refresh(p, b, 0, 0, n);
+      node_copies_refresh(p, d->s, b, 0, 0, n);
   }
   return REMAT_OK;
 }
 
-remat_status dp_step_begin(remat_step_plan *p) {
-  dp_plan *d = p->dp;
+remat_status dp_step_begin(const compiled_step *c, step_state *state) {
+  (void)c;
+  dp_plan *d = state->dp;
   if (d == NULL)
     return REMAT_OK;
   if (d->comm.broken)
@@ -500,7 +510,7 @@ remat_status dp_step_begin(remat_step_plan *p) {
     if (s != REMAT_OK)
       return s;
     d->synced = true;
-    p->params_written = true; /* rank 0's weights: new bf16 copies */
+    state->params_written = true; /* rank 0's weights: new bf16 copies */
   }
   comm_begin_step(&d->comm);
   return REMAT_OK;
@@ -524,9 +534,10 @@ static void add_step_stats(dp_plan *d) {
   d->steps++;
 }
 
-remat_status dp_step_end(remat_step_plan *p, remat_status s, char *err,
-                         size_t err_size) {
-  dp_plan *d = p->dp;
+remat_status dp_step_end(const compiled_step *c, step_state *state,
+                         remat_status s, char *err, size_t err_size) {
+  (void)c;
+  dp_plan *d = state->dp;
   if (d == NULL)
     return s;
   bool agree_pending;

@@ -7,15 +7,6 @@
 
 #include "runtime/exec/optim.h"
 
-int64_t optim_tiles(int64_t numel) {
-  return (numel + OPTIM_TILE - 1) / OPTIM_TILE;
-}
-
-void optim_tile_range(int64_t numel, int64_t tile, int64_t *lo, int64_t *hi) {
-  *lo = tile * OPTIM_TILE;
-  *hi = *lo + OPTIM_TILE < numel ? *lo + OPTIM_TILE : numel;
-}
-
 double optim_sum_squares(const float *x, int64_t n) {
   double acc = 0.0;
   for (int64_t i = 0; i < n; i++)

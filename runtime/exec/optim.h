@@ -8,12 +8,7 @@
 #include <stdint.h>
 
 #include "remat.h"
-
-/* Elements per optimizer tile, and the tiles of a parameter. */
-#define OPTIM_TILE 65536
-int64_t optim_tiles(int64_t numel);
-/* [lo, hi) of tile `tile` of a parameter with numel elements. */
-void optim_tile_range(int64_t numel, int64_t tile, int64_t *lo, int64_t *hi);
+#include "runtime/compile/optim_tiles.h"
 
 /* The sum of the squares of n values, in order, in double: finite exactly
  * when every value is (a float squared cannot overflow a double). */

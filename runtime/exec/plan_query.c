@@ -1,7 +1,7 @@
 /* What a compiled plan decided, for programs and tests to read: every
  * tensor of the graph, and per tensor saved or recomputed, the deciding
  * region and the policy that region got. */
-#include "runtime/compile/step_plan.h"
+#include "runtime/exec/step_state.h"
 
 int remat_num_tensors(const remat_graph *g) {
   return g == NULL ? 0 : (int)g->ntensors;
@@ -32,7 +32,7 @@ remat_status remat_tensor_plan_of(const remat_graph *g, const remat_tensor *t,
     return remat__fail(REMAT_ERR_STATE,
                        "remat_tensor_plan_of: the graph is not compiled: "
                        "call remat_compile first");
-  const remat_step_plan *p = g->plan;
+  const compiled_step *p = &g->step->compiled;
   int32_t r = p->decision.deciding_region[t->id];
   out->saved = p->decision.saved[t->id];
   out->recomputed = p->low.recomp_buf[t->id] >= 0;

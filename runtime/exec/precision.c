@@ -4,51 +4,56 @@
 #include <string.h>
 
 #include "base/bf16.h"
+#include "runtime/exec/node_copies.h"
 #include "runtime/exec/precision.h"
 
-void precision_refresh_copies(remat_step_plan *p) {
-  if (!p->params_written)
+void precision_refresh_copies(const compiled_step *c, step_state *s) {
+  if (!s->params_written)
     return;
-  for (int32_t t = 0; t < p->g->ntensors; t++) {
-    if (p->g->tensors[t]->kind != TENSOR_PARAM)
+  const remat_graph *g = c->g;
+  for (int32_t t = 0; t < g->ntensors; t++) {
+    if (g->tensors[t]->kind != TENSOR_PARAM)
       continue;
-    int32_t v = p->low.value_buf[t], c = p->low.copy_buf[t];
-    int64_t n = op_numel(&p->g->tensors[t]->shape);
-    numa_refresh(p, v, 0, 0, n);
-    if (c < 0)
+    int32_t v = c->low.value_buf[t], cp = c->low.copy_buf[t];
+    int64_t n = op_numel(&g->tensors[t]->shape);
+    node_copies_refresh(c, s, v, 0, 0, n);
+    if (cp < 0)
       continue;
-    bf16_from_f32_row((uint16_t *)numa_data(p, c, 0), numa_data(p, v, 0), n);
-    numa_refresh(p, c, 0, 0, n);
+    bf16_from_f32_row((uint16_t *)node_copy(c, s, cp, 0),
+                      node_copy(c, s, v, 0), n);
+    node_copies_refresh(c, s, cp, 0, 0, n);
   }
-  p->params_written = false;
+  s->params_written = false;
 }
 
-void precision_store(const plan_buffer *b, const float *src, int64_t n) {
+void precision_store(const plan_buffer *b, void *data, const float *src,
+                     int64_t n) {
   if (b->dtype == OP_BF16)
-    bf16_from_f32_row((uint16_t *)b->data, src, n);
+    bf16_from_f32_row(data, src, n);
   else
-    memcpy(b->data, src, (size_t)n * sizeof *src);
+    memcpy(data, src, (size_t)n * sizeof *src);
 }
 
-void precision_load(const plan_buffer *b, float *dst, int64_t n) {
+void precision_load(const plan_buffer *b, const void *data, float *dst,
+                    int64_t n) {
   if (b->dtype == OP_BF16)
-    bf16_to_f32_row(dst, (const uint16_t *)b->data, n);
+    bf16_to_f32_row(dst, data, n);
   else
-    memcpy(dst, b->data, (size_t)n * sizeof *dst);
+    memcpy(dst, data, (size_t)n * sizeof *dst);
 }
 
-float precision_get1(const plan_buffer *b) {
-  if (b->data == NULL)
+float precision_get1(const plan_buffer *b, const void *data) {
+  if (data == NULL)
     return NAN;
-  return b->dtype == OP_BF16 ? bf16_to_f32(*(const uint16_t *)b->data)
-                             : b->data[0];
+  return b->dtype == OP_BF16 ? bf16_to_f32(*(const uint16_t *)data)
+                             : *(const float *)data;
 }
 
-void precision_set1(plan_buffer *b, float v) {
-  if (b->data == NULL)
+void precision_set1(const plan_buffer *b, void *data, float v) {
+  if (data == NULL)
     return;
   if (b->dtype == OP_BF16)
-    *(uint16_t *)b->data = bf16_from_f32(v);
+    *(uint16_t *)data = bf16_from_f32(v);
   else
-    b->data[0] = v;
+    *(float *)data = v;
 }

@@ -1,6 +1,7 @@
 /* Running a compiled step: feeds and reads, remat_step, remat_accumulate
- * and remat_forward (resetting the per-step counters, reserving the step's blocks, running
- * the task DAG, and reporting its statistics). */
+ * and remat_forward (resetting the per-step counters, reserving the step's
+ * blocks, running the task DAG on the step state, and reporting its
+ * statistics). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,8 +16,8 @@
 #include "runtime/compile/report.h"
 
 #include "runtime/dp/dp.h"
+#include "runtime/exec/node_copies.h"
 #include "runtime/exec/precision.h"
-#include "runtime/compile/step_plan.h"
 
 static double now_seconds(void) {
   struct timespec ts;
@@ -102,7 +103,9 @@ static remat_status do_feed(remat_graph *g, remat_tensor *input, const void *dat
   if (input->dtype == OP_I32 &&
       (s = check_ids(g, input, data, bytes / sizeof(int32_t))) != REMAT_OK)
     return s;
-  precision_store(&g->plan->low.bufs[g->plan->low.value_buf[input->id]], data,
+  const compiled_step *c = &g->step->compiled;
+  int32_t b = c->low.value_buf[input->id];
+  precision_store(&c->low.bufs[b], g->step->state.data[b], data,
                   (int64_t)(bytes / sizeof(float)));
   return REMAT_OK;
 }
@@ -112,15 +115,17 @@ static remat_status do_read(remat_graph *g, remat_tensor *t, void *dst,
   remat_status s = check_tensor(g, t, bytes, "remat_read");
   if (s != REMAT_OK)
     return s;
-  plan_buffer *b = &g->plan->low.bufs[g->plan->low.value_buf[t->id]];
-  if (!b->persistent)
+  const compiled_step *c = &g->step->compiled;
+  int32_t b = c->low.value_buf[t->id];
+  if (!c->low.bufs[b].persistent)
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_read: '%s' is an intermediate activation: call "
                        "remat_keep on it before compile",
                        t->name);
   if (dst == NULL)
     return remat__fail(REMAT_ERR_INVALID_ARG, "remat_read: dst is NULL");
-  precision_load(b, dst, (int64_t)(bytes / sizeof(float)));
+  precision_load(&c->low.bufs[b], g->step->state.data[b], dst,
+                 (int64_t)(bytes / sizeof(float)));
   return REMAT_OK;
 }
 
@@ -129,7 +134,9 @@ static remat_status do_read_grad(remat_graph *g, remat_tensor *param, float *dst
   remat_status s = check_tensor(g, param, bytes, "remat_read_grad");
   if (s != REMAT_OK)
     return s;
-  int32_t b = param->kind == TENSOR_PARAM ? g->plan->low.grad_buf[param->id] : -1;
+  int32_t b = param->kind == TENSOR_PARAM
+                  ? g->step->compiled.low.grad_buf[param->id]
+                  : -1;
   if (b < 0)
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_read_grad: '%s' is not a parameter with a "
@@ -137,7 +144,7 @@ static remat_status do_read_grad(remat_graph *g, remat_tensor *param, float *dst
                        param->name);
   if (dst == NULL)
     return remat__fail(REMAT_ERR_INVALID_ARG, "remat_read_grad: dst is NULL");
-  memcpy(dst, g->plan->low.bufs[b].data, bytes);
+  memcpy(dst, g->step->state.data[b], bytes);
   return REMAT_OK;
 }
 
@@ -151,21 +158,23 @@ static remat_status do_write(remat_graph *g, remat_tensor *param, const float *s
                        "remat_write: '%s' is not a parameter", param->name);
   if (src == NULL)
     return remat__fail(REMAT_ERR_INVALID_ARG, "remat_write: src is NULL");
-  int32_t b = g->plan->low.value_buf[param->id];
-  memcpy(g->plan->low.bufs[b].data, src, bytes);
-  numa_refresh(g->plan, b, 0, 0, (int64_t)(bytes / sizeof *src));
-  g->plan->params_written = true; /* bf16 copies: before the next step */
+  const compiled_step *c = &g->step->compiled;
+  step_state *st = &g->step->state;
+  int32_t b = c->low.value_buf[param->id];
+  memcpy(st->data[b], src, bytes);
+  node_copies_refresh(c, st, b, 0, 0, (int64_t)(bytes / sizeof *src));
+  st->params_written = true; /* bf16 copies: before the next step */
   return REMAT_OK;
 }
 
 static remat_status do_set_clip(remat_graph *g, float max_norm) {
-  if (!g->plan->has_opt || !isfinite(max_norm) || max_norm < 0.0f)
+  if (!g->step->compiled.has_opt || !isfinite(max_norm) || max_norm < 0.0f)
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_set_clip: needs a graph compiled with an "
                        "optimizer and a finite max_norm >= 0 (0: no "
                        "clipping), got %g",
                        (double)max_norm);
-  g->plan->clip = max_norm;
+  g->step->state.clip = max_norm;
   return REMAT_OK;
 }
 
@@ -175,7 +184,7 @@ static remat_status do_set_clip(remat_graph *g, float max_norm) {
  * a temporary file made and removed, so that nothing is left at PATH. */
 static remat_status do_trace_steps(remat_graph *g, const char *path,
                                    int steps) {
-  step_trace *t = &g->plan->trace;
+  step_trace *t = &g->step->state.trace;
   if (steps < 0)
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_trace_steps: steps is %d: expected steps >= 1 "
@@ -215,129 +224,153 @@ static remat_status do_trace_steps(remat_graph *g, const char *path,
 }
 
 static remat_status do_set_lr(remat_graph *g, float lr) {
-  if (!g->plan->has_opt || !isfinite(lr) || lr <= 0.0f)
+  if (!g->step->compiled.has_opt || !isfinite(lr) || lr <= 0.0f)
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_set_lr: needs a graph compiled with an "
                        "optimizer and a finite lr > 0");
-  g->plan->opt.lr = lr;
+  g->step->state.lr = lr;
   return REMAT_OK;
 }
 
 /* ---- steps ---- */
 
-static void release_transients(remat_step_plan *p) {
-  for (int32_t b = 0; b < p->low.nbufs; b++) {
-    plan_buffer *buf = &p->low.bufs[b];
-    if (!buf->persistent && buf->data != NULL) {
-      mem_free(&p->arena, buf->data, (size_t)buf->bytes, buf->cat, buf->node,
-               true);
-      buf->data = NULL;
+static void release_transients(const compiled_step *c, step_state *st) {
+  for (int32_t b = 0; b < c->low.nbufs; b++) {
+    const plan_buffer *buf = &c->low.bufs[b];
+    if (!buf->persistent && st->data[b] != NULL) {
+      mem_free(&st->arena, st->data[b], (size_t)buf->bytes, buf->cat,
+               c->numa.home[b], true);
+      st->data[b] = NULL;
     }
   }
 }
 
-static void fill_stats(remat_step_plan *p, remat_step_stats *st, double secs) {
-  memset(st, 0, sizeof *st);
-  st->loss = NAN;
-  if (p->loss >= 0)
-    st->loss = precision_get1(&p->low.bufs[p->low.value_buf[p->loss]]);
-  st->nonfinite = atomic_load(&p->nonfinite) || (p->loss >= 0 && !isfinite(st->loss));
-  st->seconds = secs;
-  st->flops = p->forward_only ? 0.0 : p->low.flops;
-  st->recompute_flops = p->low.recompute_flops;
-  for (int w = 0; w < p->g->rt->nworkers; w++)
-    st->executed_recompute_flops += p->worker_recompute_flops[w * 8];
-  st->peak_bytes = atomic_load(&p->arena.total_peak);
-  st->activation_peak_bytes = atomic_load(&p->arena.transient_peak);
-  st->predicted_peak_bytes = p->predicted.peak + p->accum_bytes;
-  st->grad_norm = p->forward_only ? 0.0 : p->grad_norm;
-  st->accumulated = p->forward_only ? 0 : p->accum_count + 1;
-  for (int c = 0; c < REMAT_MEM_NUM_CATEGORIES; c++) {
-    st->peak[c] = atomic_load(&p->arena.peak[c]);
-    st->current[c] = atomic_load(&p->arena.current[c]);
+static void fill_stats(const compiled_step *c, step_state *st,
+                       remat_step_stats *out, double secs) {
+  memset(out, 0, sizeof *out);
+  out->loss = NAN;
+  if (c->loss >= 0) {
+    int32_t b = c->low.value_buf[c->loss];
+    out->loss = precision_get1(&c->low.bufs[b], st->data[b]);
   }
-  st->tasks = sched_dag_num_tasks(p->dag);
-  st->remote_bytes = p->numa.remote_bytes;
-  st->remote_bytes_unplaced = p->numa.remote_bytes_unplaced;
+  out->nonfinite = atomic_load(&st->nonfinite) ||
+                   (c->loss >= 0 && !isfinite(out->loss));
+  out->seconds = secs;
+  out->flops = c->forward_only ? 0.0 : c->low.flops;
+  out->recompute_flops = c->low.recompute_flops;
+  for (int w = 0; w < c->nworkers; w++)
+    out->executed_recompute_flops += st->worker_recompute_flops[w * 8];
+  out->peak_bytes = atomic_load(&st->arena.total_peak);
+  out->activation_peak_bytes = atomic_load(&st->arena.transient_peak);
+  out->predicted_peak_bytes = c->predicted.peak + st->accum_bytes;
+  out->grad_norm = c->forward_only ? 0.0 : st->grad_norm;
+  out->accumulated = c->forward_only ? 0 : st->accum_count + 1;
+  for (int k = 0; k < REMAT_MEM_NUM_CATEGORIES; k++) {
+    out->peak[k] = atomic_load(&st->arena.peak[k]);
+    out->current[k] = atomic_load(&st->arena.current[k]);
+  }
+  out->tasks = sched_dag_num_tasks(c->tasks.dag);
+  out->remote_bytes = c->numa.remote_bytes;
+  out->remote_bytes_unplaced = c->numa.remote_bytes_unplaced;
 }
 
 /* A trace that could not be written after a step that succeeded: the
  * step's updates are applied, so the step still succeeds; stats say so and
  * remat_last_error() has the words. */
-static void note_trace(remat_step_plan *p, remat_step_stats *st,
-                       const char *what) {
+static void note_trace(const compiled_step *c, step_state *st,
+                       remat_step_stats *out, const char *what) {
   char err[SCHED_ERRMSG_MAX];
-  st->trace_status = step_trace_end(p, err, sizeof err);
-  if (st->trace_status != REMAT_OK)
-    remat__fail(st->trace_status, "%s: the step succeeded but its trace was "
-                "not written: %s", what, err);
+  out->trace_status = step_trace_end(c, &st->trace, err, sizeof err);
+  if (out->trace_status != REMAT_OK)
+    remat__fail(out->trace_status, "%s: the step succeeded but its trace "
+                "was not written: %s", what, err);
 }
 
-static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
-                             const char *what) {
-  remat_step_plan *p = g->plan;
-  for (int32_t b = 0; b < p->low.nbufs; b++)
-    atomic_store(&p->low.bufs[b].users_left, p->low.bufs[b].users);
-  atomic_store(&p->nonfinite, 0);
-  memset(p->worker_recompute_flops, 0,
-         (size_t)g->rt->nworkers * 8 * sizeof *p->worker_recompute_flops);
-  mem_reset_peaks(&p->arena);
-  int64_t updates = p->accumulating ? 0 : 1;
-  p->opt_step += updates;
-  p->grad_norm = 0.0;
-  sched_run_opts opts = {0};
+/* Per-run counters back to their start. */
+static void reset_counters(const compiled_step *c, step_state *st) {
+  for (int32_t b = 0; b < c->low.nbufs; b++)
+    atomic_store(&st->users_left[b], c->low.bufs[b].users);
+  atomic_store(&st->nonfinite, 0);
+  memset(st->worker_recompute_flops, 0,
+         (size_t)c->nworkers * 8 * sizeof *st->worker_recompute_flops);
+  mem_reset_peaks(&st->arena);
+  st->grad_norm = 0.0;
+}
+
+/* Before the DAG: the data-parallel broadcast, the copies, the trace's
+ * arrays and the step's blocks. A failure here leaves the state as it
+ * was. */
+static remat_status prepare_run(const compiled_step *c, step_state *st,
+                                sched_run_opts *opts, const char *what) {
   char err[SCHED_ERRMSG_MAX];
-  double t0 = now_seconds();
-  remat_status s = dp_step_begin(p); /* data parallel: dp.h */
-  if (s != REMAT_OK) {
-    p->opt_step -= updates;
+  remat_status s = dp_step_begin(c, st); /* data parallel: dp.h */
+  if (s != REMAT_OK)
     return s;
-  }
-  precision_refresh_copies(p); /* after writes, loads and the broadcast */
-  if (step_trace_begin(p, g->rt->config.trace_path, &opts.records) !=
-      REMAT_OK) {
-    p->opt_step -= updates;
-    dp_step_end(p, REMAT_ERR_OUT_OF_MEMORY, err, sizeof err);
+  precision_refresh_copies(c, st); /* after writes, loads and the broadcast */
+  if (step_trace_begin(c, &st->trace, &st->arena, what,
+                       c->g->rt->config.trace_path, &opts->records) != REMAT_OK) {
+    dp_step_end(c, st, REMAT_ERR_OUT_OF_MEMORY, err, sizeof err);
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "%s: out of memory for the trace", what);
   }
-  if (mem_reserve(&p->arena) != REMAT_OK) {
-    step_trace_cancel(p);
-    p->opt_step -= updates;
-    dp_step_end(p, REMAT_ERR_OUT_OF_MEMORY, err, sizeof err);
+  if (mem_reserve(&st->arena) != REMAT_OK) {
+    step_trace_cancel(&st->trace);
+    dp_step_end(c, st, REMAT_ERR_OUT_OF_MEMORY, err, sizeof err);
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "%s: out of memory reserving the step's tensors", what);
   }
-  err[0] = '\0';
-  s = sched_run(g->rt->pool, p->dag, &opts, err);
+  return REMAT_OK;
+}
+
+/* Runs the DAG in `mode`. The counters move only after a run that
+ * succeeded: the update counter after a step or a forward run, the
+ * micro-steps after an accumulation. */
+static remat_status run_step(graph_step *gs, run_mode mode,
+                             remat_step_stats *stats, const char *what) {
+  const compiled_step *c = &gs->compiled;
+  step_state *st = &gs->state;
+  step_run run = {c, st, mode, st->opt_step + 1};
+  reset_counters(c, st);
+  sched_run_opts opts = {.context = &run};
+  double t0 = now_seconds();
+  remat_status s = prepare_run(c, st, &opts, what);
+  if (s != REMAT_OK)
+    return s;
+  char err[SCHED_ERRMSG_MAX] = "";
+  s = sched_run(c->g->rt->pool, c->tasks.dag, &opts, err);
   remat_status local = s;
-  s = dp_step_end(p, s, err, sizeof err);
+  s = dp_step_end(c, st, s, err, sizeof err);
   double secs = now_seconds() - t0;
   if (s != REMAT_OK) {
-    step_trace_cancel(p);
-    release_transients(p);
-    p->opt_step -= updates;
+    step_trace_cancel(&st->trace);
+    release_transients(c, st);
     return remat__fail(s, "%s: %s", what,
                        s == REMAT_ERR_OUT_OF_MEMORY && local == s
                            ? "out of memory" : err);
   }
-  fill_stats(p, &p->last, secs);
-  if (!p->last.nonfinite && !p->forward_only)
-    p->accum_count = p->accumulating ? p->accum_count + 1 : 0;
-  if (p->last.nonfinite) {
-    step_trace_cancel(p);
-    p->opt_step -= updates; /* no update was applied */
+  fill_stats(c, st, &st->last, secs);
+  if (st->last.nonfinite) { /* no update was applied */
+    step_trace_cancel(&st->trace);
     s = remat__fail(REMAT_ERR_NUMERIC,
                     "%s: the loss or a gradient is NaN or Inf; the updates "
                     "were skipped",
                     what);
+  } else if (mode == RUN_ACCUMULATE) {
+    st->accum_count++;
+  } else {
+    st->opt_step = run.opt_step; /* forward runs count too */
+    if (mode == RUN_STEP)
+      st->accum_count = 0;
   }
   if (s == REMAT_OK) {
-    note_trace(p, &p->last, what);
-    report_first_run(p, &p->last, what);
+    note_trace(c, st, &st->last, what);
+    if (!st->reported_run) {
+      report_first_run(c, &st->last, what);
+      st->reported_run = true;
+    }
   }
   if (stats != NULL)
-    *stats = p->last;
+    *stats = st->last;
   return s;
 }
 
@@ -347,12 +380,12 @@ remat_status remat_step(remat_graph *g, remat_step_stats *stats) {
   remat_status s = enter(g, "remat_step");
   if (s != REMAT_OK)
     return s;
-  if (g->plan->forward_only)
+  if (g->step->compiled.forward_only)
     s = remat__fail(REMAT_ERR_STATE,
                     "remat_step: the graph was compiled without a loss: use "
                     "remat_forward");
   else
-    s = run_plan(g, stats, "remat_step");
+    s = run_step(g->step, RUN_STEP, stats, "remat_step");
   graph_leave(g);
   return s;
 }
@@ -360,66 +393,68 @@ remat_status remat_step(remat_graph *g, remat_step_stats *stats) {
 /* The bytes the arena counts for a block (memory.c rounds to 64). */
 static int64_t block_bytes(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
+static void free_accum(const compiled_step *c, step_state *st) {
+  for (int32_t t = 0; st->accum != NULL && t < c->g->ntensors; t++)
+    if (st->accum[t] != NULL) {
+      int32_t grad = c->low.grad_buf[t];
+      mem_free(&st->arena, st->accum[t], (size_t)c->low.bufs[grad].bytes,
+               REMAT_MEM_GRADS, c->numa.home[grad], false);
+    }
+  free(st->accum);
+  st->accum = NULL;
+  st->accum_bytes = 0;
+}
+
 /* The sums of gradients of the micro-steps, one per parameter, beside its
  * gradient (same size and NUMA home), counted as gradients. */
-static remat_status alloc_accum(remat_step_plan *p) {
-  if (p->accum != NULL)
+static remat_status alloc_accum(const compiled_step *c, step_state *st) {
+  if (st->accum != NULL)
     return REMAT_OK;
-  int64_t sums = 0, budget = p->g->rt->config.memory_budget;
-  for (int32_t i = 0; i < p->low.nknodes; i++)
-    if (p->low.knodes[i].kind == KNODE_UPDATE)
-      sums += block_bytes(p->low.bufs[p->low.knodes[i].optim.grad].bytes);
-  if (budget > 0 && p->predicted.peak + sums > budget)
+  int64_t sums = 0, budget = c->g->rt->config.memory_budget;
+  for (int32_t i = 0; i < c->low.nknodes; i++)
+    if (c->low.knodes[i].kind == KNODE_UPDATE)
+      sums += block_bytes(c->low.bufs[c->low.knodes[i].optim.grad].bytes);
+  if (budget > 0 && c->predicted.peak + sums > budget)
     return remat__fail(REMAT_ERR_BUDGET,
                        "remat_accumulate: the gradient sums (%lld bytes) "
                        "would raise the predicted peak from %lld to %lld "
                        "bytes, over the memory budget of %lld bytes: compile "
                        "under a budget smaller by the sums, or raise it",
-                       (long long)sums, (long long)p->predicted.peak,
-                       (long long)(p->predicted.peak + sums),
+                       (long long)sums, (long long)c->predicted.peak,
+                       (long long)(c->predicted.peak + sums),
                        (long long)budget);
-  p->accum = remat__calloc((size_t)p->g->ntensors, sizeof *p->accum);
-  bool ok = p->accum != NULL;
-  for (int32_t i = 0; ok && i < p->low.nknodes; i++) {
-    const plan_knode *kn = &p->low.knodes[i];
+  st->accum = remat__calloc((size_t)c->g->ntensors, sizeof *st->accum);
+  bool ok = st->accum != NULL;
+  for (int32_t i = 0; ok && i < c->low.nknodes; i++) {
+    const plan_knode *kn = &c->low.knodes[i];
     if (kn->kind != KNODE_UPDATE)
       continue;
-    const plan_buffer *grad = &p->low.bufs[kn->optim.grad];
-    p->accum[kn->optim.param_tensor] = mem_alloc(
-        &p->arena, (size_t)grad->bytes, REMAT_MEM_GRADS, grad->node, false);
-    ok = p->accum[kn->optim.param_tensor] != NULL;
-    p->accum_bytes += ok ? block_bytes(grad->bytes) : 0;
+    int32_t grad = kn->optim.grad;
+    int64_t bytes = c->low.bufs[grad].bytes;
+    st->accum[kn->optim.param_tensor] =
+        mem_alloc(&st->arena, (size_t)bytes, REMAT_MEM_GRADS,
+                  c->numa.home[grad], false);
+    ok = st->accum[kn->optim.param_tensor] != NULL;
+    st->accum_bytes += ok ? block_bytes(bytes) : 0;
   }
   if (ok)
     return REMAT_OK;
-  if (p->accum != NULL)
-    for (int32_t t = 0; t < p->g->ntensors; t++)
-      if (p->accum[t] != NULL) {
-        const plan_buffer *grad = &p->low.bufs[p->low.grad_buf[t]];
-        mem_free(&p->arena, p->accum[t], (size_t)grad->bytes,
-                 REMAT_MEM_GRADS, grad->node, false);
-      }
-  free(p->accum);
-  p->accum = NULL;
-  p->accum_bytes = 0;
+  free_accum(c, st);
   return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                      "remat_accumulate: out of memory for the gradient sums");
 }
 
 static remat_status do_accumulate(remat_graph *g, remat_step_stats *stats) {
-  remat_step_plan *p = g->plan;
-  if (p->forward_only || !p->has_opt)
+  const compiled_step *c = &g->step->compiled;
+  if (c->forward_only || !c->has_opt)
     return remat__fail(REMAT_ERR_STATE,
                        "remat_accumulate: the graph was compiled without %s: "
                        "accumulation sums gradients for an optimizer update",
-                       p->forward_only ? "a loss" : "an optimizer");
-  remat_status s = alloc_accum(p);
+                       c->forward_only ? "a loss" : "an optimizer");
+  remat_status s = alloc_accum(c, &g->step->state);
   if (s != REMAT_OK)
     return s;
-  p->accumulating = true;
-  s = run_plan(g, stats, "remat_accumulate");
-  p->accumulating = false;
-  return s;
+  return run_step(g->step, RUN_ACCUMULATE, stats, "remat_accumulate");
 }
 
 remat_status remat_accumulate(remat_graph *g, remat_step_stats *stats) {
@@ -435,12 +470,12 @@ remat_status remat_forward(remat_graph *g, remat_step_stats *stats) {
   remat_status s = enter(g, "remat_forward");
   if (s != REMAT_OK)
     return s;
-  if (!g->plan->forward_only)
+  if (!g->step->compiled.forward_only)
     s = remat__fail(REMAT_ERR_STATE,
                     "remat_forward: the graph was compiled for training: "
                     "compile a graph with loss NULL for inference");
   else
-    s = run_plan(g, stats, "remat_forward");
+    s = run_step(g->step, RUN_FORWARD, stats, "remat_forward");
   graph_leave(g);
   return s;
 }

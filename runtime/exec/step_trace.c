@@ -19,8 +19,8 @@
 #include "base/alloc.h"
 #include "base/checked.h"
 #include "base/files.h"
-#include "runtime/compile/step_plan.h"
 #include "runtime/compile/task_names.h"
+#include "runtime/exec/step_trace.h"
 
 typedef struct trace_event {
   int64_t ns, delta;
@@ -38,7 +38,7 @@ static const char *const counter_names[TRACE_NUM_COUNTERS] = {
     "scratch"};
 
 /* A category's counter; activations split by the remat decision. */
-static int counter_of(const remat_step_plan *p, remat_mem_category cat,
+static int counter_of(const compiled_step *p, remat_mem_category cat,
                       int32_t tensor) {
   switch (cat) {
   case REMAT_MEM_PARAMS:
@@ -76,9 +76,8 @@ static bool grow(void **array, size_t elem, size_t count) {
 }
 
 /* Room for one more step, and the writer's scratch. */
-static bool reserve(remat_step_plan *p) {
-  step_trace *t = &p->trace;
-  size_t ntasks = (size_t)sched_dag_num_tasks(p->dag);
+static bool reserve(const compiled_step *p, step_trace *t) {
+  size_t ntasks = (size_t)sched_dag_num_tasks(p->tasks.dag);
   size_t nbufs = (size_t)p->low.nbufs;
   if (t->events == NULL) { /* the last of the three: all or none usable */
     if (!grow((void **)&t->task_knode, sizeof *t->task_knode, ntasks) ||
@@ -90,8 +89,8 @@ static bool reserve(remat_step_plan *p) {
     for (int32_t i = 0; i < p->low.nknodes; i++) {
       const plan_knode *kn = &p->low.knodes[i];
       for (int64_t k = 0; k < kn->tiles + 2; k++) {
-        t->task_knode[kn->start_task + k] = i;
-        t->task_node[kn->start_task + k] =
+        t->task_knode[p->tasks.start_task[i] + k] = i;
+        t->task_node[p->tasks.start_task[i] + k] =
             k < 2 ? -1 : p->numa.affinity[tile++];
       }
     }
@@ -116,16 +115,17 @@ static bool reserve(remat_step_plan *p) {
   return ok;
 }
 
-remat_status step_trace_begin(remat_step_plan *p, const char *config_path,
+remat_status step_trace_begin(const compiled_step *p, step_trace *t,
+                              const mem_arena *arena, const char *run_name,
+                              const char *config_path,
                               sched_trace_record **records) {
-  step_trace *t = &p->trace;
   *records = NULL;
   t->target = t->steps_left > 0 ? t->path : config_path;
   if (t->target == NULL)
     return REMAT_OK;
   if (t->target == config_path)
     t->nsteps = 0; /* REMAT_TRACE: the file holds the latest step */
-  if (!reserve(p)) {
+  if (!reserve(p, t)) {
     t->target = NULL;
     return REMAT_ERR_OUT_OF_MEMORY;
   }
@@ -134,16 +134,14 @@ remat_status step_trace_begin(remat_step_plan *p, const char *config_path,
   memset(base, 0, TRACE_NUM_COUNTERS * sizeof *base);
   for (int c = 0; c < REMAT_MEM_NUM_CATEGORIES; c++)
     base[counter_of(p, (remat_mem_category)c, -1)] +=
-        atomic_load(&p->arena.current[c]);
-  t->run_name[s] = p->forward_only   ? "remat_forward"
-                   : p->accumulating ? "remat_accumulate"
-                                     : "remat_step";
+        atomic_load(&arena->current[c]);
+  t->run_name[s] = run_name;
   t->origin_ns[s] = sched_now_ns();
-  *records = t->records + (size_t)s * (size_t)sched_dag_num_tasks(p->dag);
+  *records = t->records + (size_t)s * (size_t)sched_dag_num_tasks(p->tasks.dag);
   return REMAT_OK;
 }
 
-void step_trace_cancel(remat_step_plan *p) { p->trace.target = NULL; }
+void step_trace_cancel(step_trace *t) { t->target = NULL; }
 
 /* ---- the file ---- */
 
@@ -167,7 +165,7 @@ static double from_origin(const step_trace *t, int64_t ns) {
   return (double)(ns - t->origin_ns[0]) / 1e3;
 }
 
-static void write_threads(FILE *f, const remat_step_plan *p) {
+static void write_threads(FILE *f, const compiled_step *p) {
   const sched_placement *pl = sched_pool_placement(p->g->rt->pool);
   int nw = p->g->rt->nworkers;
   fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,"
@@ -183,16 +181,16 @@ static void write_threads(FILE *f, const remat_step_plan *p) {
           nw);
 }
 
-static void write_tasks(FILE *f, const remat_step_plan *p, int s) {
-  const step_trace *t = &p->trace;
-  int32_t ntasks = sched_dag_num_tasks(p->dag);
+static void write_tasks(FILE *f, const compiled_step *p, step_trace *t, int s) {
+  int32_t ntasks = sched_dag_num_tasks(p->tasks.dag);
   const sched_trace_record *rec = t->records + (size_t)s * (size_t)ntasks;
   for (int32_t task = 0; task < ntasks; task++) {
     const plan_knode *kn = &p->low.knodes[t->task_knode[task]];
-    int64_t part = task - kn->start_task; /* 0 start, 1 done, 2.. tiles */
+    /* 0 start, 1 done, 2.. tiles */
+    int64_t part = task - p->tasks.start_task[t->task_knode[task]];
     fputs(",\n{\"name\":\"", f);
     remat__write_json_text(f,
-                  p->task_names + (size_t)t->task_knode[task] * TASK_NAME_MAX);
+                  p->tasks.names + (size_t)t->task_knode[task] * TASK_NAME_MAX);
     fprintf(f,
             "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
             "\"pid\":1,\"tid\":%d,\"args\":{\"step\":%d,\"id\":%d,"
@@ -216,17 +214,16 @@ static int cmp_event(const void *a, const void *b) {
 }
 
 /* The step's allocations and frees, sorted; returns how many. */
-static size_t step_events(const remat_step_plan *p, int s) {
-  const step_trace *t = &p->trace;
+static size_t step_events(const compiled_step *p, step_trace *t, int s) {
   const sched_trace_record *rec =
-      t->records + (size_t)s * (size_t)sched_dag_num_tasks(p->dag);
+      t->records + (size_t)s * (size_t)sched_dag_num_tasks(p->tasks.dag);
   for (int32_t b = 0; b < p->low.nbufs; b++)
     t->free_ns[b] = -1;
   size_t n = 0;
   for (int32_t i = 0; i < p->low.nknodes; i++) {
     const plan_knode *kn = &p->low.knodes[i];
     for (int k = 0; k < kn->ntouch; k++) {
-      int64_t end = rec[kn->done_task].end_ns;
+      int64_t end = rec[p->tasks.done_task[i]].end_ns;
       if (end > t->free_ns[kn->touch[k]])
         t->free_ns[kn->touch[k]] = end;
     }
@@ -234,7 +231,7 @@ static size_t step_events(const remat_step_plan *p, int s) {
       const plan_buffer *b = &p->low.bufs[kn->init[k]];
       if (!b->persistent)
         t->events[n++] =
-            (trace_event){rec[kn->start_task].start_ns, block_bytes(b->bytes),
+            (trace_event){rec[p->tasks.start_task[i]].start_ns, block_bytes(b->bytes),
                           counter_of(p, b->cat, b->tensor)};
     }
   }
@@ -259,12 +256,11 @@ static void write_counter(FILE *f, double ts, const int64_t *live) {
   fputs("}}", f);
 }
 
-static void write_counters(FILE *f, const remat_step_plan *p, int s) {
-  const step_trace *t = &p->trace;
+static void write_counters(FILE *f, const compiled_step *p, step_trace *t, int s) {
   int64_t live[TRACE_NUM_COUNTERS];
   memcpy(live, t->base + (size_t)s * TRACE_NUM_COUNTERS, sizeof live);
   write_counter(f, from_origin(t, t->origin_ns[s]), live);
-  size_t n = step_events(p, s);
+  size_t n = step_events(p, t, s);
   for (size_t i = 0; i < n; i++) {
     live[t->events[i].counter] += t->events[i].delta;
     if (i + 1 == n || t->events[i + 1].ns != t->events[i].ns)
@@ -272,16 +268,15 @@ static void write_counters(FILE *f, const remat_step_plan *p, int s) {
   }
 }
 
-static void write_steps(FILE *f, const remat_step_plan *p) {
-  const step_trace *t = &p->trace;
+static void write_steps(FILE *f, const compiled_step *p, step_trace *t) {
   for (int s = 0; s < t->nsteps; s++) {
     fprintf(f,
             ",\n{\"name\":\"step %d (%s)\",\"cat\":\"step\",\"ph\":\"X\","
             "\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%d}",
             s + 1, t->run_name[s], from_origin(t, t->origin_ns[s]),
             (double)(t->end_ns[s] - t->origin_ns[s]) / 1e3, p->g->rt->nworkers);
-    write_tasks(f, p, s);
-    write_counters(f, p, s);
+    write_tasks(f, p, t, s);
+    write_counters(f, p, t, s);
   }
 }
 
@@ -289,7 +284,7 @@ static void write_steps(FILE *f, const remat_step_plan *p) {
  * (files.h): the target, and whoever reads it, another graph writing it
  * at the same time included, only ever sees a whole trace; on failure it
  * is as it was. */
-static remat_status write_file(const remat_step_plan *p, const char *path,
+static remat_status write_file(const compiled_step *p, step_trace *t, const char *path,
                                char *err, size_t len) {
   remat__replacing r;
   FILE *f = remat__replace_begin(path, &r);
@@ -299,7 +294,7 @@ static remat_status write_file(const remat_step_plan *p, const char *path,
   }
   fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", f);
   write_threads(f, p);
-  write_steps(f, p);
+  write_steps(f, p, t);
   fputs("\n]}\n", f);
   int e = remat__replace_end(f, &r);
   if (e != 0) {
@@ -309,14 +304,14 @@ static remat_status write_file(const remat_step_plan *p, const char *path,
   return REMAT_OK;
 }
 
-remat_status step_trace_end(remat_step_plan *p, char *err, size_t len) {
-  step_trace *t = &p->trace;
+remat_status step_trace_end(const compiled_step *p, step_trace *t, char *err,
+                            size_t len) {
   if (t->target == NULL)
     return REMAT_OK;
   t->end_ns[t->nsteps++] = sched_now_ns();
   if (t->target == t->path)
     t->steps_left--;
-  remat_status s = write_file(p, t->target, err, len);
+  remat_status s = write_file(p, t, t->target, err, len);
   t->target = NULL;
   return s;
 }

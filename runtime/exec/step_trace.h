@@ -7,10 +7,8 @@
 
 #include <limits.h>
 
-#include "runtime/compile/lowering.h"
+#include "runtime/compile/compiled.h"
 #include "sched/sched.h"
-
-struct remat_step_plan;
 
 /* The counter series of the trace, in their order. */
 enum { TRACE_NUM_COUNTERS = 8 };
@@ -31,18 +29,21 @@ typedef struct step_trace {
   struct trace_event *events;  /* [2 * nbufs]: scratch of the writer */
 } step_trace;
 
-/* Before a run: whether it is traced and into which file, and the array
- * the scheduler fills (*records, NULL when not traced). Everything the
+/* Before a run (`run_name`: "remat_step", ...; `arena`: the live bytes at
+ * its start): whether it is traced and into which file, and the array the
+ * scheduler fills (*records, NULL when not traced). Everything the
  * writer needs is allocated here, so a traced run fails for memory before
  * any task runs. */
-remat_status step_trace_begin(struct remat_step_plan *p,
+remat_status step_trace_begin(const compiled_step *c, step_trace *t,
+                              const mem_arena *arena, const char *run_name,
                               const char *config_path,
                               sched_trace_record **records);
 /* After a run that succeeded: writes the file (all the steps traced into
  * it so far). A failed write gives REMAT_ERR_IO and a message in `err`. */
-remat_status step_trace_end(struct remat_step_plan *p, char *err, size_t len);
+remat_status step_trace_end(const compiled_step *c, step_trace *t, char *err,
+                            size_t len);
 /* After a run that failed: forgets its records. */
-void step_trace_cancel(struct remat_step_plan *p);
+void step_trace_cancel(step_trace *t);
 void step_trace_free(step_trace *t);
 
 #endif

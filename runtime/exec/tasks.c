@@ -1,186 +1,213 @@
 /* Task bodies (tasks.h): allocation at a buffer's first writer (in the
  * home the NUMA placement gave it), one tile of an op kernel or of the
  * optimizer (parameters read from the copy on the worker's node), and
- * freeing after a buffer's last user. */
+ * freeing after a buffer's last user. The compiled step is read only; what
+ * they change is the run's step state. */
 #include <math.h>
 #include <string.h>
 
 #include "base/bf16.h"
+#include "runtime/exec/node_copies.h"
 #include "runtime/exec/optim.h"
 #include "runtime/exec/precision.h"
-#include "runtime/compile/step_plan.h"
 #include "runtime/exec/tasks.h"
 
-static float *slot_data(remat_step_plan *p, const plan_knode *kn,
-                        uint32_t slot) {
-  int32_t b = kn->slot_buf[plan_slot(slot)];
-  return b < 0 ? NULL : p->low.bufs[b].data;
+const task_bodies remat__task_bodies = {tasks_start, tasks_tile, tasks_done};
+
+static float *buf_data(const step_state *s, int32_t b) {
+  return b < 0 ? NULL : s->data[b];
 }
 
-static float *buf_data(remat_step_plan *p, int32_t b) {
-  return b < 0 ? NULL : p->low.bufs[b].data;
-}
-
-/* Fills an op kernel's op_bufs from its slots (pointers change per step). */
-static void bind_buffers(remat_step_plan *p, plan_knode *kn) {
-  op_bufs *o = &kn->bufs;
-  for (int i = 0; i < OP_MAX_IN; i++) {
-    o->in[i] = slot_data(p, kn, OP_SLOT_IN(i));
-    o->din[i] = slot_data(p, kn, OP_SLOT_DIN(i));
+/* An op kernel's op_bufs from its slots (pointers change per step). */
+void tasks_bind(const compiled_step *c, step_state *s, int32_t i) {
+  const plan_knode *kn = &c->low.knodes[i];
+  op_bufs *o = &s->bufs[i];
+  for (int k = 0; k < OP_MAX_IN; k++) {
+    o->in[k] = buf_data(s, kn->slot_buf[plan_slot(OP_SLOT_IN(k))]);
+    o->din[k] = buf_data(s, kn->slot_buf[plan_slot(OP_SLOT_DIN(k))]);
+    o->din_accumulate[k] = kn->din_accumulate[k];
   }
-  o->out = slot_data(p, kn, OP_SLOT_OUT);
+  o->out = buf_data(s, kn->slot_buf[plan_slot(OP_SLOT_OUT)]);
   for (int k = 0; k < OP_MAX_AUX; k++)
-    o->aux[k] = slot_data(p, kn, OP_SLOT_AUX(k));
-  o->dout = slot_data(p, kn, OP_SLOT_DOUT);
+    o->aux[k] = buf_data(s, kn->slot_buf[plan_slot(OP_SLOT_AUX(k))]);
+  o->dout = buf_data(s, kn->slot_buf[plan_slot(OP_SLOT_DOUT)]);
   for (int k = 0; k < OP_MAX_WS; k++)
-    o->ws[k] = slot_data(p, kn, OP_SLOT_WS(k));
+    o->ws[k] = buf_data(s, kn->slot_buf[plan_slot(OP_SLOT_WS(k))]);
 }
 
-static int worker_node(const remat_step_plan *p, int worker) {
-  return sched_pool_placement(p->g->rt->pool)->worker_node[worker];
+static int worker_node(const compiled_step *c, int worker) {
+  return sched_pool_placement(c->g->rt->pool)->worker_node[worker];
 }
 
-int tasks_start(void *arg, int worker) {
+static int32_t knode_index(const compiled_step *c, const plan_knode *kn) {
+  return (int32_t)(kn - c->low.knodes);
+}
+
+int tasks_start(void *run, void *arg, int worker) {
   (void)worker;
-  plan_knode *kn = arg;
-  remat_step_plan *p = kn->plan;
+  const step_run *r = run;
+  const compiled_step *c = r->c;
+  step_state *s = r->s;
+  const plan_knode *kn = arg;
   for (int i = 0; i < kn->ninit; i++) {
-    plan_buffer *b = &p->low.bufs[kn->init[i]];
-    if (!b->persistent) {
-      b->data = mem_alloc(&p->arena, (size_t)b->bytes, b->cat, b->node, true);
-      if (b->data == NULL)
+    int32_t b = kn->init[i];
+    const plan_buffer *buf = &c->low.bufs[b];
+    if (!buf->persistent) {
+      s->data[b] = mem_alloc(&s->arena, (size_t)buf->bytes, buf->cat,
+                             c->numa.home[b], true);
+      if (s->data[b] == NULL)
         return REMAT_ERR_OUT_OF_MEMORY;
     }
-    if (b->zero_fill)
-      memset(b->data, 0, (size_t)b->bytes);
+    if (buf->zero_fill)
+      memset(s->data[b], 0, (size_t)buf->bytes);
   }
   if (kn->kernel != NULL)
-    bind_buffers(p, kn);
+    tasks_bind(c, s, knode_index(c, kn));
   return REMAT_OK;
 }
 
-static int64_t param_numel(const remat_step_plan *p, const plan_knode *kn) {
-  return op_numel(&p->g->tensors[kn->optim.param_tensor]->shape);
+static int64_t param_numel(const compiled_step *c, const plan_knode *kn) {
+  return op_numel(&c->g->tensors[kn->optim.param_tensor]->shape);
 }
 
 /* The last micro-step of an accumulation first folds the sum of the
  * earlier ones into its gradient (the mean of all); then the tile's sum of
  * squares goes to its own slot, for the finite check and the gate's norm. */
-static int check_tile(remat_step_plan *p, const plan_knode *kn, int64_t tile) {
+static int check_tile(const step_run *r, const plan_knode *kn, int64_t tile) {
+  step_state *s = r->s;
   int64_t lo, hi;
-  optim_tile_range(param_numel(p, kn), tile, &lo, &hi);
-  float *grad = buf_data(p, kn->optim.grad) + lo;
-  if (p->accum_count > 0 && !p->accumulating)
-    optim_fold(grad, p->accum[kn->optim.param_tensor] + lo,
-               hi - lo, 1.0f / (float)(p->accum_count + 1));
+  optim_tile_range(param_numel(r->c, kn), tile, &lo, &hi);
+  float *grad = buf_data(s, kn->optim.grad) + lo;
+  if (s->accum_count > 0 && r->mode == RUN_STEP)
+    optim_fold(grad, s->accum[kn->optim.param_tensor] + lo,
+               hi - lo, 1.0f / (float)(s->accum_count + 1));
   double sumsq = optim_sum_squares(grad, hi - lo);
-  p->check_sumsq[kn->optim.check_tile0 + tile] = sumsq;
+  s->check_sumsq[kn->optim.check_tile0 + tile] = sumsq;
   if (!isfinite(sumsq))
-    atomic_store(&p->nonfinite, 1);
+    atomic_store(&s->nonfinite, 1);
   return REMAT_OK;
 }
 
 /* After every check: the global gradient norm, summed over the check tiles
  * in their fixed order, and the clip factor of the updates. */
-static int gate_tile(remat_step_plan *p) {
+static int gate_tile(const step_run *r) {
+  step_state *s = r->s;
   double total = 0.0;
-  for (int64_t i = 0; i < p->low.ncheck_tiles; i++)
-    total += p->check_sumsq[i];
-  p->grad_norm = sqrt(total);
-  p->grad_scale = p->accumulating ? 1.0f : optim_clip_scale(p->grad_norm, p->clip);
+  for (int64_t i = 0; i < r->c->low.ncheck_tiles; i++)
+    total += s->check_sumsq[i];
+  s->grad_norm = sqrt(total);
+  s->grad_scale = r->mode == RUN_ACCUMULATE
+                      ? 1.0f
+                      : optim_clip_scale(s->grad_norm, s->clip);
   return REMAT_OK;
 }
 
 /* Runs after the gate: nothing is written when any check failed. The
  * worker's node's copy of the parameter is updated, then copied to the
  * others. */
-static int update_tile(remat_step_plan *p, const plan_knode *kn,
-                       int64_t tile, int node) {
-  if (atomic_load(&p->nonfinite))
+static int update_tile(const step_run *r, const plan_knode *kn, int64_t tile,
+                       int node) {
+  const compiled_step *c = r->c;
+  step_state *s = r->s;
+  if (atomic_load(&s->nonfinite))
     return REMAT_OK;
-  const remat_tensor *t = p->g->tensors[kn->optim.param_tensor];
+  const remat_tensor *t = c->g->tensors[kn->optim.param_tensor];
   int64_t lo, hi;
-  optim_tile_range(param_numel(p, kn), tile, &lo, &hi);
-  if (p->accumulating) {
-    optim_accumulate(p->accum[kn->optim.param_tensor] + lo,
-                     buf_data(p, kn->optim.grad) + lo, hi - lo,
-                     p->accum_count == 0);
+  optim_tile_range(param_numel(c, kn), tile, &lo, &hi);
+  if (r->mode == RUN_ACCUMULATE) {
+    optim_accumulate(s->accum[kn->optim.param_tensor] + lo,
+                     buf_data(s, kn->optim.grad) + lo, hi - lo,
+                     s->accum_count == 0);
     return REMAT_OK;
   }
-  float *m = buf_data(p, kn->optim.adam_m), *v = buf_data(p, kn->optim.adam_v);
+  float *m = buf_data(s, kn->optim.adam_m), *v = buf_data(s, kn->optim.adam_v);
   optim_tile_args a = {
-      .param = numa_data(p, kn->optim.param, node) + lo,
-      .grad = buf_data(p, kn->optim.grad) + lo,
+      .param = node_copy(c, s, kn->optim.param, node) + lo,
+      .grad = buf_data(s, kn->optim.grad) + lo,
       .adam_m = m != NULL ? m + lo : NULL,
       .adam_v = v != NULL ? v + lo : NULL,
       .n = hi - lo,
-      .step = p->opt_step,
-      .decay = t->shape.ndim >= 2 ? p->opt.weight_decay : 0.0f,
-      .grad_scale = p->grad_scale};
-  optim_update(&p->opt, &a);
-  numa_refresh(p, kn->optim.param, node, lo, hi);
+      .step = r->opt_step,
+      .decay = t->shape.ndim >= 2 ? c->opt.weight_decay : 0.0f,
+      .grad_scale = s->grad_scale};
+  remat_optimizer opt = c->opt;
+  opt.lr = s->lr;
+  optim_update(&opt, &a);
+  node_copies_refresh(c, s, kn->optim.param, node, lo, hi);
   if (kn->optim.param_copy >= 0) { /* the bf16 weights the next step reads */
-    uint16_t *copy = (uint16_t *)numa_data(p, kn->optim.param_copy, node);
+    uint16_t *copy = (uint16_t *)node_copy(c, s, kn->optim.param_copy, node);
     bf16_from_f32_row(copy + lo, a.param, hi - lo);
-    numa_refresh(p, kn->optim.param_copy, node, lo, hi);
+    node_copies_refresh(c, s, kn->optim.param_copy, node, lo, hi);
   }
   return REMAT_OK;
 }
 
 /* d(loss) = 1, in the loss's dtype (f32, or bf16 for a one-element loss
  * of another shape than [1]). */
-static int seed_tile(remat_step_plan *p, const plan_knode *kn) {
-  precision_set1(&p->low.bufs[kn->seed.loss_grad], 1.0f);
-  if (!isfinite(precision_get1(&p->low.bufs[kn->seed.loss])))
-    atomic_store(&p->nonfinite, 1);
+static int seed_tile(const step_run *r, const plan_knode *kn) {
+  const plan_lowering *l = &r->c->low;
+  step_state *s = r->s;
+  precision_set1(&l->bufs[kn->seed.loss_grad], s->data[kn->seed.loss_grad],
+                 1.0f);
+  if (!isfinite(precision_get1(&l->bufs[kn->seed.loss],
+                               s->data[kn->seed.loss])))
+    atomic_store(&s->nonfinite, 1);
   return REMAT_OK;
 }
 
 /* The node's buffers as a worker on `node` reads them: parameters from
  * its node's copy, when there are copies. */
-static const op_bufs *tile_bufs(const remat_step_plan *p, const plan_knode *kn,
-                                int node, op_bufs *local) {
-  if (p->numa.copies == NULL)
-    return &kn->bufs;
-  *local = kn->bufs;
-  for (int i = 0; i < OP_MAX_IN; i++) {
-    int32_t b = kn->slot_buf[plan_slot(OP_SLOT_IN(i))];
+static const op_bufs *tile_bufs(const step_run *r, int32_t i,
+                                const plan_knode *kn, int node,
+                                op_bufs *local) {
+  const step_state *s = r->s;
+  if (s->copies == NULL)
+    return &s->bufs[i];
+  *local = s->bufs[i];
+  for (int k = 0; k < OP_MAX_IN; k++) {
+    int32_t b = kn->slot_buf[plan_slot(OP_SLOT_IN(k))];
     if (b >= 0)
-      local->in[i] = numa_data(p, b, node);
+      local->in[k] = node_copy(r->c, s, b, node);
   }
   return local;
 }
 
-int tasks_tile(void *arg, int worker) {
-  plan_tile *t = arg;
-  plan_knode *kn = t->kn;
-  remat_step_plan *p = kn->plan;
+int tasks_tile(void *run, void *arg, int worker) {
+  const step_run *r = run;
+  const plan_tile *t = arg;
+  const plan_knode *kn = t->kn;
   op_bufs local;
   switch (kn->kind) {
-  case KNODE_SEED: return seed_tile(p, kn);
-  case KNODE_UPDATE: return update_tile(p, kn, t->tile, worker_node(p, worker));
-  case KNODE_CHECK: return check_tile(p, kn, t->tile);
-  case KNODE_GATE: return gate_tile(p);
+  case KNODE_SEED: return seed_tile(r, kn);
+  case KNODE_UPDATE:
+    return update_tile(r, kn, t->tile, worker_node(r->c, worker));
+  case KNODE_CHECK: return check_tile(r, kn, t->tile);
+  case KNODE_GATE: return gate_tile(r);
   case KNODE_RECOMPUTE:
-    p->worker_recompute_flops[worker * 8] += kn->flops / (double)kn->tiles;
+    r->s->worker_recompute_flops[worker * 8] += kn->flops / (double)kn->tiles;
     break;
   default:
     break;
   }
   return kn->kernel->fn(kn->inst,
-                        tile_bufs(p, kn, worker_node(p, worker), &local),
-                        t->tile, &p->workers[worker]);
+                        tile_bufs(r, t->knode, kn, worker_node(r->c, worker),
+                                  &local),
+                        t->tile, &r->s->workers[worker]);
 }
 
-int tasks_done(void *arg, int worker) {
+int tasks_done(void *run, void *arg, int worker) {
   (void)worker;
-  plan_knode *kn = arg;
-  remat_step_plan *p = kn->plan;
+  const step_run *r = run;
+  const compiled_step *c = r->c;
+  step_state *s = r->s;
+  const plan_knode *kn = arg;
   for (int i = 0; i < kn->ntouch; i++) {
-    plan_buffer *b = &p->low.bufs[kn->touch[i]];
-    if (!b->persistent && atomic_fetch_sub(&b->users_left, 1) == 1) {
-      mem_free(&p->arena, b->data, (size_t)b->bytes, b->cat, b->node, true);
-      b->data = NULL;
+    int32_t b = kn->touch[i];
+    const plan_buffer *buf = &c->low.bufs[b];
+    if (!buf->persistent && atomic_fetch_sub(&s->users_left[b], 1) == 1) {
+      mem_free(&s->arena, s->data[b], (size_t)buf->bytes, buf->cat,
+               c->numa.home[b], true);
+      s->data[b] = NULL;
     }
   }
   return REMAT_OK;

@@ -1,15 +1,25 @@
 /* The bodies of a kernel node's tasks, which the DAG stage hands to the
  * scheduler: the start task allocates (or zero-fills) the node's buffers
  * and binds them, each tile task runs one tile, and the done task frees
- * the buffers whose last user it is. */
+ * the buffers whose last user it is. Each gets the run (step_run) as its
+ * context. */
 #ifndef REMAT_RUNTIME_TASKS_H
 #define REMAT_RUNTIME_TASKS_H
 
+#include "runtime/exec/step_state.h"
+
+/* start, tile and done, for the DAG stage (taskgraph.h). */
+extern const task_bodies remat__task_bodies;
+
+/* Points knode k's op_bufs (s->bufs[k]) at its buffers' memory, as its
+ * start task does (also for tiles run outside a step: the simulator). */
+void tasks_bind(const compiled_step *c, step_state *s, int32_t k);
+
 /* arg: the plan_knode. */
-int tasks_start(void *arg, int worker);
+int tasks_start(void *run, void *arg, int worker);
 /* arg: the plan_tile. */
-int tasks_tile(void *arg, int worker);
+int tasks_tile(void *run, void *arg, int worker);
 /* arg: the plan_knode. */
-int tasks_done(void *arg, int worker);
+int tasks_done(void *run, void *arg, int worker);
 
 #endif

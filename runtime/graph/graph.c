@@ -10,7 +10,7 @@
 #include "runtime/internal.h"
 #include "runtime/policy/policy.h"
 #include "runtime/dp/dp.h"
-#include "runtime/compile/step_plan.h"
+#include "runtime/exec/step_state.h"
 
 
 remat_status remat_graph_create(remat_runtime *rt, remat_graph **out) {
@@ -31,7 +31,7 @@ void remat_graph_destroy(remat_graph *g) {
   if (g == NULL)
     return;
   graph_enter_wait(g); /* a step running on another thread finishes first */
-  step_plan_destroy(g);
+  graph_step_destroy(g);
   dp_graph_free(g);
   for (int32_t i = 0; i < g->nops; i++)
     if (g->ops[i].planned)

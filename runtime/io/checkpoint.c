@@ -7,12 +7,12 @@
 #include <string.h>
 
 #include "runtime/io/safetensors.h"
-#include "runtime/compile/step_plan.h"
+#include "runtime/exec/step_state.h"
 
 #define KEY_STEP "remat.step"
 #define KEY_OPTIMIZER "remat.optimizer"
 
-static const char *optimizer_name(const remat_step_plan *p) {
+static const char *optimizer_name(const compiled_step *p) {
   if (!p->has_opt)
     return "none";
   return p->opt.kind == REMAT_OPT_ADAMW ? "adamw" : "sgd";
@@ -60,7 +60,7 @@ static remat_status check_keys(const char *const *keys, const void *values,
 
 /* The buffer of AdamW's first (or second) moment of parameter `tensor`,
  * -1 when it has none. */
-static int32_t moment_buf(const remat_step_plan *p, int32_t tensor,
+static int32_t moment_buf(const compiled_step *p, int32_t tensor,
                           bool second) {
   for (int32_t k = 0; k < p->low.nknodes; k++) {
     const plan_knode *kn = &p->low.knodes[k];
@@ -76,7 +76,7 @@ static remat_status checkpoint_items(remat_graph *g, safet_item **items,
   int nparams = 0;
   remat_status s = safet_params(g, false, 2 * remat_num_params(g), items,
                                 &nparams, what);
-  const remat_step_plan *p = g->plan;
+  const compiled_step *p = &g->step->compiled;
   *n = nparams;
   for (int pass = 0; pass < 2 && s == REMAT_OK; pass++)
     for (int i = 0; i < nparams; i++) {
@@ -90,7 +90,7 @@ static remat_status checkpoint_items(remat_graph *g, safet_item **items,
       snprintf(it->name, sizeof it->name, "%s%s",
                pass == 0 ? SAFET_ADAM_M : SAFET_ADAM_V, t->name);
       it->param = t;
-      it->data = p->low.bufs[b].data;
+      it->data = g->step->state.data[b];
     }
   return s;
 }
@@ -99,21 +99,21 @@ static remat_status save_checkpoint(remat_graph *g, const char *path,
                                     const char *const *keys,
                                     const uint64_t *values, int count) {
   const char *what = "remat_save_checkpoint";
-  if (g->plan->accum_count > 0)
+  if (g->step->state.accum_count > 0)
     return remat__fail(REMAT_ERR_STATE,
                        "%s: %lld micro-batch(es) summed by remat_accumulate "
                        "wait for their update: a checkpoint does not hold "
                        "gradient sums, so it could not resume exactly; save "
                        "after remat_step",
-                       what, (long long)g->plan->accum_count);
+                       what, (long long)g->step->state.accum_count);
   safet_meta meta[REMAT_CHECKPOINT_MAX_VALUES + 3] = {
       {.key = SAFET_CHECKPOINT_KEY, .value = "1"},
       {.key = KEY_OPTIMIZER},
       {.key = KEY_STEP}};
   snprintf(meta[1].value, sizeof meta[1].value, "%s",
-           optimizer_name(g->plan));
+           optimizer_name(&g->step->compiled));
   snprintf(meta[2].value, sizeof meta[2].value, "%lld",
-           (long long)g->plan->opt_step);
+           (long long)g->step->state.opt_step);
   for (int i = 0; i < count; i++) {
     meta[3 + i].key = keys[i];
     snprintf(meta[3 + i].value, sizeof meta[3 + i].value, "%llu",
@@ -186,7 +186,7 @@ static remat_status meta_value(const cJSON *meta, const char *key,
 static remat_status check_optimizer(const restore *r, const cJSON *meta,
                                     const char *path) {
   const cJSON *opt = cJSON_GetObjectItemCaseSensitive(meta, KEY_OPTIMIZER);
-  const char *want = optimizer_name(r->g->plan);
+  const char *want = optimizer_name(&r->g->step->compiled);
   if (!cJSON_IsString(opt))
     return remat__fail(REMAT_ERR_IO, "remat_load_checkpoint: '%s': "
                        "__metadata__ has no '%s'", path, KEY_OPTIMIZER);
@@ -199,9 +199,10 @@ static remat_status check_optimizer(const restore *r, const cJSON *meta,
   return REMAT_OK;
 }
 
-static remat_status check_meta(void *ctx, const cJSON *meta,
+/* The checkpoint's __metadata__ (NULL when it has none), checked before
+ * any tensor is read. */
+static remat_status check_meta(restore *r, const cJSON *meta,
                                const char *path) {
-  restore *r = ctx;
   if (cJSON_GetObjectItemCaseSensitive(meta, SAFET_CHECKPOINT_KEY) == NULL)
     return remat__fail(REMAT_ERR_IO, "remat_load_checkpoint: '%s' is not a "
                        "training checkpoint (its __metadata__ has no '%s'): "
@@ -221,9 +222,9 @@ static remat_status check_meta(void *ctx, const cJSON *meta,
   return s;
 }
 
-static void commit(void *ctx) {
-  restore *r = ctx;
-  r->g->plan->opt_step = r->step;
+/* After the tensors were read: the step count and the caller's values. */
+static void commit(const restore *r) {
+  r->g->step->state.opt_step = r->step;
   for (int i = 0; i < r->count; i++)
     r->values[i] = r->parsed[i];
 }
@@ -238,11 +239,21 @@ remat_status remat_load_checkpoint(remat_graph *g, const char *path,
   if (s != REMAT_OK)
     return s;
   restore r = {.g = g, .keys = keys, .values = values, .count = count};
-  safet_load_req req = {.what = what, .check_meta = check_meta,
-                        .commit = commit, .ctx = &r};
+  safet_load_req req = {.what = what};
+  safet_loading *ld = NULL;
+  const cJSON *meta = NULL;
   s = checkpoint_items(g, &req.items, &req.nitems, what);
   if (s == REMAT_OK)
-    s = safet_load(g, path, &req);
+    s = safet_load_open(path, &req, &ld, &meta);
+  if (s == REMAT_OK)
+    s = check_meta(&r, meta, path);
+  if (s == REMAT_OK)
+    s = safet_load_read(ld);
+  if (s == REMAT_OK) {
+    commit(&r);
+    step_state_params_loaded(&g->step->state);
+  }
+  safet_load_close(ld);
   free(req.items);
   safet_release(g);
   return s;

@@ -21,7 +21,7 @@
 #include "base/files.h"
 #include "base/checked.h"
 #include "runtime/io/safetensors.h"
-#include "runtime/compile/step_plan.h"
+#include "runtime/exec/step_state.h"
 
 #define HEADER_MAX ((uint64_t)100 << 20) /* the safetensors package's limit */
 #define HEADER_CHUNK ((size_t)1 << 16)   /* header bytes read at a time */
@@ -51,7 +51,7 @@ void safet_release(remat_graph *g) { graph_leave(g); }
 
 remat_status safet_params(remat_graph *g, bool grads, int extra,
                           safet_item **items, int *n, const char *what) {
-  const plan_lowering *l = &g->plan->low;
+  const plan_lowering *l = &g->step->compiled.low;
   *n = remat_num_params(g);
   *items = remat__calloc((size_t)(*n + extra > 0 ? *n + extra : 1),
                          sizeof **items);
@@ -67,7 +67,7 @@ remat_status safet_params(remat_graph *g, bool grads, int extra,
       return remat__fail(REMAT_ERR_INVALID_ARG,
                          "%s: parameter '%s' has no gradient (it does not "
                          "reach the loss)", what, it->name);
-    it->data = l->bufs[b].data;
+    it->data = g->step->state.data[b];
   }
   return REMAT_OK;
 }
@@ -678,15 +678,12 @@ static bool skipped(const safet_load_req *req, const cJSON *meta,
           strncmp(name, SAFET_ADAM_V, strlen(SAFET_ADAM_V)) == 0);
 }
 
-/* Reads the header, checks the metadata, then checks every entry against
- * the file and the model. */
-static remat_status check_file(const safet_load_req *req, source *src,
-                               entry *entries, int *seen) {
-  cJSON *root = NULL;
-  remat_status s = read_header(src, &root);
+/* Checks every entry of the header against the file and the model. */
+static remat_status check_entries(const safet_load_req *req, source *src,
+                                  const cJSON *root, entry *entries,
+                                  int *seen) {
   const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
-  if (s == REMAT_OK && req->check_meta != NULL)
-    s = req->check_meta(req->ctx, meta, src->path);
+  remat_status s = REMAT_OK;
   const cJSON *item;
   cJSON_ArrayForEach(item, root) {
     if (s != REMAT_OK)
@@ -695,7 +692,6 @@ static remat_status check_file(const safet_load_req *req, source *src,
       s = check_entry(req, src, item, skipped(req, meta, item->string),
                       entries, seen);
   }
-  cJSON_Delete(root);
   if (s == REMAT_OK)
     s = check_cover(req, src, entries, seen);
   return s;
@@ -734,30 +730,54 @@ static remat_status read_items(const safet_load_req *req, const source *src,
   return s;
 }
 
-remat_status safet_load(remat_graph *g, const char *path,
-                        const safet_load_req *req) {
+struct safet_loading {
+  const safet_load_req *req;
   source src;
-  remat_status s = open_source(path, req->what, &src);
+  cJSON *root; /* the header */
+  entry *entries;
+  int *seen;
+};
+
+remat_status safet_load_open(const char *path, const safet_load_req *req,
+                             safet_loading **out, const cJSON **meta) {
+  *out = NULL;
+  *meta = NULL;
+  safet_loading *ld = remat__calloc(1, sizeof *ld);
+  if (ld == NULL)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", req->what);
+  ld->req = req;
+  ld->src.fd = -1;
+  *out = ld;
   size_t n = req->nitems > 0 ? (size_t)req->nitems : 1;
-  entry *entries = remat__calloc(n, sizeof *entries);
-  int *seen = remat__calloc(n, sizeof *seen);
-  if (s == REMAT_OK && (entries == NULL || seen == NULL))
-    s = remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", req->what);
+  ld->entries = remat__calloc(n, sizeof *ld->entries);
+  ld->seen = remat__calloc(n, sizeof *ld->seen);
+  if (ld->entries == NULL || ld->seen == NULL)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", req->what);
+  remat_status s = open_source(path, req->what, &ld->src);
   if (s == REMAT_OK)
-    s = check_file(req, &src, entries, seen);
+    s = read_header(&ld->src, &ld->root);
   if (s == REMAT_OK)
-    s = read_items(req, &src, entries);
-  if (s == REMAT_OK && req->commit != NULL)
-    req->commit(req->ctx);
-  if (s == REMAT_OK) /* sums of gradients of the weights that were */
-    g->plan->accum_count = 0;
-  if (s == REMAT_OK) /* per-node and bf16 copies: before the next run */
-    g->plan->params_written = true;
-  if (src.fd >= 0)
-    close(src.fd);
-  free(entries);
-  free(seen);
+    *meta = cJSON_GetObjectItemCaseSensitive(ld->root, "__metadata__");
   return s;
+}
+
+remat_status safet_load_read(safet_loading *ld) {
+  remat_status s = check_entries(ld->req, &ld->src, ld->root, ld->entries,
+                                 ld->seen);
+  if (s == REMAT_OK)
+    s = read_items(ld->req, &ld->src, ld->entries);
+  return s;
+}
+
+void safet_load_close(safet_loading *ld) {
+  if (ld == NULL)
+    return;
+  if (ld->src.fd >= 0)
+    close(ld->src.fd);
+  cJSON_Delete(ld->root);
+  free(ld->entries);
+  free(ld->seen);
+  free(ld);
 }
 
 remat_status remat_load_safetensors(remat_graph *g, const char *path) {
@@ -766,9 +786,16 @@ remat_status remat_load_safetensors(remat_graph *g, const char *path) {
   if (s != REMAT_OK)
     return s;
   safet_load_req req = {.what = what, .weights_only = true};
+  safet_loading *ld = NULL;
+  const cJSON *meta;
   s = safet_params(g, false, 0, &req.items, &req.nitems, what);
   if (s == REMAT_OK)
-    s = safet_load(g, path, &req);
+    s = safet_load_open(path, &req, &ld, &meta);
+  if (s == REMAT_OK)
+    s = safet_load_read(ld);
+  if (s == REMAT_OK)
+    step_state_params_loaded(&g->step->state);
+  safet_load_close(ld);
   free(req.items);
   safet_release(g);
   return s;

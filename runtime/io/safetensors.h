@@ -30,18 +30,16 @@ typedef struct safet_meta {
   char value[32];
 } safet_meta;
 
-/* What a load reads and how it treats the metadata. */
+/* What a load reads. */
 typedef struct safet_load_req {
   const char *what;   /* the public call, for messages */
   safet_item *items;
   int nitems;
   bool weights_only;  /* skip a checkpoint's optimizer state */
-  /* Checks __metadata__ (NULL when the file has none) before any tensor
-   * entry; NULL: any metadata is accepted. */
-  remat_status (*check_meta)(void *ctx, const cJSON *meta, const char *path);
-  void (*commit)(void *ctx); /* after the items are written; may be NULL */
-  void *ctx;
 } safet_load_req;
+
+/* A load in progress (safetensors.c). */
+typedef struct safet_loading safet_loading;
 
 /* Checks the arguments and enters the compiled graph for the whole call
  * (so no step of another thread lands between a load's checks and its
@@ -58,10 +56,16 @@ remat_status safet_params(remat_graph *g, bool grads, int extra,
 remat_status safet_save(remat_graph *g, const char *path,
                         const safet_item *items, int nitems,
                         const safet_meta *meta, int nmeta, const char *what);
-/* Loads the file at `path` into the request's items; a load that
- * succeeds discards the gradient sums of remat_accumulate (they are
- * gradients of the weights it replaced). */
-remat_status safet_load(remat_graph *g, const char *path,
-                        const safet_load_req *req);
+/* A load in three calls, so that the caller checks the metadata between
+ * reading the header and touching any tensor: safet_load_open opens the
+ * file at `path` and reads its header (*meta: its __metadata__, NULL when
+ * it has none, valid until the close); safet_load_read checks every entry
+ * against the request's items and then reads them all, or changes none;
+ * safet_load_close (after either, also on failure; NULL is fine) closes
+ * and frees. *out is set even when the open fails. */
+remat_status safet_load_open(const char *path, const safet_load_req *req,
+                             safet_loading **out, const cJSON **meta);
+remat_status safet_load_read(safet_loading *ld);
+void safet_load_close(safet_loading *ld);
 
 #endif

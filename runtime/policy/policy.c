@@ -848,8 +848,9 @@ static int32_t deciding_region(const remat_graph *g, const remat_tensor *t) {
   return r;
 }
 
-remat_status policy_resolve_default(remat_graph *g, remat_policy **out) {
-  remat_status s = remat_policy_parse(g->rt->config.policy, out);
+remat_status policy_resolve_default(remat_graph *g, const char *text,
+                                    remat_policy **out) {
+  remat_status s = remat_policy_parse(text, out);
   if (s != REMAT_OK)
     return graph_fail(g, s, "REMAT_POLICY: %s", remat_last_error());
   return REMAT_OK;

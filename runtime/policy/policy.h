@@ -30,8 +30,10 @@ void policy_free_all(remat_graph *g);
 bool policy_saves(const remat_policy *p, const op_desc *producer,
                   const remat_tensor *t);
 remat_status policy_check_names(remat_graph *g, const remat_policy *p);
-/* The runtime's default policy, parsed from its configuration. */
-remat_status policy_resolve_default(remat_graph *g, remat_policy **out);
+/* The default policy of regions that name none, parsed from `text` (the
+ * runtime's REMAT_POLICY); a bad one is recorded on g. */
+remat_status policy_resolve_default(remat_graph *g, const char *text,
+                                    remat_policy **out);
 /* The decision for every tensor given one policy per region: saved[t],
  * and deciding[t], the region whose policy decided (-1: none, saved). */
 remat_status policy_decide_with(const remat_graph *g, bool *saved,

@@ -1,0 +1,105 @@
+/* remat_compile: the compile pipeline (compile/compiled.h) builds the
+ * compiled step, then the step state that runs change is made for it
+ * (step_state.h), with the data-parallel state when the graph has one. The
+ * two live together on the graph until it is destroyed. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "base/alloc.h"
+#include "runtime/dp/dp.h"
+#include "runtime/exec/tasks.h"
+
+static bool optimizer_ok(const remat_optimizer *opt) {
+  return (opt->kind == REMAT_OPT_SGD || opt->kind == REMAT_OPT_ADAMW) &&
+         isfinite(opt->lr) && opt->lr > 0.0f && opt->beta1 >= 0.0f &&
+         opt->beta1 < 1.0f && opt->beta2 >= 0.0f && opt->beta2 < 1.0f &&
+         opt->eps >= 0.0f && opt->weight_decay >= 0.0f &&
+         isfinite(opt->weight_decay);
+}
+
+static remat_status check_compile_args(remat_graph *g, remat_tensor *loss,
+                                       const remat_optimizer *opt) {
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG, "remat_compile: graph is NULL");
+  if (g->status != REMAT_OK)
+    return remat__fail_msg(g->status, g->error);
+  if (g->compiled)
+    return remat__fail(REMAT_ERR_STATE,
+                       "remat_compile: the graph is already compiled");
+  if (g->region_depth != 0)
+    return graph_fail(g, REMAT_ERR_STATE,
+                      "remat_compile: %d checkpoint region(s) still open: "
+                      "call remat_region_end for each remat_region_begin",
+                      g->region_depth);
+  if (loss != NULL) {
+    if (!graph_tensor_ok(g, loss, "remat_compile"))
+      return g->status;
+    if (loss->kind != TENSOR_ACT || op_numel(&loss->shape) != 1)
+      return graph_fail(g, REMAT_ERR_SHAPE,
+                        "remat_compile: the loss '%s' must be an op result "
+                        "with one element",
+                        loss->name);
+  }
+  if (opt != NULL && !optimizer_ok(opt))
+    return graph_fail(g, REMAT_ERR_INVALID_ARG,
+                      "remat_compile: optimizer is not valid: expected kind "
+                      "REMAT_OPT_SGD or REMAT_OPT_ADAMW, lr > 0, betas in "
+                      "[0,1), eps >= 0, weight_decay >= 0");
+  return REMAT_OK;
+}
+/* The DAG stage's hook for the data-parallel tasks: their state goes to
+ * the graph step's, whose address is fixed. */
+typedef struct dp_hook {
+  step_state *state;
+  struct dp_plan *dp;
+} dp_hook;
+
+static remat_status add_dp_tasks(const compiled_step *c, sched_dag *dag,
+                                 void *ctx) {
+  dp_hook *h = ctx;
+  return dp_add_tasks(c, h->state, dag, &h->dp);
+}
+
+remat_status remat_compile(remat_graph *g, remat_tensor *loss,
+                           const remat_optimizer *opt) {
+  remat_status s = check_compile_args(g, loss, opt);
+  if (s != REMAT_OK)
+    return s;
+  graph_step *gs = remat__calloc(1, sizeof *gs);
+  if (gs == NULL)
+    return graph_fail(g, REMAT_ERR_OUT_OF_MEMORY,
+                      "remat_compile: out of memory");
+  dp_hook hook = {&gs->state, NULL};
+  compile_request req = {g, loss != NULL ? loss->id : -1, opt,
+                         &remat__task_bodies, add_dp_tasks, &hook};
+  s = compile_step(&req, &gs->compiled);
+  if (s == REMAT_OK) {
+    s = step_state_create(&gs->compiled, &gs->state);
+    if (s != REMAT_OK && g->status == REMAT_OK)
+      graph_fail(g, s, "remat_compile: %s",
+                 s == REMAT_ERR_OUT_OF_MEMORY ? "out of memory"
+                                              : remat_last_error());
+  }
+  if (s != REMAT_OK) {
+    dp_plan_free(hook.dp);
+    if (gs->compiled.g != NULL)
+      compiled_step_free(&gs->compiled);
+    free(gs);
+    return g->status;
+  }
+  gs->state.dp = hook.dp;
+  g->step = gs;
+  g->compiled = true;
+  return REMAT_OK;
+}
+
+void graph_step_destroy(remat_graph *g) {
+  graph_step *gs = g->step;
+  if (gs == NULL)
+    return;
+  dp_plan_free(gs->state.dp);
+  step_state_free(&gs->compiled, &gs->state);
+  compiled_step_free(&gs->compiled);
+  free(gs);
+  g->step = NULL;
+}
