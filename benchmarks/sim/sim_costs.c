@@ -216,8 +216,6 @@ typedef struct lender {
   size_t cap;
 } lender;
 
-static size_t rounded(int64_t bytes) { return ((size_t)bytes + 63) / 64 * 64; }
-
 /* Whether kn's tiles read buffer b (or add into it). */
 static bool read_by(const remat_step_plan *p, const plan_knode *kn, int32_t b) {
   if (kn->kernel == NULL)
@@ -237,7 +235,7 @@ static int lend_buffers(remat_step_plan *p, plan_knode *kn, lender *len,
   memset(mine, 0, PLAN_MAX_USES * sizeof *mine);
   for (int i = 0; i < kn->ntouch; i++)
     if (p->low.bufs[kn->touch[i]].data == NULL)
-      need += rounded(p->low.bufs[kn->touch[i]].bytes);
+      need += (size_t)remat__round64(p->low.bufs[kn->touch[i]].bytes);
   if (need > len->cap) {
     free(len->base);
     len->base = aligned_alloc(64, need);
@@ -253,9 +251,9 @@ static int lend_buffers(remat_step_plan *p, plan_knode *kn, lender *len,
     if (!mine[i])
       continue;
     b->data = (float *)(len->base + at);
-    at += rounded(b->bytes);
+    at += (size_t)remat__round64(b->bytes);
     if (read_by(p, kn, kn->touch[i]))
-      memset(b->data, 0, rounded(b->bytes));
+      memset(b->data, 0, (size_t)remat__round64(b->bytes));
   }
   if (kn->kernel != NULL)
     bind(p, kn);

@@ -56,7 +56,7 @@ remat_status persist_allocate(remat_step_plan *p) {
     if (p->g->ops[o].inst.scratch_bytes > max_scratch)
       max_scratch = p->g->ops[o].inst.scratch_bytes;
   int nw = p->g->rt->nworkers;
-  p->scratch_bytes = (max_scratch + 63) / 64 * 64;
+  p->scratch_bytes = (size_t)remat__round64((int64_t)max_scratch);
   p->workers = remat__calloc((size_t)nw, sizeof *p->workers);
   p->worker_recompute_flops =
       remat__calloc((size_t)nw * 8, sizeof *p->worker_recompute_flops);

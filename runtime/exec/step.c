@@ -357,9 +357,6 @@ remat_status remat_step(remat_graph *g, remat_step_stats *stats) {
   return s;
 }
 
-/* The bytes the arena counts for a block (memory.c rounds to 64). */
-static int64_t block_bytes(int64_t bytes) { return (bytes + 63) / 64 * 64; }
-
 /* The sums of gradients of the micro-steps, one per parameter, beside its
  * gradient (same size and NUMA home), counted as gradients. */
 static remat_status alloc_accum(remat_step_plan *p) {
@@ -368,7 +365,7 @@ static remat_status alloc_accum(remat_step_plan *p) {
   int64_t sums = 0, budget = p->g->rt->config.memory_budget;
   for (int32_t i = 0; i < p->low.nknodes; i++)
     if (p->low.knodes[i].kind == KNODE_UPDATE)
-      sums += block_bytes(p->low.bufs[p->low.knodes[i].optim.grad].bytes);
+      sums += mem_block_bytes(p->low.bufs[p->low.knodes[i].optim.grad].bytes);
   if (budget > 0 && p->predicted.peak + sums > budget)
     return remat__fail(REMAT_ERR_BUDGET,
                        "remat_accumulate: the gradient sums (%lld bytes) "
@@ -388,7 +385,7 @@ static remat_status alloc_accum(remat_step_plan *p) {
     p->accum[kn->optim.param_tensor] = mem_alloc(
         &p->arena, (size_t)grad->bytes, REMAT_MEM_GRADS, grad->node, false);
     ok = p->accum[kn->optim.param_tensor] != NULL;
-    p->accum_bytes += ok ? block_bytes(grad->bytes) : 0;
+    p->accum_bytes += ok ? mem_block_bytes(grad->bytes) : 0;
   }
   if (ok)
     return REMAT_OK;

@@ -58,11 +58,6 @@ static int counter_of(const remat_step_plan *p, remat_mem_category cat,
   }
 }
 
-/* The bytes the arena counts for a block (memory.c rounds to 64). */
-static int64_t block_bytes(int64_t bytes) {
-  return ((bytes > 0 ? bytes : 1) + 63) / 64 * 64;
-}
-
 /* ---- before and after a run ---- */
 
 static bool grow(void **array, size_t elem, size_t count) {
@@ -233,16 +228,17 @@ static size_t step_events(const remat_step_plan *p, int s) {
     for (int k = 0; k < kn->ninit; k++) {
       const plan_buffer *b = &p->low.bufs[kn->init[k]];
       if (!b->persistent)
-        t->events[n++] =
-            (trace_event){rec[kn->start_task].start_ns, block_bytes(b->bytes),
-                          counter_of(p, b->cat, b->tensor)};
+        t->events[n++] = (trace_event){rec[kn->start_task].start_ns,
+                                       mem_block_bytes(b->bytes),
+                                       counter_of(p, b->cat, b->tensor)};
     }
   }
   for (int32_t b = 0; b < p->low.nbufs; b++) {
     const plan_buffer *buf = &p->low.bufs[b];
     if (!buf->persistent && buf->first_writer >= 0 && t->free_ns[b] >= 0)
-      t->events[n++] = (trace_event){t->free_ns[b], -block_bytes(buf->bytes),
-                                     counter_of(p, buf->cat, buf->tensor)};
+      t->events[n++] =
+          (trace_event){t->free_ns[b], -mem_block_bytes(buf->bytes),
+                        counter_of(p, buf->cat, buf->tensor)};
   }
   qsort(t->events, n, sizeof *t->events, cmp_event);
   return n;
