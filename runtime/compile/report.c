@@ -43,13 +43,9 @@ static const char *const kind_names[] = {
 
 static double mib(int64_t bytes) { return (double)bytes / 1048576.0; }
 
-/* A name as messages show it: bytes outside 0x20-0x7E as \xNN. */
+/* A name as messages show it (base/error.h's quoting). */
 static void print_text(const char *s) {
-  for (const unsigned char *c = (const unsigned char *)s; *c != '\0'; c++)
-    if (*c >= 0x20 && *c < 0x7f)
-      fputc(*c, stderr);
-    else
-      fprintf(stderr, "\\x%02X", *c);
+  fputs(remat__quote(&(remat__quoted){0}, s), stderr);
 }
 
 /* A tensor's name as traces show it: prefixed by its layer, the nearest

@@ -25,7 +25,6 @@
 
 #define HEADER_MAX ((uint64_t)100 << 20) /* the safetensors package's limit */
 #define HEADER_CHUNK ((size_t)1 << 16)   /* header bytes read at a time */
-#define QUOTE_MAX 64   /* bytes of a name from a file shown in a message */
 
 
 /* A parameter's size in bytes as F32 (false if it does not fit a size_t). */
@@ -507,20 +506,6 @@ static void format_shape(char *buf, size_t len, int ndim, const double *dims) {
     snprintf(buf + n, len - n, "]");
 }
 
-/* A string from the file, fit for a one-line message: control bytes
- * become \xNN, and past QUOTE_MAX bytes it is cut with "...". */
-static void quote(char *buf, size_t len, const char *text) {
-  size_t n = 0, i = 0;
-  for (; text[i] != '\0' && i < QUOTE_MAX && n + 5 < len; i++) {
-    unsigned char c = (unsigned char)text[i];
-    if (c < 32 || c == 127)
-      n += (size_t)snprintf(buf + n, len - n, "\\x%02x", c);
-    else
-      buf[n++] = (char)c;
-  }
-  snprintf(buf + n, len - n, "%s", text[i] != '\0' ? "..." : "");
-}
-
 static int find_item(const safet_load_req *req, const char *name) {
   for (int i = 0; i < req->nitems; i++)
     if (strcmp(req->items[i].name, name) == 0)
@@ -587,8 +572,8 @@ static remat_status check_shape(const source *src, const char *name,
 static remat_status check_entry(const safet_load_req *req, const source *src,
                                 const cJSON *item, bool skip, entry *entries,
                                 int *seen) {
-  char name[4 * QUOTE_MAX + 8], dt[4 * QUOTE_MAX + 8];
-  quote(name, sizeof name, item->string);
+  remat__quoted quoted_name, quoted_dt;
+  const char *name = remat__quote(&quoted_name, item->string);
   if (!cJSON_IsObject(item))
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' is not a JSON object",
                      src->what, src->path, name);
@@ -613,7 +598,7 @@ static remat_status check_entry(const safet_load_req *req, const source *src,
   if (seen[i])
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' appears twice", src->what,
                      src->path, name);
-  quote(dt, sizeof dt, dtype->valuestring);
+  const char *dt = remat__quote(&quoted_dt, dtype->valuestring);
   if (strcmp(dtype->valuestring, "F32") != 0)
     return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' has dtype %s, expected F32",
                      src->what, src->path, name, dt);
