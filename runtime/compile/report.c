@@ -35,12 +35,6 @@ static remat_status region_stats(remat_step_plan *p) {
   return REMAT_OK;
 }
 
-static const char *const kind_names[] = {
-    [KNODE_FORWARD] = "forward",   [KNODE_SEED] = "seed",
-    [KNODE_BACKWARD] = "backward", [KNODE_RECOMPUTE] = "recompute",
-    [KNODE_CHECK] = "check",       [KNODE_GATE] = "gate",
-    [KNODE_UPDATE] = "update"};
-
 static double mib(int64_t bytes) { return (double)bytes / 1048576.0; }
 
 /* A name as messages show it (base/error.h's quoting). */
@@ -135,7 +129,7 @@ static void print_nodes(const remat_step_plan *p) {
           "region", "tiles", "kernel", "task");
   for (int32_t i = 0; i < p->low.nknodes; i++) {
     const plan_knode *kn = &p->low.knodes[i];
-    fprintf(stderr, "  %5d  %-9s  %6d  %6lld  %-22s  ", i, kind_names[kn->kind],
+    fprintf(stderr, "  %5d  %-9s  %6d  %6lld  %-22s  ", i, task_names_kind(kn->kind),
             kn->region, (long long)kn->tiles,
             kn->kernel ? kn->kernel->name : "(runtime)");
     print_text(p->task_names + (size_t)i * TASK_NAME_MAX);

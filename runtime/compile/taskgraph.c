@@ -163,27 +163,6 @@ static bool gate_edges(remat_step_plan *p, edge_list *e) {
 
 /* ---- tasks ---- */
 
-static const char *node_category(const plan_knode *kn) {
-  switch (kn->kind) {
-  case KNODE_FORWARD: return "forward";
-  case KNODE_SEED: return "seed";
-  case KNODE_BACKWARD: return "backward";
-  case KNODE_RECOMPUTE: return "recompute";
-  default: return "update";
-  }
-}
-
-static const char *node_name(const plan_knode *kn) {
-  if (kn->kernel != NULL)
-    return kn->kernel->name;
-  switch (kn->kind) {
-  case KNODE_SEED: return "loss.seed";
-  case KNODE_CHECK: return "optimizer.check";
-  case KNODE_GATE: return "optimizer.gate";
-  default: return "optimizer.update";
-  }
-}
-
 /* Priority is program order, earliest first: one worker then runs the
  * nodes exactly in program order, the order memplan.c predicts, and more
  * workers never let a later node starve an earlier one. A tile's affinity
@@ -205,7 +184,8 @@ static remat_status add_tasks(remat_step_plan *p) {
     kn->plan = p;
     /* kernel names ("linear.fwd"): the scheduler's messages and the
      * simulator's cost groups; traces use p->task_names */
-    const char *name = node_name(kn), *cat = node_category(kn);
+    const char *name = task_names_kernel(kn);
+    const char *cat = task_names_category(kn->kind);
     kn->start_task = sched_dag_add(p->dag, tasks_start, kn, -i, -1, name, cat);
     kn->done_task = sched_dag_add(p->dag, tasks_done, kn, -i, -1, name, cat);
     if (kn->start_task < 0 || kn->done_task < 0)

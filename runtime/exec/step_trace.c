@@ -142,21 +142,6 @@ void step_trace_cancel(remat_step_plan *p) { p->trace.target = NULL; }
 
 /* ---- the file ---- */
 
-static const char *kind_name(knode_kind kind) {
-  switch (kind) {
-  case KNODE_FORWARD:
-    return "forward";
-  case KNODE_SEED:
-    return "seed";
-  case KNODE_BACKWARD:
-    return "backward";
-  case KNODE_RECOMPUTE:
-    return "recompute";
-  default:
-    return "optimizer";
-  }
-}
-
 /* Microseconds from the first traced step's start. */
 static double from_origin(const step_trace *t, int64_t ns) {
   return (double)(ns - t->origin_ns[0]) / 1e3;
@@ -192,7 +177,7 @@ static void write_tasks(FILE *f, const remat_step_plan *p, int s) {
             "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
             "\"pid\":1,\"tid\":%d,\"args\":{\"step\":%d,\"id\":%d,"
             "\"node\":%d,\"kernel\":\"%s\",\"part\":",
-            kind_name(kn->kind), from_origin(t, rec[task].start_ns),
+            task_names_category(kn->kind), from_origin(t, rec[task].start_ns),
             (double)(rec[task].end_ns - rec[task].start_ns) / 1e3,
             (int)rec[task].worker, s + 1, (int)task, (int)t->task_node[task],
             kn->kernel != NULL ? kn->kernel->name : "");
