@@ -170,9 +170,9 @@ static remat_status do_set_clip(remat_graph *g, float max_norm) {
 }
 
 /* The trace replaces PATH after each traced run (a new file renamed over
- * it), so PATH must be a regular file (through a symbolic link too) or a
- * new name in a directory where a file can be created: checked now, with
- * a temporary file made and removed, so that nothing is left at PATH. */
+ * it, base/files.h), so PATH must be a regular file (not a symbolic link)
+ * or a new name in a directory where a file can be created: checked now,
+ * with a temporary file made and removed, so that nothing is left at PATH. */
 static remat_status do_trace_steps(remat_graph *g, const char *path,
                                    int steps) {
   step_trace *t = &g->plan->trace;
@@ -190,13 +190,13 @@ static remat_status do_trace_steps(remat_graph *g, const char *path,
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_trace_steps: the path is longer than %zu bytes",
                        sizeof t->path - 1);
-  struct stat st;
-  if (steps > 0 && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+  mode_t mode;
+  if (steps > 0 && remat__replace_check(path, &mode) != 0 && mode != 0)
     return remat__fail(REMAT_ERR_IO,
                        "remat_trace_steps: '%s' is %s: the trace must be a "
                        "regular file or a new name",
                        remat__quote(&(remat__quoted){0}, path),
-                       remat__file_kind(st.st_mode));
+                       remat__file_kind(mode));
   if (steps > 0) {
     remat__replacing r;
     FILE *f = remat__replace_begin(path, &r);
@@ -205,8 +205,7 @@ static remat_status do_trace_steps(remat_graph *g, const char *path,
                          "remat_trace_steps: cannot write '%s': %s",
                          remat__quote(&(remat__quoted){0}, path),
                          strerror(errno));
-    fclose(f);
-    unlink(r.tmp);
+    remat__replace_abort(f, &r);
   }
   snprintf(t->path, sizeof t->path, "%s", steps > 0 ? path : "");
   t->steps_left = steps;

@@ -275,7 +275,8 @@ static remat_status write_file(const remat_step_plan *p, const char *path,
   remat__replacing r;
   FILE *f = remat__replace_begin(path, &r);
   if (f == NULL) {
-    snprintf(err, len, "cannot write trace '%s': %s", path, strerror(errno));
+    snprintf(err, len, "cannot write trace '%s': %s",
+             remat__quote(&(remat__quoted){0}, path), strerror(errno));
     return REMAT_ERR_IO;
   }
   fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", f);
@@ -284,7 +285,10 @@ static remat_status write_file(const remat_step_plan *p, const char *path,
   fputs("\n]}\n", f);
   int e = remat__replace_end(f, &r);
   if (e != 0) {
-    snprintf(err, len, "cannot write trace '%s': %s", path, strerror(e));
+    snprintf(err, len, "cannot %s trace '%s': %s",
+             r.failed == REMAT__REPLACE_SYNC_DIR ? "sync the directory of"
+                                                 : "write",
+             remat__quote(&(remat__quoted){0}, path), strerror(e));
     return REMAT_ERR_IO;
   }
   return REMAT_OK;
