@@ -13,6 +13,13 @@ void *remat__realloc(void *p, size_t bytes);
 void *remat__aligned_alloc(size_t align, size_t bytes);
 char *remat__strdup(const char *s);
 
+/* `bytes` rounded up to a whole number of 64-byte lines, 0 staying 0: the
+ * one rounding of block sizes, scratch and buffer layouts (the tensor
+ * arena's blocks are 64-byte aligned). bytes must be in 0..INT64_MAX - 63. */
+static inline int64_t remat__round64(int64_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
+
 /* Test hook: the n-th allocation from now on (n >= 1) fails, and every one
  * after it until the hook is reset with n = 0. */
 void remat__alloc_fail_after(int64_t n);

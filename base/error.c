@@ -1,5 +1,6 @@
 /* Status names and the per-thread message of the last failure. */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -48,15 +49,20 @@ remat_status remat__fail_msg(remat_status status, const char *msg) {
 
 void remat__clear_error(void) { last_error[0] = '\0'; }
 
-const char *remat__quote(remat__quoted *q, const char *s) {
+const char *remat__quote_n(remat__quoted *q, const char *s, size_t len) {
   size_t n = 0, i = 0;
-  for (; s[i] != '\0' && i < REMAT__QUOTE_MAX; i++) {
+  for (; i < len && s[i] != '\0' && i < REMAT__QUOTE_MAX; i++) {
     unsigned char c = (unsigned char)s[i];
     if (c >= 0x20 && c < 0x7F)
       q->text[n++] = (char)c;
     else
       n += (size_t)snprintf(q->text + n, sizeof q->text - n, "\\x%02X", c);
   }
-  snprintf(q->text + n, sizeof q->text - n, "%s", s[i] != '\0' ? "..." : "");
+  snprintf(q->text + n, sizeof q->text - n, "%s",
+           i < len && s[i] != '\0' ? "..." : "");
   return q->text;
+}
+
+const char *remat__quote(remat__quoted *q, const char *s) {
+  return remat__quote_n(q, s, SIZE_MAX);
 }

@@ -1,6 +1,8 @@
-/* The per-thread message of the last failure and the helpers that set it:
- * every folder of the library reports errors through these, so a caller
- * reads one message with remat_last_error(). */
+/* The per-thread message of the last failure and the helpers that set it.
+ * base/ and runtime/ report through these; sched/ and ops/ return a status
+ * with their words in a buffer of the caller's (SCHED_ERRMSG_MAX, op
+ * messages), which runtime/ passes on here, so that a caller reads one
+ * message with remat_last_error(). */
 #ifndef REMAT_BASE_ERROR_H
 #define REMAT_BASE_ERROR_H
 
@@ -15,14 +17,17 @@ remat_status remat__fail(remat_status status, const char *fmt, ...)
 remat_status remat__fail_msg(remat_status status, const char *msg);
 void remat__clear_error(void);
 
-/* A caller's string made fit for a message: bytes outside 0x20-0x7E as
- * \xNN, cut after REMAT__QUOTE_MAX bytes with "...", so that a long value
- * cannot push what is accepted out of the message. Use as
- * remat__quote(&(remat__quoted){0}, value). */
+/* The one quoter of the library's messages: a caller's (or a file's)
+ * string made fit for a one-line message, bytes outside 0x20-0x7E as \xNN,
+ * cut after REMAT__QUOTE_MAX bytes with "...", so that a long value cannot
+ * push what is accepted out of the message. Use as
+ * remat__quote(&(remat__quoted){0}, value); remat__quote_n quotes the first
+ * len bytes of s (fewer at a NUL). */
 #define REMAT__QUOTE_MAX 100
 typedef struct remat__quoted {
   char text[4 * REMAT__QUOTE_MAX + sizeof "..."];
 } remat__quoted;
+const char *remat__quote_n(remat__quoted *q, const char *s, size_t len);
 const char *remat__quote(remat__quoted *q, const char *s);
 
 #endif

@@ -1,5 +1,6 @@
-/* Files (files.h): words for a file's kind, and the temporary file beside
- * a target that a save writes and then renames over it. */
+/* Files (files.h): words for a file's kind, and the one atomic
+ * replacement of a file: a temporary file beside the target, written,
+ * fsynced, renamed over it, and its directory fsynced. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -64,13 +65,27 @@ int remat__temp_create(const char *path, char *tmp, size_t len) {
   return -1;
 }
 
-FILE *remat__replace_begin(const char *path, remat__replacing *r) {
+int remat__replace_check(const char *path, mode_t *mode) {
   struct stat st;
+  *mode = 0;
+  if (lstat(path, &st) != 0)
+    return errno == ENOENT ? 0 : -1;
+  if (S_ISREG(st.st_mode))
+    return 0;
+  *mode = st.st_mode;
+  return -1;
+}
+
+FILE *remat__replace_begin(const char *path, remat__replacing *r) {
+  mode_t mode;
   r->target = path;
-  if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode) &&
-      realpath(path, r->resolved) != NULL)
-    r->target = r->resolved;
-  int fd = remat__temp_create(r->target, r->tmp, sizeof r->tmp);
+  r->tmp[0] = '\0';
+  if (remat__replace_check(path, &mode) != 0) {
+    if (mode != 0)
+      errno = S_ISLNK(mode) ? ELOOP : S_ISDIR(mode) ? EISDIR : EINVAL;
+    return NULL;
+  }
+  int fd = remat__temp_create(path, r->tmp, sizeof r->tmp);
   FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (f == NULL && fd >= 0) {
     int err = errno;
@@ -81,15 +96,49 @@ FILE *remat__replace_begin(const char *path, remat__replacing *r) {
   return f;
 }
 
+/* Syncs the directory that holds `path`, so that a rename in it outlives
+ * a crash (file systems that cannot sync a directory say EINVAL); 0 or an
+ * errno value. */
+static int sync_dir(const char *path) {
+  char dir[PATH_MAX];
+  const char *slash = strrchr(path, '/');
+  size_t len = slash == NULL ? 1 : slash == path ? 1 : (size_t)(slash - path);
+  if (len >= sizeof dir)
+    return ENAMETOOLONG;
+  memcpy(dir, slash == NULL ? "." : path, len);
+  dir[len] = '\0';
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return errno;
+  int err = fsync(fd) != 0 && errno != EINVAL ? errno : 0;
+  close(fd);
+  return err;
+}
+
 int remat__replace_end(FILE *f, remat__replacing *r) {
   int err = ferror(f) ? (errno ? errno : EIO) : 0;
+  if (err == 0 && fflush(f) != 0)
+    err = errno ? errno : EIO;
+  if (err == 0 && fsync(fileno(f)) != 0)
+    err = errno;
   if (fclose(f) != 0 && err == 0)
     err = errno ? errno : EIO;
-  if (err == 0 && rename(r->tmp, r->target) != 0)
+  r->failed = REMAT__REPLACE_WRITE;
+  if (err == 0 && rename(r->tmp, r->target) != 0) {
     err = errno;
-  if (err != 0)
+    r->failed = REMAT__REPLACE_RENAME;
+  }
+  if (err != 0) {
     unlink(r->tmp);
-  return err;
+    return err;
+  }
+  r->failed = REMAT__REPLACE_SYNC_DIR;
+  return sync_dir(r->target);
+}
+
+void remat__replace_abort(FILE *f, remat__replacing *r) {
+  fclose(f);
+  unlink(r->tmp);
 }
 
 /* The length of the well-formed UTF-8 sequence at s (1 to 4), or 0 when

@@ -24,23 +24,43 @@ const char *remat__file_kind(mode_t mode);
  * It allocates nothing. */
 int remat__temp_create(const char *path, char *tmp, size_t len);
 
-/* A file being replaced: remat__replace_begin opens a new file beside
- * PATH (or beside the file a symbolic link at PATH points to: the link
- * stays), the caller writes it, and remat__replace_end renames it over the
- * target when every write succeeded, else removes it. Readers of the
- * target, and other writers replacing it at the same time, only ever see
- * a whole file. Nothing is allocated through remat__malloc. */
+/* The one atomic replacement of a file (safetensors, checkpoints, traces):
+ * remat__replace_begin opens a new file beside PATH, the caller writes it
+ * (through the FILE or its descriptor), and remat__replace_end flushes and
+ * fsyncs it, renames it over PATH and fsyncs the directory, or removes it
+ * when anything before the rename failed. Readers of the target, and other
+ * writers replacing it at the same time, only ever see a whole file, and a
+ * failure leaves no part of a file behind. PATH must be a regular file or
+ * a new name: a symbolic link is refused (the rename would replace the
+ * link itself, and following it would write where the link points).
+ * Nothing is allocated through remat__malloc. */
+typedef enum remat__replace_step {
+  REMAT__REPLACE_WRITE,   /* writing, flushing, fsync or close failed */
+  REMAT__REPLACE_RENAME,  /* the rename failed */
+  REMAT__REPLACE_SYNC_DIR /* renamed, but the directory could not be synced */
+} remat__replace_step;
+
 typedef struct remat__replacing {
-  char resolved[PATH_MAX];
   const char *target;
   char tmp[PATH_MAX + REMAT__TEMP_EXTRA];
+  remat__replace_step failed; /* after remat__replace_end fails */
 } remat__replacing;
 
-/* NULL with errno set when the new file cannot be created. */
+/* 0 when PATH is a regular file or nothing; else -1 with *mode the kind of
+ * what is there (remat__file_kind), or *mode 0 and errno set when PATH
+ * cannot be looked at. */
+int remat__replace_check(const char *path, mode_t *mode);
+/* NULL with errno set when PATH is refused (ELOOP for a symbolic link,
+ * EISDIR for a directory, EINVAL for another kind) or the new file cannot
+ * be created. */
 FILE *remat__replace_begin(const char *path, remat__replacing *r);
-/* Closes f; 0 when the target now holds what was written, else an errno
- * value (the target is as it was). */
+/* Closes f; 0 when the target now holds what was written (durably), else
+ * an errno value and r->failed says where: before the rename the target
+ * is as it was and the new file is gone; at REMAT__REPLACE_SYNC_DIR the
+ * target is whole and new, but the rename may not outlive a crash. */
 int remat__replace_end(FILE *f, remat__replacing *r);
+/* Closes f and removes the new file; the target is as it was. */
+void remat__replace_abort(FILE *f, remat__replacing *r);
 
 /* Writes s as the body of a JSON string: '"' and '\\' escaped, control
  * bytes (and 0x7F) as \u00NN, well-formed UTF-8 as it is, and any other

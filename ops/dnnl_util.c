@@ -30,7 +30,7 @@ void op_state_free(void *state) {
 }
 
 void op_base_finish(const op_base *base, op_instance *inst) {
-  size_t dnnl_part = (base->dnnl_scratch + 63) & ~(size_t)63;
+  size_t dnnl_part = (size_t)remat__round64((int64_t)base->dnnl_scratch);
   inst->scratch_bytes = base->temp_bytes ? dnnl_part + base->temp_bytes
                                          : base->dnnl_scratch;
 }

@@ -99,17 +99,6 @@ static void db_rows(const linear_state *s, const float *dy, int64_t nr,
   op_store(dst, acc, nm, accumulate);
 }
 
-/* nm values of acc into dst (f32 or bf16: dt), stored or added. */
-static void store_dt(void *dst, op_dtype dt, const float *acc, int64_t nm,
-                     bool accumulate) {
-  if (dt != OP_BF16)
-    op_store(dst, acc, nm, accumulate);
-  else if (accumulate)
-    bf16_add_f32_row(dst, acc, nm);
-  else
-    bf16_from_f32_row(dst, acc, nm);
-}
-
 /* db_rows over bf16 rows of dy, summed in f32 (dst of dtype dt). */
 static void db_rows_bf16(const linear_state *s, const uint16_t *dy,
                          int64_t nr, int64_t m0, int64_t nm, void *dst,
@@ -119,7 +108,7 @@ static void db_rows_bf16(const linear_state *s, const uint16_t *dy,
     const uint16_t *restrict row = dy + r * s->M + m0;
     for (int64_t m = 0; m < nm; m++) acc[m] += bf16_to_f32(row[m]);
   }
-  store_dt(dst, dt, acc, nm, accumulate);
+  op_store_dt(dst, dt, 0, acc, nm, accumulate);
 }
 
 // dw (M,K) = dy^T (M,N) . x (N,K) and db (M) = the sum of dy's N rows:
@@ -173,8 +162,7 @@ static int linear_dw_sum(const op_instance *op, const op_bufs *b,
   }
   float *sum = op_temp(&s->base, w);
   op_sum_partials(b->ws[0] + i0, n, s->chunks, len, sum, false);
-  store_dt(op_at(b->din[1], i0, OP_BF16), OP_BF16, sum, len,
-           b->din_accumulate[1]);
+  op_store_dt(b->din[1], OP_BF16, i0, sum, len, b->din_accumulate[1]);
   return REMAT_OK;
 }
 
@@ -191,8 +179,7 @@ static int linear_db_sum(const op_instance *op, const op_bufs *b,
   }
   float *sum = op_temp(&s->base, w);
   op_sum_partials(b->ws[1] + i0, s->M, s->chunks, len, sum, false);
-  store_dt(op_at(b->din[2], i0, OP_BF16), OP_BF16, sum, len,
-           b->din_accumulate[2]);
+  op_store_dt(b->din[2], OP_BF16, i0, sum, len, b->din_accumulate[2]);
   return REMAT_OK;
 }
 

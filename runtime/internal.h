@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "base/alloc.h"
 #include "base/error.h"
 #include "ops/op.h"
 #include "remat.h"
@@ -70,6 +71,13 @@ void mem_arena_destroy(mem_arena *a);
  * each slice is bound to its node in whole pages (a page across a slice
  * boundary goes to the later node). */
 int mem_arena_layout(mem_arena *a, size_t bytes, const int64_t *ends);
+/* The bytes the arena takes and counts for a block of `bytes` bytes:
+ * rounded up to 64, and 64 for 0 bytes, since a free block holds the link
+ * of its size's list. The plan's predicted peak counts with it too, so that
+ * it agrees with the measured one. */
+static inline int64_t mem_block_bytes(int64_t bytes) {
+  return remat__round64(bytes > 0 ? bytes : 1);
+}
 /* 64-byte aligned, from `home` (out-of-range homes mean node 0). Returns
  * NULL when out of memory. `transient` memory (allocated and freed within
  * a step) is also counted in the activation peak. */

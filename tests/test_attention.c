@@ -326,16 +326,18 @@ static void test_errors(void **state) {
                     REMAT_ERR_POLICY,
                     "policy save_only_these_names names 'attn_probs', which "
                     "fused attention does not have (it keeps no T x T "
-                    "matrix): use the materialized attention (--attention "
-                    "materialized, REMAT_ATTENTION_MATERIALIZED) or name "
-                    "other tensors");
+                    "matrix): use the materialized attention "
+                    "(remat_causal_self_attention, "
+                    "REMAT_ATTENTION_MATERIALIZED in a builder's config) or "
+                    "name other tensors");
   expect_open_error(&small, "save_any_names_but_these:attn_scores",
                     REMAT_ERR_POLICY,
                     "policy save_any_names_but_these names 'attn_scores', "
                     "which fused attention does not have (it keeps no T x T "
-                    "matrix): use the materialized attention (--attention "
-                    "materialized, REMAT_ATTENTION_MATERIALIZED) or name "
-                    "other tensors");
+                    "matrix): use the materialized attention "
+                    "(remat_causal_self_attention, "
+                    "REMAT_ATTENTION_MATERIALIZED in a builder's config) or "
+                    "name other tensors");
   remat_gpt_config c = small;
   c.attention = (remat_attention_kind)3;
   expect_open_error(&c, "nothing_saveable", REMAT_ERR_INVALID_ARG,

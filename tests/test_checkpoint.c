@@ -295,6 +295,14 @@ static void test_bad_arguments(void **state) {
                      REMAT_ERR_INVALID_ARG);
     assert_string_equal(remat_last_error(), want);
   }
+  /* a caller's key reaches the message quoted, on one line */
+  const char *control[] = {"a\nb\x7f"};
+  assert_int_equal(remat_save_checkpoint(f.g, path, control, v, 1),
+                   REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_last_error(),
+                      "remat_save_checkpoint: key 0 ('a\\x0Ab\\x7F') must be "
+                      "1 to 63 letters, digits, '_', '.' or '-', and not "
+                      "'format', 'producer' or 'remat.*'");
   const char *twice[] = {"a", "a"};
   assert_int_equal(remat_load_checkpoint(f.g, path, twice, v, 2),
                    REMAT_ERR_INVALID_ARG);

@@ -230,12 +230,15 @@ static void test_name_list_errors(void **state) {
   expect_parse_error("save_only_these_names:a,b:c",
                      "save_only_these_names: name 1 ('b:c') at offset 24 is "
                      "not valid: ':' at offset 25; " NAME_RULE);
+  /* 110 bytes: the message shows the first 100 (base/error.h's quoter) */
   expect_parse_error("save_only_these_names:"
                      "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
-                     "nnnnnnnn",
+                     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn",
                      "save_only_these_names: name 0 ('"
-                     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn...') at "
-                     "offset 22 is not valid: it is 64 bytes long; " NAME_RULE);
+                     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+                     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn...') "
+                     "at offset 22 is not valid: it is 110 bytes long; "
+                     NAME_RULE);
 }
 
 static void test_policy_word_errors(void **state) {

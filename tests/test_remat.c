@@ -71,19 +71,28 @@ static void test_policies_bitwise_equal(void **state) {
     }
 }
 
+/* Rows of 12 floats (48 bytes) and 5 of them: most buffers are not whole
+ * 64-byte lines, so a prediction that does not round as the arena does
+ * falls short of the measured peak. */
+static const remat_gpt_config odd = {
+    .layers = 2, .d_model = 12, .heads = 2, .seq = 5, .batch = 1, .vocab = 7};
+
 /* At one thread the scheduler runs tasks in program order, the order the
  * prediction simulates. */
 static void test_peak_predicted(void **state) {
   (void)state;
   const char *all[] = {"everything_saveable", "nothing_saveable",
                        "dots_saveable", "save_only_these_names:attn_probs"};
-  for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
-    result r = run(&four, 1, all[i], 0);
-    int64_t measured = r.stats.peak_bytes, predicted = r.stats.predicted_peak_bytes;
-    if (measured > predicted || measured < predicted * 0.9)
-      fail_msg("%s: measured peak %lld, predicted %lld", all[i],
-               (long long)measured, (long long)predicted);
-  }
+  const remat_gpt_config *configs[] = {&four, &odd};
+  for (size_t c = 0; c < 2; c++)
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+      result r = run(configs[c], 1, all[i], 0);
+      int64_t measured = r.stats.peak_bytes;
+      int64_t predicted = r.stats.predicted_peak_bytes;
+      if (measured > predicted || measured < predicted * 0.9)
+        fail_msg("%s (config %zu): measured peak %lld, predicted %lld",
+                 all[i], c, (long long)measured, (long long)predicted);
+    }
 }
 
 static void test_recompute_flops_executed(void **state) {

@@ -251,9 +251,9 @@ static void control_bytes(cJSON *root) {
   cJSON_AddItemToObject(root, "a\nb\x7f", e);
 }
 static void long_name(cJSON *root) {
-  char name[101];
-  memset(name, 'x', 100);
-  name[100] = '\0';
+  char name[131];
+  memset(name, 'x', 130);
+  name[130] = '\0';
   cJSON *e = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(root, "wpe"), 1);
   cJSON_AddItemToObject(root, name, e);
 }
@@ -363,12 +363,13 @@ static void test_corrupt_files(void **state) {
       {"fraction", REMAT_ERR_IO,
        "tensor 'wte' has data_offsets that are not whole numbers"},
       {"control", REMAT_ERR_SHAPE,
-       "tensor 'a\\x0ab\\x7f' is not a parameter of the model"},
+       "tensor 'a\\x0Ab\\x7F' is not a parameter of the model"},
       {"long", REMAT_ERR_SHAPE,
-       "tensor 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
-       "x...' is not a parameter of the model"},
+       "tensor 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+       "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' is not a "
+       "parameter of the model"},
       {"control_dtype", REMAT_ERR_SHAPE,
-       "tensor 'wte' has dtype F1\\x0a6, expected F32"},
+       "tensor 'wte' has dtype F1\\x0A6, expected F32"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     expect_load_error(&md, before, n, &cases[i]);

@@ -195,8 +195,6 @@ typedef struct lender {
   size_t cap;
 } lender;
 
-static size_t rounded(int64_t bytes) { return ((size_t)bytes + 63) / 64 * 64; }
-
 /* Whether kn's tiles read buffer b (or add into it). */
 static bool read_by(const compiled_step *c, const plan_knode *kn, int32_t b) {
   if (kn->kernel == NULL)
@@ -219,7 +217,7 @@ static int lend_buffers(const sim_step *s, int32_t k, lender *len,
   memset(mine, 0, PLAN_MAX_USES * sizeof *mine);
   for (int i = 0; i < kn->ntouch; i++)
     if (data[kn->touch[i]] == NULL)
-      need += rounded(c->low.bufs[kn->touch[i]].bytes);
+      need += (size_t)remat__round64(c->low.bufs[kn->touch[i]].bytes);
   if (need > len->cap) {
     free(len->base);
     len->base = aligned_alloc(64, need);
@@ -235,9 +233,9 @@ static int lend_buffers(const sim_step *s, int32_t k, lender *len,
     if (!mine[i])
       continue;
     data[b] = (float *)(len->base + at);
-    at += rounded(c->low.bufs[b].bytes);
+    at += (size_t)remat__round64(c->low.bufs[b].bytes);
     if (read_by(c, kn, b))
-      memset(data[b], 0, rounded(c->low.bufs[b].bytes));
+      memset(data[b], 0, (size_t)remat__round64(c->low.bufs[b].bytes));
   }
   if (kn->kernel != NULL)
     tasks_bind(c, s->state, k);

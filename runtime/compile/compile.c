@@ -61,7 +61,7 @@ static remat_status run_stages(const compile_request *req, compiled_step *c) {
   if (s == REMAT_OK)
     s = memplan_predict(g, &c->low, &c->numa, c->nworkers, &c->predicted);
   if (s == REMAT_OK)
-    s = report_plan(c, &c->region_stats);
+    s = report_plan(c);
   return s;
 }
 
@@ -86,6 +86,5 @@ void compiled_step_free(compiled_step *c) {
   memplan_prediction_free(&c->predicted);
   lowering_free(&c->low);
   decision_free(&c->decision);
-  free(c->region_stats);
   memset(c, 0, sizeof *c);
 }

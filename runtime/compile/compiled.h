@@ -12,11 +12,6 @@
 #include "runtime/compile/planner.h"
 #include "runtime/compile/taskgraph.h"
 
-typedef struct plan_region_stats {
-  int64_t saved_bytes, recomputed_bytes;
-  double recompute_flops;
-} plan_region_stats;
-
 typedef struct compiled_step {
   const remat_graph *g;
   int32_t loss;              /* tensor id or -1 */
@@ -30,7 +25,6 @@ typedef struct compiled_step {
   numa_plan numa;            /* stage "NUMA placement" */
   plan_tasks tasks;          /* stage "DAG" */
   memplan_prediction predicted; /* stage "memory prediction" */
-  plan_region_stats *region_stats; /* [nregions] (report.c) */
 } compiled_step;
 
 /* What remat_compile asks of the pipeline. */
@@ -64,8 +58,8 @@ typedef struct compile_request {
  *                 lookahead, bodies       (taskgraph.c)
  *   memory        lowering, placement  -> predicted peak, blocks to
  *   prediction                            reserve (memplan.c)
- *   report        all of the above     -> per-region stats, REMAT_VERBOSE
- *                                         (report.c)
+ *   report        all of the above     -> REMAT_VERBOSE's summary on
+ *                                         stderr (report.c)
  *
  * Fills `out` (zeroed first); on failure `out` holds nothing and the error
  * is on the graph and in the thread's last error. */

@@ -8,8 +8,6 @@
 #include "runtime/compile/measure.h"
 #include "runtime/compile/memplan.h"
 
-static int64_t rounded(int64_t bytes) { return (bytes + 63) / 64 * 64; }
-
 /* The first backward-side node (seed or backward): where forward ends. */
 static int32_t backward_start(const plan_lowering *l) {
   for (int32_t i = 0; i < l->nknodes; i++)
@@ -36,7 +34,7 @@ static remat_status saved_at_seed(const plan_lowering *l, int64_t *saved) {
       continue;
     int32_t r = l->knodes[buf->first_writer].region;
     if (r >= 0)
-      saved[r] += rounded(buf->bytes);
+      saved[r] += mem_block_bytes(buf->bytes);
   }
   free(last);
   return REMAT_OK;

@@ -9,21 +9,19 @@
 #include "base/alloc.h"
 #include "runtime/compile/memplan.h"
 
-static int64_t rounded(int64_t bytes) { return (bytes + 63) / 64 * 64; }
-
 int64_t memplan_persistent_bytes(const remat_graph *g, const plan_lowering *l,
                                  int nworkers, int nnodes) {
   int64_t bytes = 0;
   for (int32_t b = 0; b < l->nbufs; b++)
     if (l->bufs[b].persistent)
-      bytes += rounded(l->bufs[b].bytes) *
+      bytes += mem_block_bytes(l->bufs[b].bytes) *
                (plan_buffer_replicated(&l->bufs[b], nnodes) ? nnodes : 1);
   size_t scratch = 0;
   for (int32_t o = 0; o < g->nops; o++)
     if (g->ops[o].inst.scratch_bytes > scratch)
       scratch = g->ops[o].inst.scratch_bytes;
-  if (scratch > 0)
-    bytes += rounded(rounded((int64_t)scratch) * nworkers);
+  if (scratch > 0) /* persist.c's one block of scratch for all workers */
+    bytes += mem_block_bytes(remat__round64((int64_t)scratch) * nworkers);
   return bytes;
 }
 
@@ -40,7 +38,7 @@ int64_t memplan_transient_peak(const plan_lowering *p, int64_t *live) {
     const plan_knode *kn = &p->knodes[i];
     for (int k = 0; k < kn->ninit; k++)
       if (!p->bufs[kn->init[k]].persistent)
-        cur += rounded(p->bufs[kn->init[k]].bytes);
+        cur += mem_block_bytes(p->bufs[kn->init[k]].bytes);
     if (live != NULL)
       live[i] = cur;
     if (cur > peak)
@@ -48,7 +46,7 @@ int64_t memplan_transient_peak(const plan_lowering *p, int64_t *live) {
     for (int k = 0; k < kn->ntouch; k++) {
       const plan_buffer *b = &p->bufs[kn->touch[k]];
       if (!b->persistent && --left[kn->touch[k]] == 0)
-        cur -= rounded(b->bytes);
+        cur -= mem_block_bytes(b->bytes);
     }
   }
   free(left);
@@ -57,7 +55,7 @@ int64_t memplan_transient_peak(const plan_lowering *p, int64_t *live) {
 
 static memplan_blocks *count_for(memplan_blocks *c, int *n, int64_t bytes,
                                  int home) {
-  bytes = rounded(bytes);
+  bytes = mem_block_bytes(bytes);
   for (int i = 0; i < *n; i++)
     if (c[i].bytes == bytes && c[i].home == home)
       return &c[i];

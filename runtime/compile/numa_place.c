@@ -284,7 +284,7 @@ static remat_status alloc_plan(const plan_lowering *low, numa_plan *n,
     place_whole(n, b, buf->bytes, 0);
     n->replicated[b] = plan_buffer_replicated(buf, nnodes);
     if (n->replicated[b])
-      n->copy_bytes += (nnodes - 1) * ((buf->bytes + 63) / 64 * 64);
+      n->copy_bytes += (nnodes - 1) * mem_block_bytes(buf->bytes);
   }
   return REMAT_OK;
 }

@@ -1,9 +1,9 @@
-/* The plan's summary: per top-level region the bytes saved and recomputed
- * and the recompute FLOPs (kept for remat_step_stats and tests), and what
- * REMAT_VERBOSE prints to stderr: 1, the plan per region with the policy
- * each region got and why, and the named tensors saved and recomputed,
- * then after the first run the measured peak beside the predicted one;
- * 2, a table of every kernel node too, under a line naming its columns. */
+/* What REMAT_VERBOSE prints to stderr about a compiled step: 1, the
+ * decision per region (the policy each region got and why, per top-level
+ * region the bytes saved and recomputed and the recompute FLOPs, and the
+ * named tensors saved and recomputed), then after the first run the
+ * measured peak beside the predicted one; 2, a table of every kernel node
+ * too, under a line naming its columns. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +11,11 @@
 #include "base/alloc.h"
 #include "runtime/compile/report.h"
 #include "runtime/compile/task_names.h"
+
+typedef struct plan_region_stats {
+  int64_t saved_bytes, recomputed_bytes;
+  double recompute_flops;
+} plan_region_stats;
 
 /* Per top-level region: bytes of activations kept for backward, bytes
  * recomputed, and recompute FLOPs. */
@@ -38,21 +43,11 @@ static remat_status region_stats(const compiled_step *c,
   return REMAT_OK;
 }
 
-static const char *const kind_names[] = {
-    [KNODE_FORWARD] = "forward",   [KNODE_SEED] = "seed",
-    [KNODE_BACKWARD] = "backward", [KNODE_RECOMPUTE] = "recompute",
-    [KNODE_CHECK] = "check",       [KNODE_GATE] = "gate",
-    [KNODE_UPDATE] = "update"};
-
 static double mib(int64_t bytes) { return (double)bytes / 1048576.0; }
 
-/* A name as messages show it: bytes outside 0x20-0x7E as \xNN. */
+/* A name as messages show it (base/error.h's quoting). */
 static void print_text(const char *s) {
-  for (const unsigned char *c = (const unsigned char *)s; *c != '\0'; c++)
-    if (*c >= 0x20 && *c < 0x7f)
-      fputc(*c, stderr);
-    else
-      fprintf(stderr, "\\x%02X", *c);
+  fputs(remat__quote(&(remat__quoted){0}, s), stderr);
 }
 
 /* A tensor's name as traces show it: prefixed by its layer, the nearest
@@ -110,7 +105,8 @@ static void print_names(const compiled_step *c, int32_t r, bool want_saved) {
 
 /* One region: its name, its policy and why, its bytes and FLOPs
  * (top-level regions), and the named tensors it saves and recomputes. */
-static void print_region(const compiled_step *c, int32_t r) {
+static void print_region(const compiled_step *c,
+                         const plan_region_stats *stats, int32_t r) {
   const remat_graph *g = c->g;
   const graph_region *reg = &g->regions[r];
   fprintf(stderr, "  region %d", r);
@@ -124,7 +120,7 @@ static void print_region(const compiled_step *c, int32_t r) {
   print_source(c, r);
   fprintf(stderr, ")\n");
   if (reg->parent == -1) {
-    const plan_region_stats *rs = &c->region_stats[r];
+    const plan_region_stats *rs = &stats[r];
     fprintf(stderr,
             "    saved %.2f MiB, recomputed %.2f MiB, recompute %.3f GFLOP\n",
             mib(rs->saved_bytes), mib(rs->recomputed_bytes),
@@ -142,7 +138,7 @@ static void print_nodes(const compiled_step *c) {
           "region", "tiles", "kernel", "task");
   for (int32_t i = 0; i < c->low.nknodes; i++) {
     const plan_knode *kn = &c->low.knodes[i];
-    fprintf(stderr, "  %5d  %-9s  %6d  %6lld  %-22s  ", i, kind_names[kn->kind],
+    fprintf(stderr, "  %5d  %-9s  %6d  %6lld  %-22s  ", i, task_names_kind(kn->kind),
             kn->region, (long long)kn->tiles,
             kn->kernel ? kn->kernel->name : "(runtime)");
     print_text(c->tasks.names + (size_t)i * TASK_NAME_MAX);
@@ -150,12 +146,13 @@ static void print_nodes(const compiled_step *c) {
   }
 }
 
-remat_status report_plan(const compiled_step *c, plan_region_stats **stats) {
-  if (region_stats(c, stats) != REMAT_OK)
-    return REMAT_ERR_OUT_OF_MEMORY;
+remat_status report_plan(const compiled_step *c) {
   const remat_graph *g = c->g;
+  plan_region_stats *stats = NULL;
   if (g->rt->config.verbose < 1)
     return REMAT_OK;
+  if (region_stats(c, &stats) != REMAT_OK)
+    return REMAT_ERR_OUT_OF_MEMORY;
   fprintf(stderr,
           "remat plan: %d ops, %d kernel nodes, %d tasks, %d regions, %s\n",
           g->nops, c->low.nknodes, sched_dag_num_tasks(c->tasks.dag), g->nregions,
@@ -163,7 +160,8 @@ remat_status report_plan(const compiled_step *c, plan_region_stats **stats) {
               ? "bf16 (activations in bf16, f32 master weights)"
               : "f32");
   for (int32_t r = 0; r < g->nregions; r++)
-    print_region(c, r);
+    print_region(c, stats, r);
+  free(stats);
   fprintf(stderr,
           "  model %.3f GFLOP, recompute %.3f GFLOP, predicted peak %.2f MiB "
           "(activations %.2f MiB)\n",

@@ -9,6 +9,33 @@
 #include "base/alloc.h"
 #include "runtime/compile/task_names.h"
 
+/* Each kind's word, category, name when it has no kernel, and what a
+ * trace's task name adds after the tensor (NULL: the backward kernel's
+ * gradient; "": nothing), or the whole task name when it names no tensor. */
+static const struct kind_names {
+  const char *kind, *category, *kernel, *what, *whole;
+} kinds[] = {
+    [KNODE_FORWARD] = {"forward", "forward", NULL, "", NULL},
+    [KNODE_SEED] = {"seed", "seed", "loss.seed", NULL, "loss seed"},
+    [KNODE_BACKWARD] = {"backward", "backward", NULL, NULL, NULL},
+    [KNODE_RECOMPUTE] = {"recompute", "recompute", NULL, " recompute", NULL},
+    [KNODE_CHECK] = {"check", "optimizer", "optimizer.check", " check", NULL},
+    [KNODE_GATE] = {"gate", "optimizer", "optimizer.gate", NULL,
+                    "optimizer gate"},
+    [KNODE_UPDATE] = {"update", "optimizer", "optimizer.update", " update",
+                      NULL},
+};
+
+const char *task_names_kind(knode_kind kind) { return kinds[kind].kind; }
+
+const char *task_names_category(knode_kind kind) {
+  return kinds[kind].category;
+}
+
+const char *task_names_kernel(const plan_knode *kn) {
+  return kn->kernel != NULL ? kn->kernel->name : kinds[kn->kind].kernel;
+}
+
 const char *task_names_layer(const remat_graph *g, int32_t r) {
   for (; r >= 0; r = g->regions[r].parent)
     if (g->regions[r].name[0] != '\0')
@@ -31,28 +58,10 @@ static const char *backward_what(const char *kernel) {
 
 static void node_name(const remat_graph *g, const plan_knode *kn, char *out) {
   const remat_tensor *t = NULL;
-  const char *what = "";
-  switch (kn->kind) {
-  case KNODE_SEED:
-    snprintf(out, TASK_NAME_MAX, "loss seed");
+  const char *what = kinds[kn->kind].what;
+  if (kinds[kn->kind].whole != NULL) {
+    snprintf(out, TASK_NAME_MAX, "%s", kinds[kn->kind].whole);
     return;
-  case KNODE_GATE:
-    snprintf(out, TASK_NAME_MAX, "optimizer gate");
-    return;
-  case KNODE_CHECK:
-    what = " check";
-    break;
-  case KNODE_UPDATE:
-    what = " update";
-    break;
-  case KNODE_RECOMPUTE:
-    what = " recompute";
-    break;
-  case KNODE_BACKWARD:
-    what = NULL;
-    break;
-  default:
-    break;
   }
   if (kn->kind == KNODE_CHECK || kn->kind == KNODE_UPDATE)
     t = g->tensors[kn->optim.param_tensor];

@@ -12,6 +12,18 @@
  * "" when none. */
 const char *task_names_layer(const remat_graph *g, int32_t r);
 
+/* The one table of kernel-node names, by kind (knode_kind): */
+/* the kind as a word: "forward", "seed", "backward", "recompute", "check",
+ * "gate" or "update" (REMAT_VERBOSE's node list); */
+const char *task_names_kind(knode_kind kind);
+/* the category traces group it in (the step trace's and the scheduler's):
+ * the kind, or "optimizer" for check, gate and update; */
+const char *task_names_category(knode_kind kind);
+/* its kernel's name ("linear.fwd"), or for a node without a kernel
+ * "loss.seed", "optimizer.check", "optimizer.gate" or "optimizer.update":
+ * the scheduler's messages and the simulator's cost groups. */
+const char *task_names_kernel(const plan_knode *kn);
+
 /* One name per kernel node of `l`, TASK_NAME_MAX bytes each, in an array
  * the caller frees; NULL when out of memory. */
 char *task_names_build(const remat_graph *g, const plan_lowering *l);

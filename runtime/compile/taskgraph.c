@@ -160,27 +160,6 @@ static bool gate_edges(const taskgraph_request *r, edge_list *e) {
 
 /* ---- tasks ---- */
 
-static const char *node_category(const plan_knode *kn) {
-  switch (kn->kind) {
-  case KNODE_FORWARD: return "forward";
-  case KNODE_SEED: return "seed";
-  case KNODE_BACKWARD: return "backward";
-  case KNODE_RECOMPUTE: return "recompute";
-  default: return "update";
-  }
-}
-
-static const char *node_name(const plan_knode *kn) {
-  if (kn->kernel != NULL)
-    return kn->kernel->name;
-  switch (kn->kind) {
-  case KNODE_SEED: return "loss.seed";
-  case KNODE_CHECK: return "optimizer.check";
-  case KNODE_GATE: return "optimizer.gate";
-  default: return "optimizer.update";
-  }
-}
-
 /* Priority is program order, earliest first: one worker then runs the
  * nodes exactly in program order, the order memplan.c predicts, and more
  * workers never let a later node starve an earlier one. A tile's affinity
@@ -201,7 +180,8 @@ static remat_status add_tasks(const taskgraph_request *r, plan_tasks *t) {
     const plan_knode *kn = &low->knodes[i];
     /* kernel names ("linear.fwd"): the scheduler's messages and the
      * simulator's cost groups; traces use t->names */
-    const char *name = node_name(kn), *cat = node_category(kn);
+    const char *name = task_names_kernel(kn);
+    const char *cat = task_names_category(kn->kind);
     void *arg = (void *)kn; /* the bodies take it back as const */
     t->start_task[i] =
         sched_dag_add(t->dag, r->bodies->start, arg, -i, -1, name, cat);

@@ -33,8 +33,8 @@ struct node_cache {
   int nlists, cap;
 };
 
-static size_t round_up(size_t bytes) {
-  return (bytes + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN;
+static size_t block_size(size_t bytes) {
+  return (size_t)mem_block_bytes((int64_t)bytes);
 }
 
 static int home_index(const mem_arena *a, int home) {
@@ -98,7 +98,7 @@ remat_status mem_arena_init(mem_arena *a, hwloc_topology_t topo,
 }
 
 int mem_arena_layout(mem_arena *a, size_t bytes, const int64_t *ends) {
-  size_t size = round_up(bytes == 0 ? 1 : bytes);
+  size_t size = block_size(bytes);
   size_t row = (size_t)a->nnodes * sizeof *ends;
   for (int h = a->nnodes; h < a->nhomes; h++)
     if (a->layout_bytes[h] == size &&
@@ -182,7 +182,7 @@ static void count(mem_arena *a, int64_t delta, remat_mem_category cat,
 
 void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int home,
                 bool transient) {
-  size_t size = round_up(bytes == 0 ? 1 : bytes);
+  size_t size = block_size(bytes);
   int n = home_index(a, home);
   void *p = NULL;
   pthread_mutex_lock(&a->lock);
@@ -207,7 +207,7 @@ void mem_free(mem_arena *a, void *p, size_t bytes, remat_mem_category cat,
               int home, bool transient) {
   if (p == NULL)
     return;
-  size_t size = round_up(bytes == 0 ? 1 : bytes);
+  size_t size = block_size(bytes);
   count(a, -(int64_t)size, cat, transient);
   pthread_mutex_lock(&a->lock);
   size_list *l = find_list(&a->caches[home_index(a, home)], size, false);
@@ -226,7 +226,7 @@ void mem_free(mem_arena *a, void *p, size_t bytes, remat_mem_category cat,
 remat_status mem_expect(mem_arena *a, size_t bytes, int64_t blocks, int home) {
   pthread_mutex_lock(&a->lock);
   size_list *l = find_list(&a->caches[home_index(a, home)],
-                           round_up(bytes == 0 ? 1 : bytes), true);
+                           block_size(bytes), true);
   if (l != NULL && l->live + blocks > l->high)
     l->high = l->live + blocks;
   pthread_mutex_unlock(&a->lock);

@@ -117,15 +117,16 @@ static remat_status create_topology(remat_runtime *rt,
 
 /* The trace path must name a regular file that can be written, and a new
  * file must be possible beside it (the writer renames one over it),
- * checked now so that a bad path fails creation instead of every step. Symbolic links
- * are followed, as the trace writer follows them. An existing file is opened
+ * checked now so that a bad path fails creation instead of every step. A
+ * symbolic link is refused, as the trace writer refuses it (base/files.h),
+ * and not followed (lstat, O_NOFOLLOW). An existing file is opened
  * for appending, so neither truncated nor changed; a file created for the
  * check is removed. O_NONBLOCK keeps a FIFO from blocking the open. */
 static remat_status check_trace(const char *path, const char *what) {
   struct stat st;
-  bool exists = stat(path, &st) == 0;
+  bool exists = lstat(path, &st) == 0;
   if (!exists || S_ISREG(st.st_mode)) {
-    int flags = O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC;
+    int flags = O_WRONLY | O_APPEND | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC;
     int fd = open(path, exists ? flags : flags | O_CREAT | O_EXCL, 0666);
     if (fd < 0)
       return remat__fail(REMAT_ERR_CONFIG,
@@ -151,8 +152,7 @@ static remat_status check_trace(const char *path, const char *what) {
                        "file beside it, which cannot be created (%s); "
                        TRACE_ACCEPTED,
                        what, remat__quote(&(remat__quoted){0}, path), strerror(errno));
-  fclose(f);
-  unlink(r.tmp);
+  remat__replace_abort(f, &r);
   return REMAT_OK;
 }
 

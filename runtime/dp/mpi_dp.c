@@ -3,6 +3,7 @@
  * first step's broadcast of rank 0's parameters, and the status every rank
  * agrees on after a step. The communication itself runs on the thread of
  * mpi_comm.c. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include "base/alloc.h"
 #include "remat_mpi.h"
 #include "runtime/dp/dp.h"
+#include "runtime/dp/dp_failure.h"
 #include "runtime/dp/mpi_comm.h"
 #include "runtime/exec/node_copies.h"
 #include "runtime/exec/precision.h"
@@ -57,7 +59,9 @@ static remat_status read_env(dp_graph *d) {
 }
 
 /* The agreement: loss summed, flags maxed over ranks. */
-enum { FLAG_NONFINITE, FLAG_OOM, FLAG_STATUS, FLAG_RANK, NFLAGS };
+/* Reduced with MPI_MAX: any rank's NaN/Inf, and the failure to report
+ * (dp_failure.h: a status paired with the rank that had it). */
+enum { FLAG_NONFINITE, FLAG_FAILURE, NFLAGS };
 
 typedef struct dp_bucket {
   struct dp_plan *dp;
@@ -124,6 +128,15 @@ remat_status remat_graph_data_parallel(remat_graph *g, MPI_Comm comm) {
   MPI_Comm_set_errhandler(d->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(d->comm, &d->rank);
   MPI_Comm_size(d->comm, &d->size);
+  if (d->size > INT_MAX / (DP_FAILURE_OOM_RANK + 1)) { /* dp_failure_key */
+    int size = d->size;
+    MPI_Comm_free(&d->comm);
+    free(d);
+    return remat__fail(REMAT_ERR_LIMIT,
+                       "remat_graph_data_parallel: %d ranks, more than the "
+                       "%d supported", size,
+                       INT_MAX / (DP_FAILURE_OOM_RANK + 1));
+  }
   g->dp = d;
   return REMAT_OK;
 }
@@ -207,9 +220,7 @@ static void agree_fill(dp_plan *d, int status) {
   float loss = local_loss(d);
   d->loss = (double)loss;
   d->flags[FLAG_NONFINITE] = atomic_load(&d->s->nonfinite) || !isfinite(loss);
-  d->flags[FLAG_OOM] = status == REMAT_ERR_OUT_OF_MEMORY;
-  d->flags[FLAG_STATUS] = status;
-  d->flags[FLAG_RANK] = status != REMAT_OK ? d->cfg->rank : -1;
+  d->flags[FLAG_FAILURE] = dp_failure_key(status, d->cfg->rank, d->cfg->size);
 }
 
 /* Runs on a worker after every other node but the gate and the updates. */
@@ -245,7 +256,7 @@ static void item_done(void *ctx, int i) {
       precision_set1(&c->low.bufs[lb], d->s->data[lb],
                      (float)(d->loss / (double)d->cfg->size));
     }
-    if (d->flags[FLAG_NONFINITE] || d->flags[FLAG_STATUS] != 0 ||
+    if (d->flags[FLAG_NONFINITE] || d->flags[FLAG_FAILURE] >= 0 ||
         d->comm.broken)
       atomic_store(&d->s->nonfinite, 1); /* no rank updates */
   }
@@ -554,13 +565,12 @@ remat_status dp_step_end(const compiled_step *c, step_state *state,
     snprintf(err, err_size, "data parallel: %s", d->comm.errmsg);
     return REMAT_ERR_BACKEND;
   }
-  if (d->flags[FLAG_STATUS] != REMAT_OK) {
-    remat_status other = d->flags[FLAG_OOM] ? REMAT_ERR_OUT_OF_MEMORY
-                                            : (remat_status)d->flags[FLAG_STATUS];
+  int other, failed;
+  if (dp_failure_of(d->flags[FLAG_FAILURE], d->cfg->size, &other, &failed)) {
     snprintf(err, err_size,
-             "rank %d of %d failed (%s); no rank applied the update",
-             d->flags[FLAG_RANK], d->cfg->size, remat_status_string(other));
-    return other;
+             "rank %d of %d failed (%s); no rank applied the update", failed,
+             d->cfg->size, remat_status_string((remat_status)other));
+    return (remat_status)other;
   }
   return REMAT_OK;
 }

@@ -135,7 +135,7 @@ static remat_status alloc_scratch(const compiled_step *c, step_state *s) {
   for (int32_t o = 0; o < g->nops; o++)
     if (g->ops[o].inst.scratch_bytes > max_scratch)
       max_scratch = g->ops[o].inst.scratch_bytes;
-  size_t per_worker = (max_scratch + 63) / 64 * 64;
+  size_t per_worker = (size_t)remat__round64((int64_t)max_scratch);
   if (per_worker > 0) {
     s->scratch = mem_alloc(&s->arena, per_worker * (size_t)c->nworkers,
                            REMAT_MEM_WORKSPACE, 0, false);

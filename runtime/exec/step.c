@@ -179,9 +179,9 @@ static remat_status do_set_clip(remat_graph *g, float max_norm) {
 }
 
 /* The trace replaces PATH after each traced run (a new file renamed over
- * it), so PATH must be a regular file (through a symbolic link too) or a
- * new name in a directory where a file can be created: checked now, with
- * a temporary file made and removed, so that nothing is left at PATH. */
+ * it, base/files.h), so PATH must be a regular file (not a symbolic link)
+ * or a new name in a directory where a file can be created: checked now,
+ * with a temporary file made and removed, so that nothing is left at PATH. */
 static remat_status do_trace_steps(remat_graph *g, const char *path,
                                    int steps) {
   step_trace *t = &g->step->state.trace;
@@ -199,13 +199,13 @@ static remat_status do_trace_steps(remat_graph *g, const char *path,
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_trace_steps: the path is longer than %zu bytes",
                        sizeof t->path - 1);
-  struct stat st;
-  if (steps > 0 && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+  mode_t mode;
+  if (steps > 0 && remat__replace_check(path, &mode) != 0 && mode != 0)
     return remat__fail(REMAT_ERR_IO,
                        "remat_trace_steps: '%s' is %s: the trace must be a "
                        "regular file or a new name",
                        remat__quote(&(remat__quoted){0}, path),
-                       remat__file_kind(st.st_mode));
+                       remat__file_kind(mode));
   if (steps > 0) {
     remat__replacing r;
     FILE *f = remat__replace_begin(path, &r);
@@ -214,8 +214,7 @@ static remat_status do_trace_steps(remat_graph *g, const char *path,
                          "remat_trace_steps: cannot write '%s': %s",
                          remat__quote(&(remat__quoted){0}, path),
                          strerror(errno));
-    fclose(f);
-    unlink(r.tmp);
+    remat__replace_abort(f, &r);
   }
   snprintf(t->path, sizeof t->path, "%s", steps > 0 ? path : "");
   t->steps_left = steps;
@@ -390,9 +389,6 @@ remat_status remat_step(remat_graph *g, remat_step_stats *stats) {
   return s;
 }
 
-/* The bytes the arena counts for a block (memory.c rounds to 64). */
-static int64_t block_bytes(int64_t bytes) { return (bytes + 63) / 64 * 64; }
-
 static void free_accum(const compiled_step *c, step_state *st) {
   for (int32_t t = 0; st->accum != NULL && t < c->g->ntensors; t++)
     if (st->accum[t] != NULL) {
@@ -413,7 +409,7 @@ static remat_status alloc_accum(const compiled_step *c, step_state *st) {
   int64_t sums = 0, budget = c->g->rt->config.memory_budget;
   for (int32_t i = 0; i < c->low.nknodes; i++)
     if (c->low.knodes[i].kind == KNODE_UPDATE)
-      sums += block_bytes(c->low.bufs[c->low.knodes[i].optim.grad].bytes);
+      sums += mem_block_bytes(c->low.bufs[c->low.knodes[i].optim.grad].bytes);
   if (budget > 0 && c->predicted.peak + sums > budget)
     return remat__fail(REMAT_ERR_BUDGET,
                        "remat_accumulate: the gradient sums (%lld bytes) "
@@ -435,7 +431,7 @@ static remat_status alloc_accum(const compiled_step *c, step_state *st) {
         mem_alloc(&st->arena, (size_t)bytes, REMAT_MEM_GRADS,
                   c->numa.home[grad], false);
     ok = st->accum[kn->optim.param_tensor] != NULL;
-    st->accum_bytes += ok ? block_bytes(bytes) : 0;
+    st->accum_bytes += ok ? mem_block_bytes(bytes) : 0;
   }
   if (ok)
     return REMAT_OK;

@@ -58,11 +58,6 @@ static int counter_of(const compiled_step *p, remat_mem_category cat,
   }
 }
 
-/* The bytes the arena counts for a block (memory.c rounds to 64). */
-static int64_t block_bytes(int64_t bytes) {
-  return ((bytes > 0 ? bytes : 1) + 63) / 64 * 64;
-}
-
 /* ---- before and after a run ---- */
 
 static bool grow(void **array, size_t elem, size_t count) {
@@ -145,21 +140,6 @@ void step_trace_cancel(step_trace *t) { t->target = NULL; }
 
 /* ---- the file ---- */
 
-static const char *kind_name(knode_kind kind) {
-  switch (kind) {
-  case KNODE_FORWARD:
-    return "forward";
-  case KNODE_SEED:
-    return "seed";
-  case KNODE_BACKWARD:
-    return "backward";
-  case KNODE_RECOMPUTE:
-    return "recompute";
-  default:
-    return "optimizer";
-  }
-}
-
 /* Microseconds from the first traced step's start. */
 static double from_origin(const step_trace *t, int64_t ns) {
   return (double)(ns - t->origin_ns[0]) / 1e3;
@@ -195,7 +175,7 @@ static void write_tasks(FILE *f, const compiled_step *p, step_trace *t, int s) {
             "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
             "\"pid\":1,\"tid\":%d,\"args\":{\"step\":%d,\"id\":%d,"
             "\"node\":%d,\"kernel\":\"%s\",\"part\":",
-            kind_name(kn->kind), from_origin(t, rec[task].start_ns),
+            task_names_category(kn->kind), from_origin(t, rec[task].start_ns),
             (double)(rec[task].end_ns - rec[task].start_ns) / 1e3,
             (int)rec[task].worker, s + 1, (int)task, (int)t->task_node[task],
             kn->kernel != NULL ? kn->kernel->name : "");
@@ -230,16 +210,17 @@ static size_t step_events(const compiled_step *p, step_trace *t, int s) {
     for (int k = 0; k < kn->ninit; k++) {
       const plan_buffer *b = &p->low.bufs[kn->init[k]];
       if (!b->persistent)
-        t->events[n++] =
-            (trace_event){rec[p->tasks.start_task[i]].start_ns, block_bytes(b->bytes),
-                          counter_of(p, b->cat, b->tensor)};
+        t->events[n++] = (trace_event){rec[p->tasks.start_task[i]].start_ns,
+                                       mem_block_bytes(b->bytes),
+                                       counter_of(p, b->cat, b->tensor)};
     }
   }
   for (int32_t b = 0; b < p->low.nbufs; b++) {
     const plan_buffer *buf = &p->low.bufs[b];
     if (!buf->persistent && buf->first_writer >= 0 && t->free_ns[b] >= 0)
-      t->events[n++] = (trace_event){t->free_ns[b], -block_bytes(buf->bytes),
-                                     counter_of(p, buf->cat, buf->tensor)};
+      t->events[n++] =
+          (trace_event){t->free_ns[b], -mem_block_bytes(buf->bytes),
+                        counter_of(p, buf->cat, buf->tensor)};
   }
   qsort(t->events, n, sizeof *t->events, cmp_event);
   return n;
@@ -289,7 +270,8 @@ static remat_status write_file(const compiled_step *p, step_trace *t, const char
   remat__replacing r;
   FILE *f = remat__replace_begin(path, &r);
   if (f == NULL) {
-    snprintf(err, len, "cannot write trace '%s': %s", path, strerror(errno));
+    snprintf(err, len, "cannot write trace '%s': %s",
+             remat__quote(&(remat__quoted){0}, path), strerror(errno));
     return REMAT_ERR_IO;
   }
   fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", f);
@@ -298,7 +280,10 @@ static remat_status write_file(const compiled_step *p, step_trace *t, const char
   fputs("\n]}\n", f);
   int e = remat__replace_end(f, &r);
   if (e != 0) {
-    snprintf(err, len, "cannot write trace '%s': %s", path, strerror(e));
+    snprintf(err, len, "cannot %s trace '%s': %s",
+             r.failed == REMAT__REPLACE_SYNC_DIR ? "sync the directory of"
+                                                 : "write",
+             remat__quote(&(remat__quoted){0}, path), strerror(e));
     return REMAT_ERR_IO;
   }
   return REMAT_OK;

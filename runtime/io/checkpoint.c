@@ -46,14 +46,17 @@ static remat_status check_keys(const char *const *keys, const void *values,
   for (int i = 0; i < count; i++) {
     if (!key_ok(keys[i]))
       return remat__fail(REMAT_ERR_INVALID_ARG,
-                         "%s: key %d ('%.64s') must be 1 to 63 letters, "
+                         "%s: key %d ('%s') must be 1 to 63 letters, "
                          "digits, '_', '.' or '-', and not 'format', "
                          "'producer' or 'remat.*'", what, i,
-                         keys[i] == NULL ? "(null)" : keys[i]);
+                         keys[i] == NULL
+                             ? "(null)"
+                             : remat__quote(&(remat__quoted){0}, keys[i]));
     for (int j = 0; j < i; j++)
       if (strcmp(keys[i], keys[j]) == 0)
         return remat__fail(REMAT_ERR_INVALID_ARG,
-                           "%s: key '%s' is given twice", what, keys[i]);
+                           "%s: key '%s' is given twice", what,
+                           remat__quote(&(remat__quoted){0}, keys[i]));
   }
   return REMAT_OK;
 }
@@ -192,10 +195,12 @@ static remat_status check_optimizer(const restore *r, const cJSON *meta,
                        "__metadata__ has no '%s'", path, KEY_OPTIMIZER);
   if (strcmp(opt->valuestring, want) != 0)
     return remat__fail(REMAT_ERR_SHAPE, "remat_load_checkpoint: '%s': the "
-                       "checkpoint holds the state of optimizer '%.16s' but "
+                       "checkpoint holds the state of optimizer '%s' but "
                        "the graph was compiled with '%s': compile with the "
                        "same optimizer, or load the weights alone with "
-                       "remat_load_safetensors", path, opt->valuestring, want);
+                       "remat_load_safetensors", path,
+                       remat__quote(&(remat__quoted){0}, opt->valuestring),
+                       want);
   return REMAT_OK;
 }
 

@@ -25,7 +25,6 @@
 
 #define HEADER_MAX ((uint64_t)100 << 20) /* the safetensors package's limit */
 #define HEADER_CHUNK ((size_t)1 << 16)   /* header bytes read at a time */
-#define QUOTE_MAX 64   /* bytes of a name from a file shown in a message */
 
 
 /* A parameter's size in bytes as F32 (false if it does not fit a size_t). */
@@ -119,20 +118,20 @@ static remat_status check_names(const safet_item *items, int n,
 }
 
 /* The target must be a regular file or not exist yet: a directory, a
- * device, a FIFO or a symbolic link (which the rename would replace) is
- * refused. */
+ * device, a FIFO or a symbolic link is refused (base/files.h). */
 static remat_status check_target(const char *path, const char *what) {
-  struct stat st;
-  if (lstat(path, &st) != 0)
-    return errno == ENOENT ? REMAT_OK
-                           : remat__fail(REMAT_ERR_IO,
-                                         "%s: cannot save to '%s': %s", what,
-                                         path, strerror(errno));
-  if (!S_ISREG(st.st_mode))
-    return remat__fail(REMAT_ERR_IO,
-                       "%s: '%s' is %s: the target must be a regular file "
-                       "or a new name", what, path, remat__file_kind(st.st_mode));
-  return REMAT_OK;
+  mode_t mode;
+  if (remat__replace_check(path, &mode) == 0)
+    return REMAT_OK;
+  if (mode == 0)
+    return remat__fail(REMAT_ERR_IO, "%s: cannot save to '%s': %s", what,
+                       remat__quote(&(remat__quoted){0}, path),
+                       strerror(errno));
+  return remat__fail(REMAT_ERR_IO,
+                     "%s: '%s' is %s: the target must be a regular file "
+                     "or a new name", what,
+                     remat__quote(&(remat__quoted){0}, path),
+                     remat__file_kind(mode));
 }
 
 /* __metadata__: the format, the producer, then the caller's entries. */
@@ -207,7 +206,7 @@ typedef struct save_body {
 } save_body;
 
 /* Header length (little-endian u64), the JSON padded with spaces to a
- * multiple of 8, then each item's data; then fsync. */
+ * multiple of 8, then each item's data. */
 static remat_status write_body(int fd, const save_body *body, const char *what,
                                const char *path) {
   size_t json_len = strlen(body->json), padded = 0;
@@ -230,73 +229,42 @@ static remat_status write_body(int fd, const save_body *body, const char *what,
       return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
     bad = write_all(fd, body->items[i].data, bytes);
   }
-  if (bad || fsync(fd) != 0)
-    return remat__fail(REMAT_ERR_IO, "%s: cannot write '%s': %s", what, path,
+  if (bad)
+    return remat__fail(REMAT_ERR_IO, "%s: cannot write '%s': %s", what,
+                       remat__quote(&(remat__quoted){0}, path),
                        strerror(errno));
   return REMAT_OK;
 }
 
-/* Creates the temporary file beside the target (files.h). */
-static remat_status create_temp(const char *path, const char *what,
-                                char **tmp, int *fd) {
-  size_t len = 0;
-  if (!remat__add_size(strlen(path), REMAT__TEMP_EXTRA, &len) ||
-      (*tmp = remat__malloc(len)) == NULL)
-    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-  *fd = remat__temp_create(path, *tmp, len);
-  if (*fd >= 0)
-    return REMAT_OK;
-  int err = errno;
-  free(*tmp);
-  *tmp = NULL;
-  return remat__fail(REMAT_ERR_IO,
-                     "%s: cannot create a temporary file beside '%s': %s",
-                     what, path, strerror(err));
-}
-
-/* Syncs the directory that holds `path`, so that the rename outlives a
- * crash (file systems that cannot sync a directory say EINVAL). */
-static remat_status sync_dir(const char *path, const char *what) {
-  const char *slash = strrchr(path, '/');
-  size_t len = slash == NULL ? 1 : slash == path ? 1 : (size_t)(slash - path);
-  char *dir = remat__malloc(len + 1);
-  if (dir == NULL)
-    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-  memcpy(dir, slash == NULL ? "." : path, len);
-  dir[len] = '\0';
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  int bad = fd < 0 || (fsync(fd) != 0 && errno != EINVAL);
-  remat_status s = REMAT_OK;
-  if (bad)
-    s = remat__fail(REMAT_ERR_IO, "%s: '%s' was written but its directory "
-                    "'%s' cannot be synced: %s", what, path, dir,
-                    strerror(errno));
-  if (fd >= 0)
-    close(fd);
-  free(dir);
-  return s;
-}
-
-/* Writes a new file beside the target, then renames it over the target:
- * the target is either as it was or the whole new file. */
+/* Writes a new file beside the target, then renames it over the target
+ * (base/files.h): the target is either as it was or the whole new file. */
 static remat_status write_replace(const char *path, const save_body *body,
                                   const char *what) {
-  char *tmp = NULL;
-  int fd = -1;
-  remat_status s = create_temp(path, what, &tmp, &fd);
-  if (s != REMAT_OK)
+  remat__replacing r;
+  FILE *f = remat__replace_begin(path, &r);
+  if (f == NULL)
+    return remat__fail(REMAT_ERR_IO,
+                       "%s: cannot create a temporary file beside '%s': %s",
+                       what, remat__quote(&(remat__quoted){0}, path),
+                       strerror(errno));
+  remat_status s = write_body(fileno(f), body, what, path);
+  if (s != REMAT_OK) {
+    remat__replace_abort(f, &r);
     return s;
-  s = write_body(fd, body, what, path);
-  if (close(fd) != 0 && s == REMAT_OK)
-    s = remat__fail(REMAT_ERR_IO, "%s: cannot write '%s': %s", what, path,
-                    strerror(errno));
-  if (s == REMAT_OK && rename(tmp, path) != 0)
-    s = remat__fail(REMAT_ERR_IO, "%s: cannot rename '%s' to '%s': %s", what,
-                    tmp, path, strerror(errno));
-  if (s != REMAT_OK)
-    unlink(tmp);
-  free(tmp);
-  return s == REMAT_OK ? sync_dir(path, what) : s;
+  }
+  int e = remat__replace_end(f, &r);
+  if (e == 0)
+    return REMAT_OK;
+  remat__quoted q;
+  const char *shown = remat__quote(&q, path);
+  if (r.failed == REMAT__REPLACE_WRITE)
+    return remat__fail(REMAT_ERR_IO, "%s: cannot write '%s': %s", what, shown,
+                       strerror(e));
+  if (r.failed == REMAT__REPLACE_RENAME)
+    return remat__fail(REMAT_ERR_IO, "%s: cannot rename a new file over '%s': "
+                       "%s", what, shown, strerror(e));
+  return remat__fail(REMAT_ERR_IO, "%s: '%s' was written but its directory "
+                     "cannot be synced: %s", what, shown, strerror(e));
 }
 
 remat_status safet_save(remat_graph *g, const char *path,
@@ -507,20 +475,6 @@ static void format_shape(char *buf, size_t len, int ndim, const double *dims) {
     snprintf(buf + n, len - n, "]");
 }
 
-/* A string from the file, fit for a one-line message: control bytes
- * become \xNN, and past QUOTE_MAX bytes it is cut with "...". */
-static void quote(char *buf, size_t len, const char *text) {
-  size_t n = 0, i = 0;
-  for (; text[i] != '\0' && i < QUOTE_MAX && n + 5 < len; i++) {
-    unsigned char c = (unsigned char)text[i];
-    if (c < 32 || c == 127)
-      n += (size_t)snprintf(buf + n, len - n, "\\x%02x", c);
-    else
-      buf[n++] = (char)c;
-  }
-  snprintf(buf + n, len - n, "%s", text[i] != '\0' ? "..." : "");
-}
-
 static int find_item(const safet_load_req *req, const char *name) {
   for (int i = 0; i < req->nitems; i++)
     if (strcmp(req->items[i].name, name) == 0)
@@ -587,8 +541,8 @@ static remat_status check_shape(const source *src, const char *name,
 static remat_status check_entry(const safet_load_req *req, const source *src,
                                 const cJSON *item, bool skip, entry *entries,
                                 int *seen) {
-  char name[4 * QUOTE_MAX + 8], dt[4 * QUOTE_MAX + 8];
-  quote(name, sizeof name, item->string);
+  remat__quoted quoted_name, quoted_dt;
+  const char *name = remat__quote(&quoted_name, item->string);
   if (!cJSON_IsObject(item))
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' is not a JSON object",
                      src->what, src->path, name);
@@ -613,7 +567,7 @@ static remat_status check_entry(const safet_load_req *req, const source *src,
   if (seen[i])
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' appears twice", src->what,
                      src->path, name);
-  quote(dt, sizeof dt, dtype->valuestring);
+  const char *dt = remat__quote(&quoted_dt, dtype->valuestring);
   if (strcmp(dtype->valuestring, "F32") != 0)
     return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' has dtype %s, expected F32",
                      src->what, src->path, name, dt);

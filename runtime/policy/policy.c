@@ -69,26 +69,6 @@ static const policy_word policy_words[] = {
 
 /* ---- message pieces ---- */
 
-/* A piece of the caller's text made fit for a message: bytes outside
- * 0x20-0x7E written as \xNN, at most QUOTE_MAX bytes, then "...". */
-#define QUOTE_MAX 40
-typedef struct quote {
-  char text[4 * QUOTE_MAX + sizeof "..."];
-} quote;
-
-static const char *quoted(quote *q, const char *s, size_t len) {
-  size_t n = 0;
-  for (size_t i = 0; i < len && i < QUOTE_MAX; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (c >= 0x20 && c < 0x7F)
-      q->text[n++] = (char)c;
-    else
-      n += (size_t)snprintf(q->text + n, sizeof q->text - n, "\\x%02X", c);
-  }
-  snprintf(q->text + n, sizeof q->text - n, "%s", len > QUOTE_MAX ? "..." : "");
-  return q->text;
-}
-
 /* " at offset N" for a word that does not start the string, else "". */
 typedef struct offset_note {
   char text[48];
@@ -205,7 +185,7 @@ static bool names_valid(const char *what, const char *const *names, int count,
     else if (name_flaw(names[i], len, 0, flaw, sizeof flaw))
       remat__fail(REMAT_ERR_POLICY,
                   "%s: name %d ('%s') is not valid: %s; " NAME_RULE, what, i,
-                  quoted(&(quote){0}, names[i], len), flaw,
+                  remat__quote_n(&(remat__quoted){0}, names[i], len), flaw,
                   REMAT__NAME_MAX - 1);
     else {
       *text += 1 + len;
@@ -385,7 +365,7 @@ static remat_status unknown_policy(const char *text, size_t at, size_t len) {
   return remat__fail(REMAT_ERR_POLICY,
                      "unknown remat policy '%s'%s%s: expected one of "
                      ACCEPTED_POLICIES,
-                     quoted(&(quote){0}, word, len),
+                     remat__quote_n(&(remat__quoted){0}, word, len),
                      at_offset(&(offset_note){0}, at), control);
 }
 
@@ -438,7 +418,7 @@ static remat_status check_names(const char *what, const char *text,
       return remat__fail(REMAT_ERR_POLICY,
                          "%s: name %d ('%s') at offset %zu is not valid: %s; "
                          NAME_RULE,
-                         what, n, quoted(&(quote){0}, text + at, len), at,
+                         what, n, remat__quote_n(&(remat__quoted){0}, text + at, len), at,
                          flaw, REMAT__NAME_MAX - 1);
     at += len;
     if (at == end)
@@ -716,7 +696,7 @@ remat_status remat_checkpoint_name(remat_graph *g, remat_tensor *t,
     return graph_fail(g, REMAT_ERR_INVALID_ARG,
                       "remat_checkpoint_name: name '%s' is not valid: %s; "
                       NAME_RULE,
-                      quoted(&(quote){0}, name, len), flaw,
+                      remat__quote_n(&(remat__quoted){0}, name, len), flaw,
                       REMAT__NAME_MAX - 1);
   snprintf(t->name, sizeof t->name, "%s", name);
   t->named = true;
@@ -737,7 +717,7 @@ remat_status remat_region_name(remat_graph *g, const char *name) {
     return graph_fail(g, REMAT_ERR_INVALID_ARG,
                       "remat_region_name: name '%s' is not valid: %s; "
                       NAME_RULE,
-                      name ? quoted(&(quote){0}, name, len) : "(null)",
+                      name ? remat__quote_n(&(remat__quoted){0}, name, len) : "(null)",
                       name ? flaw : "it is NULL", REMAT__NAME_MAX - 1);
   graph_region *r = &g->regions[g->region_stack[g->region_depth - 1]];
   snprintf(r->name, sizeof r->name, "%s", name);
@@ -805,8 +785,9 @@ remat_status policy_check_names(remat_graph *g, const remat_policy *p) {
       return graph_fail(g, REMAT_ERR_POLICY,
                         "policy %s names '%s', which fused attention does "
                         "not have (it keeps no T x T matrix): use the "
-                        "materialized attention (--attention materialized, "
-                        "REMAT_ATTENTION_MATERIALIZED) or name other tensors",
+                        "materialized attention (remat_causal_self_attention, "
+                        "REMAT_ATTENTION_MATERIALIZED in a builder's config) "
+                        "or name other tensors",
                         kind_names[p->kind], p->names[i]);
     char list[REMAT__ERRMSG_MAX / 2] = "";
     size_t n = 0;
