@@ -23,6 +23,16 @@ extern "C" {
 #define REMAT_API
 #endif
 
+/* The version of this header: MAJOR.MINOR.PATCH, the same as the library's
+ * (meson.build's project version). See "Versions and ABI" in README.md. */
+#define REMAT_VERSION_MAJOR 0
+#define REMAT_VERSION_MINOR 2
+#define REMAT_VERSION_PATCH 0
+
+/* The version of the library the program runs with, "MAJOR.MINOR.PATCH"
+ * (it may differ from the header's macros in PATCH or MINOR). */
+REMAT_API const char *remat_version(void);
+
 typedef enum remat_status {
   REMAT_OK = 0,
   REMAT_ERR_INVALID_ARG = 1, /* a bad argument: NULL, out of range, wrong graph */

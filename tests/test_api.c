@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -125,6 +126,19 @@ static void test_null_runtime_and_graph(void **state) {
   assert_fails(remat_graph_seed(NULL, 1), REMAT_ERR_INVALID_ARG,
                "remat_graph_seed: g is NULL");
   remat_runtime_destroy(rt);
+}
+
+/* meson.build's project version (passed by tests/meson.build), the
+ * header's macros and the library's remat_version() are one version. */
+static void test_versions_agree(void **state) {
+  (void)state;
+  const char *project = getenv("REMAT_TEST_PROJECT_VERSION");
+  assert_non_null(project);
+  char macros[64];
+  snprintf(macros, sizeof macros, "%d.%d.%d", REMAT_VERSION_MAJOR,
+           REMAT_VERSION_MINOR, REMAT_VERSION_PATCH);
+  assert_string_equal(macros, project);
+  assert_string_equal(remat_version(), project);
 }
 
 static void test_null_graph_builders(void **state) {
@@ -1136,6 +1150,7 @@ static void test_runtimes_and_graphs_coexist(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_null_runtime_and_graph),
+      cmocka_unit_test(test_versions_agree),
       cmocka_unit_test(test_null_graph_builders),
       cmocka_unit_test(test_null_graph_run),
       cmocka_unit_test(test_null_tensor_and_out),
