@@ -308,6 +308,7 @@ static int bench_open(bench *b, const options *o, int threads,
                       remat_attention_kind attention,
                       remat_precision precision) {
   memset(b, 0, sizeof *b);
+  b->st.size = sizeof b->st;
   b->threads = threads;
   b->accum = o->accum;
   b->cfg = o->cfg;

@@ -347,7 +347,20 @@ typedef enum remat_mem_category {
   REMAT_MEM_NUM_CATEGORIES = 7
 } remat_mem_category;
 
+/* Room for the per-category arrays of remat_step_stats: a category added
+ * later takes a free slot, so that no field after the arrays moves. Slots
+ * from REMAT_MEM_NUM_CATEGORIES on hold 0. */
+#define REMAT_MEM_CATEGORY_SLOTS 16
+
+/* What a step did. The struct grows at its end only: set `size` to
+ * sizeof(remat_step_stats) before the call (remat_step_stats st =
+ * {.size = sizeof st}), and the library writes only the fields that lie
+ * whole within `size` bytes (never `size` itself), so that a program built
+ * against an older header keeps working with a newer library. A size
+ * smaller than this struct as of version 0.2.0 fails with
+ * REMAT_ERR_INVALID_ARG before the step runs. */
 typedef struct remat_step_stats {
+  size_t size;                 /* set by the caller: sizeof(remat_step_stats) */
   float loss;                  /* NaN for a graph without a loss */
   int nonfinite;               /* 1 if loss or a gradient was NaN or Inf */
   double seconds;              /* wall time of the step */
@@ -358,8 +371,8 @@ typedef struct remat_step_stats {
   int64_t activation_peak_bytes; /* peak of activations, recomputed, act
                                     grads and workspace together */
   int64_t predicted_peak_bytes;  /* the planner's prediction of peak_bytes */
-  int64_t peak[REMAT_MEM_NUM_CATEGORIES]; /* per category */
-  int64_t current[REMAT_MEM_NUM_CATEGORIES]; /* after the step */
+  int64_t peak[REMAT_MEM_CATEGORY_SLOTS]; /* per remat_mem_category */
+  int64_t current[REMAT_MEM_CATEGORY_SLOTS]; /* after the step */
   int64_t tasks;               /* tasks executed */
   remat_status trace_status;   /* REMAT_OK, or why REMAT_TRACE could not be
                                   written after a step that succeeded (the
@@ -381,7 +394,8 @@ typedef struct remat_step_stats {
 } remat_step_stats;
 
 /* Forward, backward and update. On REMAT_ERR_NUMERIC (NaN/Inf in the loss or
- * a gradient) no parameter is updated. `stats` may be NULL. */
+ * a gradient) no parameter is updated. `stats` may be NULL; else its
+ * `size` must be set (see remat_step_stats). */
 REMAT_API remat_status remat_step(remat_graph *g, remat_step_stats *stats);
 /* Gradient accumulation: forward and backward of the fed micro-batch, whose
  * parameter gradients are added to per-parameter sums (allocated at the

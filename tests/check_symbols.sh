@@ -102,7 +102,7 @@ static int train_step(remat_runtime *rt, float *loss) {
   }
   remat_graph *g = NULL;
   remat_gpt m;
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   remat_status s = remat_graph_create(rt, &g);
   if (s != REMAT_OK)
     return failed("remat_graph_create", s);

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
+#include "runtime/exec/step_stats.h"
 
 /* Asserts a call's status and the calling thread's last error. */
 #define assert_fails(call, status, message)                                    \
@@ -582,7 +583,7 @@ static void test_calls_after_compile(void **state) {
                "remat_keep: the graph is already compiled");
   /* A compiled graph keeps running after a misplaced building call. */
   assert_int_equal(remat_feed(m.g, m.x, small_x, sizeof small_x), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(m.g, &st), REMAT_OK);
   assert_true(isfinite(st.loss));
   remat_graph_destroy(m.g);
@@ -714,7 +715,7 @@ static void test_forward_and_step_graph_kinds(void **state) {
   assert_fails(remat_step(serve.g, NULL), REMAT_ERR_STATE,
                "remat_step: the graph was compiled without a loss: use "
                "remat_forward");
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_forward(serve.g, &st), REMAT_OK);
   assert_true(isnan(st.loss));
   assert_int_equal(st.nonfinite, 0);
@@ -922,10 +923,122 @@ static void read_w(small *m, float *w) {
 
 static void good_step(small *m) {
   assert_int_equal(remat_feed(m->g, m->x, small_x, sizeof small_x), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(m->g, &st), REMAT_OK);
   assert_int_equal(st.nonfinite, 0);
   assert_true(isfinite(st.loss));
+}
+
+/* ---- remat_step_stats across header versions ---- */
+
+/* A remat_step_stats with room past its end, as a newer header's bigger
+ * struct would have, to see which bytes the library writes. */
+typedef union stats_buf {
+  remat_step_stats st;
+  unsigned char bytes[sizeof(remat_step_stats) + 64];
+} stats_buf;
+
+static void assert_untouched_from(const stats_buf *b, size_t from) {
+  for (size_t i = from; i < sizeof b->bytes; i++)
+    if (b->bytes[i] != 0xA5)
+      fail_msg("byte %zu of the stats was written (the size is %zu)", i,
+               b->st.size);
+}
+
+/* A program built against a newer header gives a bigger size: the library
+ * writes the fields it has, nothing past them, and never `size`. */
+static void test_step_stats_bigger_size(void **state) {
+  (void)state;
+  remat_runtime *rt = new_runtime(1);
+  small m = small_build(rt);
+  remat_optimizer sgd = {.kind = REMAT_OPT_SGD, .lr = 0.1f};
+  assert_int_equal(remat_compile(m.g, m.loss, &sgd), REMAT_OK);
+  float w[12];
+  read_w(&m, w);
+  small_ref ref = small_reference(w);
+  assert_int_equal(remat_feed(m.g, m.x, small_x, sizeof small_x), REMAT_OK);
+  stats_buf b;
+  memset(&b, 0xA5, sizeof b);
+  b.st.size = sizeof b;
+  assert_int_equal(remat_step(m.g, &b.st), REMAT_OK);
+  assert_int_equal(b.st.size, sizeof b);
+  assert_true(fabsf(b.st.loss - ref.loss) <= 1e-4f);
+  assert_int_equal(b.st.nonfinite, 0);
+  assert_int_equal(b.st.accumulated, 1);
+  assert_int_equal(b.st.trace_status, REMAT_OK);
+  assert_true(b.st.tasks > 0);
+  assert_true(b.st.peak[REMAT_MEM_PARAMS] >= 12 * 4);
+  for (int c = REMAT_MEM_NUM_CATEGORIES; c < REMAT_MEM_CATEGORY_SLOTS; c++) {
+    assert_int_equal(b.st.peak[c], 0);
+    assert_int_equal(b.st.current[c], 0);
+  }
+  assert_untouched_from(&b, sizeof b.st);
+  remat_graph_destroy(m.g);
+  remat_runtime_destroy(rt);
+}
+
+/* A size below version 0.2.0's struct (376 bytes on LP64: 0 for a caller
+ * that forgot it) fails before the step runs: nothing is written and the
+ * weights do not change. */
+static void test_step_stats_too_small(void **state) {
+  (void)state;
+  remat_runtime *rt = new_runtime(1);
+  small m = small_build(rt);
+  remat_optimizer sgd = {.kind = REMAT_OPT_SGD, .lr = 0.1f};
+  assert_int_equal(remat_compile(m.g, m.loss, &sgd), REMAT_OK);
+  assert_int_equal(remat_feed(m.g, m.x, small_x, sizeof small_x), REMAT_OK);
+  float before[12], after[12];
+  read_w(&m, before);
+  const size_t sizes[] = {0, sizeof(size_t), 375};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    stats_buf b;
+    memset(&b, 0xA5, sizeof b);
+    b.st.size = sizes[i];
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "remat_step: stats->size is %zu, less than the 376 bytes of "
+             "remat_step_stats in version 0.2.0 (the least accepted): set it "
+             "to sizeof(remat_step_stats)",
+             sizes[i]);
+    assert_fails(remat_step(m.g, &b.st), REMAT_ERR_INVALID_ARG, msg);
+    assert_int_equal(b.st.size, sizes[i]);
+    assert_untouched_from(&b, sizeof b.st.size);
+    read_w(&m, after);
+    assert_memory_equal(after, before, sizeof after);
+  }
+  remat_step_stats small_st = {.size = 100};
+  assert_fails(remat_accumulate(m.g, &small_st), REMAT_ERR_INVALID_ARG,
+               "remat_accumulate: stats->size is 100, less than the 376 "
+               "bytes of remat_step_stats in version 0.2.0 (the least "
+               "accepted): set it to sizeof(remat_step_stats)");
+  remat_graph_destroy(m.g);
+  remat_runtime_destroy(rt);
+}
+
+/* The next version's library with a 0.2.0 program: the size reaches part
+ * way into the struct, and only the fields wholly within it are written
+ * (step_stats_write, here with a size that ends inside `tasks`). */
+static void test_step_stats_write_fields_that_fit(void **state) {
+  (void)state;
+  remat_step_stats src;
+  memset(&src, 0x11, sizeof src);
+  src.size = sizeof src;
+  src.loss = 2.5f;
+  src.current[REMAT_MEM_CATEGORY_SLOTS - 1] = 42;
+  src.tasks = 7;
+  stats_buf b;
+  memset(&b, 0xA5, sizeof b);
+  size_t cut = offsetof(remat_step_stats, tasks) + 4;
+  b.st.size = cut;
+  step_stats_write(&b.st, &src);
+  assert_int_equal(b.st.size, cut);
+  assert_true(b.st.loss == 2.5f);
+  assert_int_equal(b.st.current[REMAT_MEM_CATEGORY_SLOTS - 1], 42);
+  assert_memory_equal(b.bytes + sizeof b.st.size,
+                      (const unsigned char *)&src + sizeof src.size,
+                      offsetof(remat_step_stats, tasks) - sizeof src.size);
+  assert_untouched_from(&b, offsetof(remat_step_stats, tasks));
+  assert_true(STEP_STATS_MIN_SIZE == 376 || sizeof(size_t) != 8);
 }
 
 /* A NaN or Inf in x makes the loss or a gradient non-finite (an Inf under
@@ -936,8 +1049,7 @@ static void nonfinite_step(small *m, float bad) {
   x[5] = bad;
   read_w(m, before);
   assert_int_equal(remat_feed(m->g, m->x, x, sizeof x), REMAT_OK);
-  remat_step_stats st;
-  memset(&st, 0, sizeof st);
+  remat_step_stats st = {.size = sizeof st};
   assert_fails(remat_step(m->g, &st), REMAT_ERR_NUMERIC,
                "remat_step: the loss or a gradient is NaN or Inf; the updates "
                "were skipped");
@@ -1007,7 +1119,7 @@ static void nonfinite_gradient_step(remat_runtime *rt, bool w1_first) {
   assert_int_equal(remat_feed(g, x, bad_x, sizeof bad_x), REMAT_OK);
   assert_int_equal(remat_feed(g, x2, small_x, sizeof small_x), REMAT_OK);
   assert_int_equal(remat_read(g, w2, w2_before, sizeof w2_before), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(g, &st), REMAT_ERR_NUMERIC);
   assert_int_equal(st.nonfinite, 1);
   assert_true(isfinite(st.loss));
@@ -1071,7 +1183,7 @@ static void test_nonfinite_last_gradient_element(void **state) {
   assert_int_equal(remat_write(g, w1, ones, sizeof ones), REMAT_OK);
   float bad_x[8] = {1, 2, 3, 4, 0, 0, 0, -INFINITY};
   assert_int_equal(remat_feed(g, x, bad_x, sizeof bad_x), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(g, &st), REMAT_ERR_NUMERIC);
   assert_true(isfinite(st.loss));
   assert_int_equal(remat_read_grad(g, w1, grad, sizeof grad), REMAT_OK);
@@ -1130,7 +1242,7 @@ static void test_runtimes_and_graphs_coexist(void **state) {
     float loss[RUNTIMES][GRAPHS];
     for (int k = 0; k < GRAPHS; k++)
       for (int r = 0; r < RUNTIMES; r++) {
-        remat_step_stats st;
+        remat_step_stats st = {.size = sizeof st};
         assert_int_equal(remat_step(gs[r][k], &st), REMAT_OK);
         loss[r][k] = st.loss;
       }
@@ -1174,6 +1286,9 @@ int main(void) {
       cmocka_unit_test(test_nonfinite_last_gradient_element),
       cmocka_unit_test(test_weight_decay_matrices_only),
       cmocka_unit_test(test_runtimes_and_graphs_coexist),
+      cmocka_unit_test(test_step_stats_bigger_size),
+      cmocka_unit_test(test_step_stats_too_small),
+      cmocka_unit_test(test_step_stats_write_fields_that_fit),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -105,7 +105,7 @@ int main(int argc, char **argv) {
   remat_runtime *rt = NULL;
   remat_graph *g = NULL;
   remat_gpt m;
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   size_t n = (size_t)o.cfg.batch * (size_t)o.cfg.seq;
   int32_t *tok = malloc(n * 4), *tgt = malloc(n * 4);
   char path[4096];

@@ -16,6 +16,7 @@
 
 #include "runtime/dp/dp.h"
 #include "runtime/exec/precision.h"
+#include "runtime/exec/step_stats.h"
 #include "runtime/compile/step_plan.h"
 
 static double now_seconds(void) {
@@ -276,6 +277,8 @@ static void note_trace(remat_step_plan *p, remat_step_stats *st,
 static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
                              const char *what) {
   remat_step_plan *p = g->plan;
+  if (step_stats_check(stats, what) != REMAT_OK)
+    return REMAT_ERR_INVALID_ARG;
   for (int32_t b = 0; b < p->low.nbufs; b++)
     atomic_store(&p->low.bufs[b].users_left, p->low.bufs[b].users);
   atomic_store(&p->nonfinite, 0);
@@ -337,7 +340,7 @@ static remat_status run_plan(remat_graph *g, remat_step_stats *stats,
     report_first_run(p, &p->last, what);
   }
   if (stats != NULL)
-    *stats = p->last;
+    step_stats_write(stats, &p->last);
   return s;
 }
 
