@@ -76,6 +76,11 @@ typedef enum remat_bind {
 #define REMAT_SET_VERBOSE (1u << 6)
 #define REMAT_SET_TOPOLOGY (1u << 7)
 #define REMAT_SET_PRECISION (1u << 8)
+/* Not a field: the runtime reads no REMAT_* environment variable at all
+ * (REMAT_DP_* included), so that fields whose bit is clear take the
+ * defaults whatever the process's environment holds. remat_runtime_config
+ * reports it in `set`. */
+#define REMAT_SET_NO_ENV (1u << 9)
 
 /* Precision of a step. In bf16, activations (saved, recomputed and their
  * gradients) and f32 inputs are stored in bf16, matmuls take bf16 operands
@@ -121,8 +126,9 @@ typedef struct remat_config {
  * are powers of 1000; KiB, MiB, GiB, TiB powers of 1024). */
 REMAT_API remat_status remat_parse_bytes(const char *text, int64_t *bytes);
 
-/* Creates a runtime: reads the REMAT_* environment once, overlays the fields
- * `config` sets (config may be NULL), starts and pins the workers. A bad
+/* Creates a runtime: reads the REMAT_* environment once (unless config sets
+ * REMAT_SET_NO_ENV), overlays the fields `config` sets (config may be
+ * NULL), starts and pins the workers. A bad
  * value (a topology hwloc cannot load, a trace path that cannot be written
  * included) fails with REMAT_ERR_CONFIG and a message naming the variable,
  * the value and what is accepted. */
