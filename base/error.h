@@ -14,6 +14,9 @@ remat_status remat__fail(remat_status status, const char *fmt, ...)
 /* Records `msg` (which may be the current message) and returns `status`. */
 remat_status remat__fail_msg(remat_status status, const char *msg);
 void remat__clear_error(void);
+/* How many failures the calling thread has recorded (remat__fail and
+ * remat__fail_msg): a call that sees it change failed somewhere inside. */
+unsigned long remat__fail_count(void);
 
 /* A caller's string made fit for a message: bytes outside 0x20-0x7E as
  * \xNN, cut after REMAT__QUOTE_MAX bytes with "...", so that a long value

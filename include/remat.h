@@ -164,8 +164,19 @@ typedef enum remat_init {
 REMAT_API remat_status remat_graph_create(remat_runtime *rt,
                                           remat_graph **out);
 REMAT_API void remat_graph_destroy(remat_graph *g);
-/* The sticky status of graph building (or of compile) and its message. */
+/* The sticky status of graph building (or of compile). */
 REMAT_API remat_status remat_graph_status(const remat_graph *g);
+/* The words of the last call on g that failed, kept on the graph, so that
+ * threads that use different graphs never see each other's messages: a
+ * step, accumulate, forward, feed, read, write, read_grad, set_lr,
+ * set_clip, trace_steps, save or load on g that fails sets it (to what
+ * remat_last_error() says on the calling thread), and the next one of
+ * these that succeeds clears it (a step whose trace could not be written
+ * sets it with the trace's words, see trace_status). A call refused before
+ * it starts (g NULL, not compiled, another thread inside g, after fork())
+ * leaves it alone. With no such message: the sticky building or compile
+ * error of remat_graph_status ("" if none). Valid until the next call on
+ * g. */
 REMAT_API const char *remat_graph_error(const remat_graph *g);
 /* Seed of parameter initialization (default 0). */
 REMAT_API remat_status remat_graph_seed(remat_graph *g, uint64_t seed);

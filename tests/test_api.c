@@ -929,6 +929,78 @@ static void good_step(small *m) {
   assert_true(isfinite(st.loss));
 }
 
+/* ---- the graph's message of its last failed call ---- */
+
+typedef struct feeder {
+  small m;
+  size_t bytes;     /* a wrong size for x */
+  const char *want; /* the message that wrong size gets */
+  pthread_barrier_t *start;
+  int wrong;        /* calls whose status or graph message was not right */
+} feeder;
+
+static void *feed_badly(void *arg) {
+  feeder *f = arg;
+  float x[8] = {0};
+  pthread_barrier_wait(f->start);
+  for (int i = 0; i < 300; i++)
+    if (remat_feed(f->m.g, f->m.x, x, f->bytes) != REMAT_ERR_SHAPE ||
+        strcmp(remat_graph_error(f->m.g), f->want) != 0)
+      f->wrong++;
+  return NULL;
+}
+
+/* Two threads fail on two graphs at once with different messages: each
+ * graph keeps its own, which any thread reads later; a call that succeeds
+ * clears it. */
+static void test_graph_error_per_graph(void **state) {
+  (void)state;
+  remat_runtime *rt = new_runtime(1);
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, 2);
+  feeder f[2] = {
+      {.m = small_build(rt), .bytes = 4, .start = &start,
+       .want = "remat_feed: tensor 'x' holds 32 bytes, 4 given"},
+      {.m = small_build(rt), .bytes = 12, .start = &start,
+       .want = "remat_feed: tensor 'x' holds 32 bytes, 12 given"},
+  };
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(remat_compile(f[k].m.g, f[k].m.loss, NULL), REMAT_OK);
+    assert_string_equal(remat_graph_error(f[k].m.g), "");
+  }
+  pthread_t th[2];
+  for (int k = 0; k < 2; k++)
+    assert_int_equal(pthread_create(&th[k], NULL, feed_badly, &f[k]), 0);
+  for (int k = 0; k < 2; k++)
+    assert_int_equal(pthread_join(th[k], NULL), 0);
+  pthread_barrier_destroy(&start);
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(f[k].wrong, 0);
+    assert_string_equal(remat_graph_error(f[k].m.g), f[k].want);
+  }
+  /* This thread's own failure touches neither graph. */
+  assert_fails(remat_feed(NULL, NULL, NULL, 0), REMAT_ERR_INVALID_ARG,
+               "remat_feed: graph is NULL");
+  assert_string_equal(remat_graph_error(f[0].m.g), f[0].want);
+
+  /* A feed that succeeds clears graph 0's message, not graph 1's. */
+  small *a = &f[0].m;
+  assert_int_equal(remat_feed(a->g, a->x, small_x, sizeof small_x), REMAT_OK);
+  assert_string_equal(remat_graph_error(a->g), "");
+  assert_string_equal(remat_graph_error(f[1].m.g), f[1].want);
+  /* A failed read, then a step that succeeds. */
+  float h[6];
+  assert_int_equal(remat_read(a->g, a->h, h, sizeof h), REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_graph_error(a->g),
+                      "remat_read: 'relu_1' is an intermediate activation: "
+                      "call remat_keep on it before compile");
+  assert_int_equal(remat_step(a->g, NULL), REMAT_OK);
+  assert_string_equal(remat_graph_error(a->g), "");
+  for (int k = 0; k < 2; k++)
+    remat_graph_destroy(f[k].m.g);
+  remat_runtime_destroy(rt);
+}
+
 /* ---- remat_step_stats across header versions ---- */
 
 /* A remat_step_stats with room past its end, as a newer header's bigger
@@ -1286,6 +1358,7 @@ int main(void) {
       cmocka_unit_test(test_nonfinite_last_gradient_element),
       cmocka_unit_test(test_weight_decay_matrices_only),
       cmocka_unit_test(test_runtimes_and_graphs_coexist),
+      cmocka_unit_test(test_graph_error_per_graph),
       cmocka_unit_test(test_step_stats_bigger_size),
       cmocka_unit_test(test_step_stats_too_small),
       cmocka_unit_test(test_step_stats_write_fields_that_fit),

@@ -51,7 +51,9 @@ remat_status remat_graph_status(const remat_graph *g) {
 }
 
 const char *remat_graph_error(const remat_graph *g) {
-  return g == NULL ? "graph is NULL" : g->error;
+  if (g == NULL)
+    return "graph is NULL";
+  return g->call_error[0] != '\0' ? g->call_error : g->error;
 }
 
 remat_status remat_graph_seed(remat_graph *g, uint64_t seed) {
