@@ -16,6 +16,7 @@
 
 #include "base/bf16.h"
 #include "remat.h"
+#include "remat_gpt.h"
 #include "tools/dp_tool.h"
 
 typedef struct options {

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "remat.h"
+#include "remat_gpt.h"
 
 enum { TRAINERS = 4, TRAIN_STEPS = 25, MIN_REQUESTS = 12 };
 

@@ -1,5 +1,8 @@
-/* remat.h: the whole public API of remat, a runtime that trains neural
- * networks on many-core CPUs with rematerialization in its task scheduler.
+/* remat.h: the public API of remat, a runtime that trains neural networks
+ * on many-core CPUs with rematerialization in its task scheduler: the
+ * runtime, graphs and ops, remat policies, compile and steps, and saving
+ * and loading. The built-in GPT model's builder is in remat_gpt.h, data
+ * parallel over MPI in remat_mpi.h.
  *
  * Handles are opaque. Every function that can fail returns a remat_status;
  * remat_last_error() gives the words of the last failure on the calling
@@ -506,37 +509,6 @@ typedef struct remat_tensor_plan {
 REMAT_API remat_status remat_tensor_plan_of(const remat_graph *g,
                                             const remat_tensor *t,
                                             remat_tensor_plan *out);
-
-/* ---- the GPT-style model ---- */
-
-/* How the GPT builder computes attention. */
-typedef enum remat_attention_kind {
-  REMAT_ATTENTION_DEFAULT = 0,      /* the builder's default (materialized) */
-  REMAT_ATTENTION_FUSED = 1,        /* remat_fused_attention */
-  REMAT_ATTENTION_MATERIALIZED = 2, /* remat_causal_self_attention */
-} remat_attention_kind;
-
-typedef struct remat_gpt_config {
-  int layers, d_model, heads, seq, batch, vocab;
-  int gelu_erf; /* 0: tanh GELU (default), 1: erf GELU */
-  remat_attention_kind attention;
-} remat_gpt_config;
-
-typedef struct remat_gpt {
-  remat_tensor *tokens;  /* input [batch, seq] int32 */
-  remat_tensor *targets; /* input [batch, seq] int32 */
-  remat_tensor *logits;  /* [batch, seq, vocab] */
-  remat_tensor *loss;    /* [1] */
-} remat_gpt;
-
-/* Builds token + position embedding, `layers` blocks of (pre-LN causal
- * multi-head attention + residual, pre-LN GELU feed-forward d->4d->d +
- * residual), a final layer norm, the LM head and the cross-entropy loss. */
-REMAT_API remat_status remat_gpt_build(remat_graph *g,
-                                       const remat_gpt_config *cfg,
-                                       remat_gpt *out);
-/* Model FLOPs of one training step (forward + backward, matmuls only). */
-REMAT_API double remat_gpt_flops(const remat_gpt_config *cfg);
 
 /* ---- saving and loading parameters (safetensors) ---- */
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "remat.h"
+#include "remat_gpt.h"
 
 typedef struct grad_options {
   remat_gpt_config cfg;
