@@ -193,55 +193,62 @@ REMAT_API remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
                                     const int64_t *dims, remat_init init,
                                     float scale);
 
-/* Ops. Shapes: leading dims (..) are flattened into rows. */
+/* Ops. They take const handles of their inputs (an op never changes them)
+ * and return a new tensor. Shapes: leading dims (..) are flattened into
+ * rows. */
 /* y[..,M] = x[..,K] . w[M,K]^T + b[M]; b may be NULL. Tag: dot. */
-REMAT_API remat_tensor *remat_linear(remat_graph *g, remat_tensor *x,
-                                     remat_tensor *w, remat_tensor *b);
+REMAT_API remat_tensor *remat_linear(remat_graph *g, const remat_tensor *x,
+                                     const remat_tensor *w,
+                                     const remat_tensor *b);
 /* y[..,N,M] = a[..,N,K] . b[..,K,M]. Tags: dot (+ batched with batch dims). */
-REMAT_API remat_tensor *remat_matmul(remat_graph *g, remat_tensor *a,
-                                     remat_tensor *b);
-REMAT_API remat_tensor *remat_add(remat_graph *g, remat_tensor *a,
-                                  remat_tensor *b);
-REMAT_API remat_tensor *remat_bias_add(remat_graph *g, remat_tensor *x,
-                                       remat_tensor *b);
-REMAT_API remat_tensor *remat_relu(remat_graph *g, remat_tensor *x);
-typedef enum remat_gelu_form { REMAT_GELU_TANH = 0, REMAT_GELU_ERF = 1 } remat_gelu_form;
-REMAT_API remat_tensor *remat_gelu(remat_graph *g, remat_tensor *x,
+REMAT_API remat_tensor *remat_matmul(remat_graph *g, const remat_tensor *a,
+                                     const remat_tensor *b);
+REMAT_API remat_tensor *remat_add(remat_graph *g, const remat_tensor *a,
+                                  const remat_tensor *b);
+REMAT_API remat_tensor *remat_bias_add(remat_graph *g, const remat_tensor *x,
+                                       const remat_tensor *b);
+REMAT_API remat_tensor *remat_relu(remat_graph *g, const remat_tensor *x);
+typedef enum remat_gelu_form {
+  REMAT_GELU_TANH = 0,
+  REMAT_GELU_ERF = 1
+} remat_gelu_form;
+REMAT_API remat_tensor *remat_gelu(remat_graph *g, const remat_tensor *x,
                                    remat_gelu_form form);
 /* Layer norm over the last dim with scale gamma[C] and shift beta[C];
  * eps <= 0 means 1e-5. */
-REMAT_API remat_tensor *remat_layernorm(remat_graph *g, remat_tensor *x,
-                                        remat_tensor *gamma,
-                                        remat_tensor *beta, float eps);
-REMAT_API remat_tensor *remat_softmax(remat_graph *g, remat_tensor *x);
+REMAT_API remat_tensor *remat_layernorm(remat_graph *g, const remat_tensor *x,
+                                        const remat_tensor *gamma,
+                                        const remat_tensor *beta, float eps);
+REMAT_API remat_tensor *remat_softmax(remat_graph *g, const remat_tensor *x);
 /* Causal attention in three named steps: scores[B,H,T,T] (q.k^T/sqrt(hd),
  * masked), probs = softmax(scores), out[B,T,D] = probs . v, where
  * qkv[B,T,3D] holds q, k, v side by side. Tags: dot, batched. */
-REMAT_API remat_tensor *remat_attention_scores(remat_graph *g,
-                                               remat_tensor *qkv, int heads);
+REMAT_API remat_tensor *
+remat_attention_scores(remat_graph *g, const remat_tensor *qkv, int heads);
 REMAT_API remat_tensor *remat_attention_values(remat_graph *g,
-                                               remat_tensor *probs,
-                                               remat_tensor *qkv, int heads);
+                                               const remat_tensor *probs,
+                                               const remat_tensor *qkv,
+                                               int heads);
 /* The three steps above; the scores and probs tensors are named
  * "attn_scores" and "attn_probs". */
-REMAT_API remat_tensor *remat_causal_self_attention(remat_graph *g,
-                                                    remat_tensor *qkv,
-                                                    int heads);
+REMAT_API remat_tensor *
+remat_causal_self_attention(remat_graph *g, const remat_tensor *qkv, int heads);
 /* The same causal attention fused into one op that never stores a T x T
  * matrix: it saves out[B,T,D] and the per-row log-sum-exp [B,H,T], and its
  * backward recomputes the probabilities block by block. It has no
  * "attn_scores" or "attn_probs" tensors. Tags: dot, batched. */
-REMAT_API remat_tensor *remat_fused_attention(remat_graph *g,
-                                              remat_tensor *qkv, int heads);
+REMAT_API remat_tensor *
+remat_fused_attention(remat_graph *g, const remat_tensor *qkv, int heads);
 /* x[B,T,D] = wte[tokens] + wpe[0..T); tokens[B,T] int32. */
-REMAT_API remat_tensor *remat_embed(remat_graph *g, remat_tensor *tokens,
-                                    remat_tensor *wte, remat_tensor *wpe);
+REMAT_API remat_tensor *remat_embed(remat_graph *g, const remat_tensor *tokens,
+                                    const remat_tensor *wte,
+                                    const remat_tensor *wpe);
 /* Mean over rows of -log softmax(logits[..,V])[targets[..]]: a [1] tensor. */
 REMAT_API remat_tensor *remat_cross_entropy(remat_graph *g,
-                                            remat_tensor *logits,
-                                            remat_tensor *targets);
-REMAT_API remat_tensor *remat_sum(remat_graph *g, remat_tensor *x);
-REMAT_API remat_tensor *remat_mean(remat_graph *g, remat_tensor *x);
+                                            const remat_tensor *logits,
+                                            const remat_tensor *targets);
+REMAT_API remat_tensor *remat_sum(remat_graph *g, const remat_tensor *x);
+REMAT_API remat_tensor *remat_mean(remat_graph *g, const remat_tensor *x);
 
 REMAT_API int remat_tensor_ndim(const remat_tensor *t);
 REMAT_API int64_t remat_tensor_dim(const remat_tensor *t, int i);
@@ -353,7 +360,7 @@ REMAT_API remat_status remat_compile(remat_graph *g, remat_tensor *loss,
 REMAT_API remat_status remat_set_lr(remat_graph *g, float lr);
 
 /* Copies `bytes` bytes into an input (exactly its size). */
-REMAT_API remat_status remat_feed(remat_graph *g, remat_tensor *input,
+REMAT_API remat_status remat_feed(remat_graph *g, const remat_tensor *input,
                                   const void *data, size_t bytes);
 
 typedef enum remat_mem_category {
@@ -467,13 +474,14 @@ REMAT_API remat_status remat_forward(remat_graph *g, remat_step_stats *stats);
 
 /* Copies a parameter, input, the loss or a kept tensor out (exactly its
  * size in bytes). */
-REMAT_API remat_status remat_read(remat_graph *g, remat_tensor *t, void *dst,
-                                  size_t bytes);
+REMAT_API remat_status remat_read(remat_graph *g, const remat_tensor *t,
+                                  void *dst, size_t bytes);
 /* Copies a parameter's gradient from the last step. */
-REMAT_API remat_status remat_read_grad(remat_graph *g, remat_tensor *param,
-                                       float *dst, size_t bytes);
+REMAT_API remat_status remat_read_grad(remat_graph *g,
+                                       const remat_tensor *param, float *dst,
+                                       size_t bytes);
 /* Overwrites a parameter's values (after compile). */
-REMAT_API remat_status remat_write(remat_graph *g, remat_tensor *param,
+REMAT_API remat_status remat_write(remat_graph *g, const remat_tensor *param,
                                    const float *src, size_t bytes);
 /* Parameters in creation order, for saving and loading. */
 REMAT_API int remat_num_params(const remat_graph *g);

@@ -193,7 +193,8 @@ void graph_leave(remat_graph *g);
 /* Waits until no call is inside g, then keeps others out (destroy). */
 void graph_enter_wait(remat_graph *g);
 /* Adds an op of `type` on `in` (builders.c's one entry point). */
-remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
+remat_tensor *graph_add_op(remat_graph *g, op_type type,
+                           const remat_tensor *const *in,
                            int nin, const op_attrs *attrs);
 /* Bytes of a tensor as the API reads, writes and feeds it (4 per element). */
 int64_t tensor_bytes(const remat_tensor *t);

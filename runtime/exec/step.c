@@ -90,7 +90,7 @@ static remat_status check_ids(const remat_graph *g, const remat_tensor *input,
   return REMAT_OK;
 }
 
-static remat_status do_feed(remat_graph *g, remat_tensor *input, const void *data,
+static remat_status do_feed(remat_graph *g, const remat_tensor *input, const void *data,
                         size_t bytes) {
   remat_status s = check_tensor(g, input, bytes, "remat_feed");
   if (s != REMAT_OK)
@@ -108,7 +108,7 @@ static remat_status do_feed(remat_graph *g, remat_tensor *input, const void *dat
   return REMAT_OK;
 }
 
-static remat_status do_read(remat_graph *g, remat_tensor *t, void *dst,
+static remat_status do_read(remat_graph *g, const remat_tensor *t, void *dst,
                         size_t bytes) {
   remat_status s = check_tensor(g, t, bytes, "remat_read");
   if (s != REMAT_OK)
@@ -125,7 +125,7 @@ static remat_status do_read(remat_graph *g, remat_tensor *t, void *dst,
   return REMAT_OK;
 }
 
-static remat_status do_read_grad(remat_graph *g, remat_tensor *param, float *dst,
+static remat_status do_read_grad(remat_graph *g, const remat_tensor *param, float *dst,
                              size_t bytes) {
   remat_status s = check_tensor(g, param, bytes, "remat_read_grad");
   if (s != REMAT_OK)
@@ -142,7 +142,7 @@ static remat_status do_read_grad(remat_graph *g, remat_tensor *param, float *dst
   return REMAT_OK;
 }
 
-static remat_status do_write(remat_graph *g, remat_tensor *param, const float *src,
+static remat_status do_write(remat_graph *g, const remat_tensor *param, const float *src,
                          size_t bytes) {
   remat_status s = check_tensor(g, param, bytes, "remat_write");
   if (s != REMAT_OK)
@@ -448,7 +448,7 @@ remat_status remat_forward(remat_graph *g, remat_step_stats *stats) {
   return s;
 }
 
-remat_status remat_feed(remat_graph *g, remat_tensor *input, const void *data,
+remat_status remat_feed(remat_graph *g, const remat_tensor *input, const void *data,
                         size_t bytes) {
   remat_status s = enter(g, "remat_feed");
   if (s != REMAT_OK)
@@ -458,7 +458,7 @@ remat_status remat_feed(remat_graph *g, remat_tensor *input, const void *data,
   return s;
 }
 
-remat_status remat_read(remat_graph *g, remat_tensor *t, void *dst,
+remat_status remat_read(remat_graph *g, const remat_tensor *t, void *dst,
                         size_t bytes) {
   remat_status s = enter(g, "remat_read");
   if (s != REMAT_OK)
@@ -468,7 +468,7 @@ remat_status remat_read(remat_graph *g, remat_tensor *t, void *dst,
   return s;
 }
 
-remat_status remat_read_grad(remat_graph *g, remat_tensor *param, float *dst,
+remat_status remat_read_grad(remat_graph *g, const remat_tensor *param, float *dst,
                              size_t bytes) {
   remat_status s = enter(g, "remat_read_grad");
   if (s != REMAT_OK)
@@ -478,7 +478,7 @@ remat_status remat_read_grad(remat_graph *g, remat_tensor *param, float *dst,
   return s;
 }
 
-remat_status remat_write(remat_graph *g, remat_tensor *param, const float *src,
+remat_status remat_write(remat_graph *g, const remat_tensor *param, const float *src,
                          size_t bytes) {
   remat_status s = enter(g, "remat_write");
   if (s != REMAT_OK)

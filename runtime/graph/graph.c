@@ -207,7 +207,8 @@ remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
 }
 
 /* Adds an op node after shape inference; returns its output tensor. */
-remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
+remat_tensor *graph_add_op(remat_graph *g, op_type type,
+                           const remat_tensor *const *in,
                            int nin, const op_attrs *attrs) {
   const char *what = op_name(type);
   if (!building(g, what))
