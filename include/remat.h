@@ -6,7 +6,8 @@
  *
  * Handles are opaque. Every function that can fail returns a remat_status;
  * remat_last_error() gives the words of the last failure on the calling
- * thread. Graph building uses a sticky error: the first failing builder call
+ * thread, and remat_graph_error() those of the last failed call on a
+ * graph. Graph building uses a sticky error: the first failing builder call
  * records its message on the graph, later calls return NULL and do nothing,
  * and remat_compile() returns the recorded status. The library never exits,
  * aborts or writes to stdout. */
