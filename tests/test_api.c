@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -1030,6 +1031,18 @@ static void test_graph_error_per_graph(void **state) {
                       "call remat_keep on it before compile");
   assert_int_equal(remat_step(a->g, NULL), REMAT_OK);
   assert_string_equal(remat_graph_error(a->g), "");
+  /* A failed load, then a save that succeeds. */
+  assert_int_equal(remat_load_safetensors(a->g, "/nonexistent-dir/w.st"),
+                   REMAT_ERR_IO);
+  assert_true(strstr(remat_graph_error(a->g), "/nonexistent-dir/w.st") != NULL);
+  assert_string_equal(remat_graph_error(a->g), remat_last_error());
+  char path[] = "/tmp/remat-test-graph-error-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  assert_int_equal(remat_save_safetensors(a->g, path), REMAT_OK);
+  assert_string_equal(remat_graph_error(a->g), "");
+  unlink(path);
   for (int k = 0; k < 2; k++)
     remat_graph_destroy(f[k].m.g);
   remat_runtime_destroy(rt);
