@@ -132,10 +132,10 @@ REMAT_API remat_status remat_parse_bytes(const char *text, int64_t *bytes);
 
 /* Creates a runtime: reads the REMAT_* environment once (unless config sets
  * REMAT_SET_NO_ENV), overlays the fields `config` sets (config may be
- * NULL), starts and pins the workers. A bad
- * value (a topology hwloc cannot load, a trace path that cannot be written
- * included) fails with REMAT_ERR_CONFIG and a message naming the variable,
- * the value and what is accepted. */
+ * NULL), starts and pins the workers. A bad value (a topology hwloc cannot
+ * load, a trace path that cannot be written included) fails with
+ * REMAT_ERR_CONFIG and a message naming the variable, the value and what
+ * is accepted. */
 REMAT_API remat_status remat_runtime_create(const remat_config *config,
                                             remat_runtime **out);
 /* Stops the workers and frees the runtime once its last graph is destroyed
