@@ -7,6 +7,8 @@
 #include "base/error.h"
 
 static _Thread_local char last_error[REMAT__ERRMSG_MAX];
+/* Failures recorded on this thread so far (graph_check.c compares). */
+static _Thread_local unsigned long fail_count;
 
 const char *remat_status_string(remat_status status) {
   switch (status) {
@@ -38,16 +40,20 @@ remat_status remat__fail(remat_status status, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   memcpy(last_error, msg, sizeof msg);
+  fail_count++;
   return status;
 }
 
 remat_status remat__fail_msg(remat_status status, const char *msg) {
   if (msg != last_error)
     snprintf(last_error, sizeof last_error, "%s", msg);
+  fail_count++;
   return status;
 }
 
 void remat__clear_error(void) { last_error[0] = '\0'; }
+
+unsigned long remat__fail_count(void) { return fail_count; }
 
 const char *remat__quote_n(remat__quoted *q, const char *s, size_t len) {
   size_t n = 0, i = 0;

@@ -16,6 +16,9 @@ remat_status remat__fail(remat_status status, const char *fmt, ...)
 /* Records `msg` (which may be the current message) and returns `status`. */
 remat_status remat__fail_msg(remat_status status, const char *msg);
 void remat__clear_error(void);
+/* How many failures the calling thread has recorded (remat__fail and
+ * remat__fail_msg): a call that sees it change failed somewhere inside. */
+unsigned long remat__fail_count(void);
 
 /* The one quoter of the library's messages: a caller's (or a file's)
  * string made fit for a one-line message, bytes outside 0x20-0x7E as \xNN,

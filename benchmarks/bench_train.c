@@ -16,6 +16,7 @@
 
 #include "base/bf16.h"
 #include "remat.h"
+#include "remat_gpt.h"
 #include "tools/dp_tool.h"
 
 typedef struct options {
@@ -308,6 +309,7 @@ static int bench_open(bench *b, const options *o, int threads,
                       remat_attention_kind attention,
                       remat_precision precision) {
   memset(b, 0, sizeof *b);
+  b->st.size = sizeof b->st;
   b->threads = threads;
   b->accum = o->accum;
   b->cfg = o->cfg;

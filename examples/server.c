@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "remat.h"
+#include "remat_gpt.h"
 
 enum { TRAINERS = 4, TRAIN_STEPS = 25, MIN_REQUESTS = 12 };
 
@@ -139,7 +140,7 @@ static void *train_main(void *arg) {
                        100 + (uint64_t)t->index, false) &&
             model_feed(&t->host, &md, 1 + (uint32_t)t->index);
   for (int s = 0; ok && s < TRAIN_STEPS; s++) {
-    remat_step_stats st;
+    remat_step_stats st = {.size = sizeof st};
     ok = LIB(&t->host, remat_step(md.g, &st));
     if (ok && s == 0)
       t->first_loss = st.loss;

@@ -1,9 +1,13 @@
-/* remat.h: the whole public API of remat, a runtime that trains neural
- * networks on many-core CPUs with rematerialization in its task scheduler.
+/* remat.h: the public API of remat, a runtime that trains neural networks
+ * on many-core CPUs with rematerialization in its task scheduler: the
+ * runtime, graphs and ops, remat policies, compile and steps, and saving
+ * and loading. The built-in GPT model's builder is in remat_gpt.h, data
+ * parallel over MPI in remat_mpi.h.
  *
  * Handles are opaque. Every function that can fail returns a remat_status;
  * remat_last_error() gives the words of the last failure on the calling
- * thread. Graph building uses a sticky error: the first failing builder call
+ * thread, and remat_graph_error() those of the last failed call on a
+ * graph. Graph building uses a sticky error: the first failing builder call
  * records its message on the graph, later calls return NULL and do nothing,
  * and remat_compile() returns the recorded status. The library never exits,
  * aborts or writes to stdout. */
@@ -22,6 +26,16 @@ extern "C" {
 #else
 #define REMAT_API
 #endif
+
+/* The version of this header: MAJOR.MINOR.PATCH, the same as the library's
+ * (meson.build's project version). See "Versions and ABI" in README.md. */
+#define REMAT_VERSION_MAJOR 0
+#define REMAT_VERSION_MINOR 2
+#define REMAT_VERSION_PATCH 0
+
+/* The version of the library the program runs with, "MAJOR.MINOR.PATCH"
+ * (it may differ from the header's macros in PATCH or MINOR). */
+REMAT_API const char *remat_version(void);
 
 typedef enum remat_status {
   REMAT_OK = 0,
@@ -66,6 +80,11 @@ typedef enum remat_bind {
 #define REMAT_SET_VERBOSE (1u << 6)
 #define REMAT_SET_TOPOLOGY (1u << 7)
 #define REMAT_SET_PRECISION (1u << 8)
+/* Not a field: the runtime reads no REMAT_* environment variable at all
+ * (REMAT_DP_* included), so that fields whose bit is clear take the
+ * defaults whatever the process's environment holds. remat_runtime_config
+ * reports it in `set`. */
+#define REMAT_SET_NO_ENV (1u << 9)
 
 /* Precision of a step. In bf16, activations (saved, recomputed and their
  * gradients) and f32 inputs are stored in bf16, matmuls take bf16 operands
@@ -111,11 +130,12 @@ typedef struct remat_config {
  * are powers of 1000; KiB, MiB, GiB, TiB powers of 1024). */
 REMAT_API remat_status remat_parse_bytes(const char *text, int64_t *bytes);
 
-/* Creates a runtime: reads the REMAT_* environment once, overlays the fields
- * `config` sets (config may be NULL), starts and pins the workers. A bad
- * value (a topology hwloc cannot load, a trace path that cannot be written
- * included) fails with REMAT_ERR_CONFIG and a message naming the variable,
- * the value and what is accepted. */
+/* Creates a runtime: reads the REMAT_* environment once (unless config sets
+ * REMAT_SET_NO_ENV), overlays the fields `config` sets (config may be
+ * NULL), starts and pins the workers. A bad value (a topology hwloc cannot
+ * load, a trace path that cannot be written included) fails with
+ * REMAT_ERR_CONFIG and a message naming the variable, the value and what
+ * is accepted. */
 REMAT_API remat_status remat_runtime_create(const remat_config *config,
                                             remat_runtime **out);
 /* Stops the workers and frees the runtime once its last graph is destroyed
@@ -148,8 +168,19 @@ typedef enum remat_init {
 REMAT_API remat_status remat_graph_create(remat_runtime *rt,
                                           remat_graph **out);
 REMAT_API void remat_graph_destroy(remat_graph *g);
-/* The sticky status of graph building (or of compile) and its message. */
+/* The sticky status of graph building (or of compile). */
 REMAT_API remat_status remat_graph_status(const remat_graph *g);
+/* The words of the last call on g that failed, kept on the graph, so that
+ * threads that use different graphs never see each other's messages: a
+ * step, accumulate, forward, feed, read, write, read_grad, set_lr,
+ * set_clip, trace_steps, save or load on g that fails sets it (to what
+ * remat_last_error() says on the calling thread), and the next one of
+ * these that succeeds clears it (a step whose trace could not be written
+ * sets it with the trace's words, see trace_status). A call refused before
+ * it starts (g NULL, not compiled, another thread inside g, after fork())
+ * leaves it alone. With no such message: the sticky building or compile
+ * error of remat_graph_status ("" if none). Valid until the next call on
+ * g. */
 REMAT_API const char *remat_graph_error(const remat_graph *g);
 /* Seed of parameter initialization (default 0). */
 REMAT_API remat_status remat_graph_seed(remat_graph *g, uint64_t seed);
@@ -163,55 +194,62 @@ REMAT_API remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
                                     const int64_t *dims, remat_init init,
                                     float scale);
 
-/* Ops. Shapes: leading dims (..) are flattened into rows. */
+/* Ops. They take const handles of their inputs (an op never changes them)
+ * and return a new tensor. Shapes: leading dims (..) are flattened into
+ * rows. */
 /* y[..,M] = x[..,K] . w[M,K]^T + b[M]; b may be NULL. Tag: dot. */
-REMAT_API remat_tensor *remat_linear(remat_graph *g, remat_tensor *x,
-                                     remat_tensor *w, remat_tensor *b);
+REMAT_API remat_tensor *remat_linear(remat_graph *g, const remat_tensor *x,
+                                     const remat_tensor *w,
+                                     const remat_tensor *b);
 /* y[..,N,M] = a[..,N,K] . b[..,K,M]. Tags: dot (+ batched with batch dims). */
-REMAT_API remat_tensor *remat_matmul(remat_graph *g, remat_tensor *a,
-                                     remat_tensor *b);
-REMAT_API remat_tensor *remat_add(remat_graph *g, remat_tensor *a,
-                                  remat_tensor *b);
-REMAT_API remat_tensor *remat_bias_add(remat_graph *g, remat_tensor *x,
-                                       remat_tensor *b);
-REMAT_API remat_tensor *remat_relu(remat_graph *g, remat_tensor *x);
-typedef enum remat_gelu_form { REMAT_GELU_TANH = 0, REMAT_GELU_ERF = 1 } remat_gelu_form;
-REMAT_API remat_tensor *remat_gelu(remat_graph *g, remat_tensor *x,
+REMAT_API remat_tensor *remat_matmul(remat_graph *g, const remat_tensor *a,
+                                     const remat_tensor *b);
+REMAT_API remat_tensor *remat_add(remat_graph *g, const remat_tensor *a,
+                                  const remat_tensor *b);
+REMAT_API remat_tensor *remat_bias_add(remat_graph *g, const remat_tensor *x,
+                                       const remat_tensor *b);
+REMAT_API remat_tensor *remat_relu(remat_graph *g, const remat_tensor *x);
+typedef enum remat_gelu_form {
+  REMAT_GELU_TANH = 0,
+  REMAT_GELU_ERF = 1
+} remat_gelu_form;
+REMAT_API remat_tensor *remat_gelu(remat_graph *g, const remat_tensor *x,
                                    remat_gelu_form form);
 /* Layer norm over the last dim with scale gamma[C] and shift beta[C];
  * eps <= 0 means 1e-5. */
-REMAT_API remat_tensor *remat_layernorm(remat_graph *g, remat_tensor *x,
-                                        remat_tensor *gamma,
-                                        remat_tensor *beta, float eps);
-REMAT_API remat_tensor *remat_softmax(remat_graph *g, remat_tensor *x);
+REMAT_API remat_tensor *remat_layernorm(remat_graph *g, const remat_tensor *x,
+                                        const remat_tensor *gamma,
+                                        const remat_tensor *beta, float eps);
+REMAT_API remat_tensor *remat_softmax(remat_graph *g, const remat_tensor *x);
 /* Causal attention in three named steps: scores[B,H,T,T] (q.k^T/sqrt(hd),
  * masked), probs = softmax(scores), out[B,T,D] = probs . v, where
  * qkv[B,T,3D] holds q, k, v side by side. Tags: dot, batched. */
-REMAT_API remat_tensor *remat_attention_scores(remat_graph *g,
-                                               remat_tensor *qkv, int heads);
+REMAT_API remat_tensor *
+remat_attention_scores(remat_graph *g, const remat_tensor *qkv, int heads);
 REMAT_API remat_tensor *remat_attention_values(remat_graph *g,
-                                               remat_tensor *probs,
-                                               remat_tensor *qkv, int heads);
+                                               const remat_tensor *probs,
+                                               const remat_tensor *qkv,
+                                               int heads);
 /* The three steps above; the scores and probs tensors are named
  * "attn_scores" and "attn_probs". */
-REMAT_API remat_tensor *remat_causal_self_attention(remat_graph *g,
-                                                    remat_tensor *qkv,
-                                                    int heads);
+REMAT_API remat_tensor *
+remat_causal_self_attention(remat_graph *g, const remat_tensor *qkv, int heads);
 /* The same causal attention fused into one op that never stores a T x T
  * matrix: it saves out[B,T,D] and the per-row log-sum-exp [B,H,T], and its
  * backward recomputes the probabilities block by block. It has no
  * "attn_scores" or "attn_probs" tensors. Tags: dot, batched. */
-REMAT_API remat_tensor *remat_fused_attention(remat_graph *g,
-                                              remat_tensor *qkv, int heads);
+REMAT_API remat_tensor *
+remat_fused_attention(remat_graph *g, const remat_tensor *qkv, int heads);
 /* x[B,T,D] = wte[tokens] + wpe[0..T); tokens[B,T] int32. */
-REMAT_API remat_tensor *remat_embed(remat_graph *g, remat_tensor *tokens,
-                                    remat_tensor *wte, remat_tensor *wpe);
+REMAT_API remat_tensor *remat_embed(remat_graph *g, const remat_tensor *tokens,
+                                    const remat_tensor *wte,
+                                    const remat_tensor *wpe);
 /* Mean over rows of -log softmax(logits[..,V])[targets[..]]: a [1] tensor. */
 REMAT_API remat_tensor *remat_cross_entropy(remat_graph *g,
-                                            remat_tensor *logits,
-                                            remat_tensor *targets);
-REMAT_API remat_tensor *remat_sum(remat_graph *g, remat_tensor *x);
-REMAT_API remat_tensor *remat_mean(remat_graph *g, remat_tensor *x);
+                                            const remat_tensor *logits,
+                                            const remat_tensor *targets);
+REMAT_API remat_tensor *remat_sum(remat_graph *g, const remat_tensor *x);
+REMAT_API remat_tensor *remat_mean(remat_graph *g, const remat_tensor *x);
 
 REMAT_API int remat_tensor_ndim(const remat_tensor *t);
 REMAT_API int64_t remat_tensor_dim(const remat_tensor *t, int i);
@@ -318,12 +356,12 @@ typedef struct remat_optimizer {
  * task DAG and its memory plan. loss NULL compiles a forward-only graph
  * (inference: nothing is saved for a backward pass). opt NULL: no update
  * (gradients are still computed). Returns the sticky building error if any. */
-REMAT_API remat_status remat_compile(remat_graph *g, remat_tensor *loss,
+REMAT_API remat_status remat_compile(remat_graph *g, const remat_tensor *loss,
                                      const remat_optimizer *opt);
 REMAT_API remat_status remat_set_lr(remat_graph *g, float lr);
 
 /* Copies `bytes` bytes into an input (exactly its size). */
-REMAT_API remat_status remat_feed(remat_graph *g, remat_tensor *input,
+REMAT_API remat_status remat_feed(remat_graph *g, const remat_tensor *input,
                                   const void *data, size_t bytes);
 
 typedef enum remat_mem_category {
@@ -337,7 +375,20 @@ typedef enum remat_mem_category {
   REMAT_MEM_NUM_CATEGORIES = 7
 } remat_mem_category;
 
+/* Room for the per-category arrays of remat_step_stats: a category added
+ * later takes a free slot, so that no field after the arrays moves. Slots
+ * from REMAT_MEM_NUM_CATEGORIES on hold 0. */
+#define REMAT_MEM_CATEGORY_SLOTS 16
+
+/* What a step did. The struct grows at its end only: set `size` to
+ * sizeof(remat_step_stats) before the call (remat_step_stats st =
+ * {.size = sizeof st}), and the library writes only the fields that lie
+ * whole within `size` bytes (never `size` itself), so that a program built
+ * against an older header keeps working with a newer library. A size
+ * smaller than this struct as of version 0.2.0 fails with
+ * REMAT_ERR_INVALID_ARG before the step runs. */
 typedef struct remat_step_stats {
+  size_t size;                 /* set by the caller: sizeof(remat_step_stats) */
   float loss;                  /* NaN for a graph without a loss */
   int nonfinite;               /* 1 if loss or a gradient was NaN or Inf */
   double seconds;              /* wall time of the step */
@@ -348,8 +399,8 @@ typedef struct remat_step_stats {
   int64_t activation_peak_bytes; /* peak of activations, recomputed, act
                                     grads and workspace together */
   int64_t predicted_peak_bytes;  /* the planner's prediction of peak_bytes */
-  int64_t peak[REMAT_MEM_NUM_CATEGORIES]; /* per category */
-  int64_t current[REMAT_MEM_NUM_CATEGORIES]; /* after the step */
+  int64_t peak[REMAT_MEM_CATEGORY_SLOTS]; /* per remat_mem_category */
+  int64_t current[REMAT_MEM_CATEGORY_SLOTS]; /* after the step */
   int64_t tasks;               /* tasks executed */
   remat_status trace_status;   /* REMAT_OK, or why REMAT_TRACE could not be
                                   written after a step that succeeded (the
@@ -371,7 +422,8 @@ typedef struct remat_step_stats {
 } remat_step_stats;
 
 /* Forward, backward and update. On REMAT_ERR_NUMERIC (NaN/Inf in the loss or
- * a gradient) no parameter is updated. `stats` may be NULL. */
+ * a gradient) no parameter is updated. `stats` may be NULL; else its
+ * `size` must be set (see remat_step_stats). */
 REMAT_API remat_status remat_step(remat_graph *g, remat_step_stats *stats);
 /* Gradient accumulation: forward and backward of the fed micro-batch, whose
  * parameter gradients are added to per-parameter sums (allocated at the
@@ -423,13 +475,14 @@ REMAT_API remat_status remat_forward(remat_graph *g, remat_step_stats *stats);
 
 /* Copies a parameter, input, the loss or a kept tensor out (exactly its
  * size in bytes). */
-REMAT_API remat_status remat_read(remat_graph *g, remat_tensor *t, void *dst,
-                                  size_t bytes);
+REMAT_API remat_status remat_read(remat_graph *g, const remat_tensor *t,
+                                  void *dst, size_t bytes);
 /* Copies a parameter's gradient from the last step. */
-REMAT_API remat_status remat_read_grad(remat_graph *g, remat_tensor *param,
-                                       float *dst, size_t bytes);
+REMAT_API remat_status remat_read_grad(remat_graph *g,
+                                       const remat_tensor *param, float *dst,
+                                       size_t bytes);
 /* Overwrites a parameter's values (after compile). */
-REMAT_API remat_status remat_write(remat_graph *g, remat_tensor *param,
+REMAT_API remat_status remat_write(remat_graph *g, const remat_tensor *param,
                                    const float *src, size_t bytes);
 /* Parameters in creation order, for saving and loading. */
 REMAT_API int remat_num_params(const remat_graph *g);
@@ -465,37 +518,6 @@ typedef struct remat_tensor_plan {
 REMAT_API remat_status remat_tensor_plan_of(const remat_graph *g,
                                             const remat_tensor *t,
                                             remat_tensor_plan *out);
-
-/* ---- the GPT-style model ---- */
-
-/* How the GPT builder computes attention. */
-typedef enum remat_attention_kind {
-  REMAT_ATTENTION_DEFAULT = 0,      /* the builder's default (materialized) */
-  REMAT_ATTENTION_FUSED = 1,        /* remat_fused_attention */
-  REMAT_ATTENTION_MATERIALIZED = 2, /* remat_causal_self_attention */
-} remat_attention_kind;
-
-typedef struct remat_gpt_config {
-  int layers, d_model, heads, seq, batch, vocab;
-  int gelu_erf; /* 0: tanh GELU (default), 1: erf GELU */
-  remat_attention_kind attention;
-} remat_gpt_config;
-
-typedef struct remat_gpt {
-  remat_tensor *tokens;  /* input [batch, seq] int32 */
-  remat_tensor *targets; /* input [batch, seq] int32 */
-  remat_tensor *logits;  /* [batch, seq, vocab] */
-  remat_tensor *loss;    /* [1] */
-} remat_gpt;
-
-/* Builds token + position embedding, `layers` blocks of (pre-LN causal
- * multi-head attention + residual, pre-LN GELU feed-forward d->4d->d +
- * residual), a final layer norm, the LM head and the cross-entropy loss. */
-REMAT_API remat_status remat_gpt_build(remat_graph *g,
-                                       const remat_gpt_config *cfg,
-                                       remat_gpt *out);
-/* Model FLOPs of one training step (forward + backward, matmuls only). */
-REMAT_API double remat_gpt_flops(const remat_gpt_config *cfg);
 
 /* ---- saving and loading parameters (safetensors) ---- */
 

@@ -162,7 +162,11 @@ typedef struct graph_region {
 struct remat_graph {
   remat_runtime *rt;
   remat_status status;
-  char error[REMAT__ERRMSG_MAX];
+  char error[REMAT__ERRMSG_MAX];      /* the sticky building error */
+  char call_error[REMAT__ERRMSG_MAX]; /* the last call inside g that failed
+                                         (graph_leave), "" after one that
+                                         did not */
+  unsigned long enter_fails;          /* remat__fail_count() at graph_enter */
   uint64_t seed;
   remat_tensor **tensors;
   int32_t ntensors, cap_tensors;
@@ -189,13 +193,16 @@ bool graph_tensor_ok(remat_graph *g, const remat_tensor *t, const char *what);
 /* graph_check.c: a call that uses g's compiled step (a step, a feed, a
  * read, a save...) enters first and leaves after; a second caller on
  * another thread gets REMAT_ERR_STATE instead of a data race. The thread
- * inside may enter again (a save reads through remat_read). */
+ * inside may enter again (a save reads through remat_read). The outermost
+ * leave keeps in g->call_error the words of a failure recorded on the
+ * thread since its enter, or empties it when there was none. */
 remat_status graph_enter(remat_graph *g, const char *what);
 void graph_leave(remat_graph *g);
 /* Waits until no call is inside g, then keeps others out (destroy). */
 void graph_enter_wait(remat_graph *g);
 /* Adds an op of `type` on `in` (builders.c's one entry point). */
-remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
+remat_tensor *graph_add_op(remat_graph *g, op_type type,
+                           const remat_tensor *const *in,
                            int nin, const op_attrs *attrs);
 /* Bytes of a tensor as the API reads, writes and feeds it (4 per element). */
 int64_t tensor_bytes(const remat_tensor *t);

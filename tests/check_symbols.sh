@@ -5,7 +5,8 @@
 # defines its own mem_alloc, op_exec, graph_fail and chain_plan (names that
 # remat uses inside) links against each library (the static one with the
 # flags of `pkg-config --static --libs remat`), runs a training step, and
-# finds that the library never called the program's functions.
+# finds that the library never called the program's functions. Each
+# public header compiles on its own.
 #
 # Usage: check_symbols.sh LIBREMAT_A LIBREMAT_SO INCLUDE_DIR PC_DIR
 # PC_DIR holds the remat.pc that gets installed. Environment: CC, the
@@ -71,6 +72,7 @@ cat >"$work/embed.c" <<'EOF'
 #include <string.h>
 
 #include "remat.h"
+#include "remat_gpt.h"
 
 static int own_calls;
 
@@ -102,7 +104,7 @@ static int train_step(remat_runtime *rt, float *loss) {
   }
   remat_graph *g = NULL;
   remat_gpt m;
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   remat_status s = remat_graph_create(rt, &g);
   if (s != REMAT_OK)
     return failed("remat_graph_create", s);
@@ -203,5 +205,24 @@ else
   link_and_run "static link with $static_lib" "" "$static_lib" "${private_libs[@]}"
 fi
 link_and_run "link with $shared_lib" "$(dirname "$shared_lib")" "$shared_lib"
+
+# Each public header compiles on its own, first in a file (remat_gpt.h
+# brings remat.h), and remat.h alone has no GPT builder.
+for header in remat.h remat_gpt.h; do
+  printf '#include "%s"\nint remat_check_header(void);\nint remat_check_header(void) { return REMAT_OK; }\n' \
+    "$header" >"$work/header.c"
+  if ! out=$("${cc[@]}" -std=c11 -Wall -Wextra -Werror -I"$include_dir" \
+               -c "$work/header.c" -o "$work/header.o" 2>&1); then
+    echo "FAIL: $header does not compile on its own:"
+    sed 's/^/  /' <<<"$out"
+    failed=1
+  else
+    echo "ok: $header compiles on its own"
+  fi
+done
+if grep -q 'remat_gpt_build' "$include_dir/remat.h"; then
+  echo "FAIL: remat.h declares the GPT builder (it belongs in remat_gpt.h)"
+  failed=1
+fi
 
 exit "$failed"

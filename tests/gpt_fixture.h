@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "remat.h"
+#include "remat_gpt.h"
 
 typedef struct fixture {
   remat_runtime *rt;

@@ -52,7 +52,7 @@ static void accumulated_update(fixture *f, const rows *r, int update,
   double sum = 0.0;
   *peak = 0;
   for (int k = 0; k < K; k++) {
-    remat_step_stats st;
+    remat_step_stats st = {.size = sizeof st};
     feed_rows(f, r, (k + update) % K * MICRO, MICRO);
     if (k < K - 1)
       assert_int_equal(remat_accumulate(f->g, &st), REMAT_OK);
@@ -114,7 +114,7 @@ static void accumulation_matches_big_batch(remat_optimizer_kind kind) {
   feed_rows(&big, &r, 0, K * MICRO);
   /* Two updates, the second from the micro-batches in another order. */
   for (int update = 0; update < 2; update++) {
-    remat_step_stats st;
+    remat_step_stats st = {.size = sizeof st};
     assert_int_equal(remat_step(big.g, &st), REMAT_OK);
     assert_int_equal(st.accumulated, 1);
     float loss;
@@ -177,7 +177,8 @@ static void accumulation_peak(int d_model) {
   fixture f;
   assert_int_equal(fixture_open(&f, &cfg, 1, "nothing_saveable", 0, &opt),
                    REMAT_OK);
-  remat_step_stats one, acc, last;
+  remat_step_stats one = {.size = sizeof one}, acc = {.size = sizeof acc},
+                   last = {.size = sizeof last};
   assert_int_equal(remat_step(f.g, &one), REMAT_OK);
   assert_int_equal(remat_accumulate(f.g, &acc), REMAT_OK);
   assert_int_equal(remat_step(f.g, &last), REMAT_OK);
@@ -229,7 +230,7 @@ static void test_failed_micro_step(void **state) {
   memcpy(bad, saved, wn * sizeof *bad);
   bad[1] = NAN;
   assert_int_equal(remat_write(hit.g, w, bad, wn * sizeof *bad), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   feed_rows(&hit, &r, MICRO, MICRO);
   assert_int_equal(remat_accumulate(hit.g, &st), REMAT_ERR_NUMERIC);
   assert_string_equal(remat_last_error(),
@@ -282,7 +283,7 @@ static void test_accumulate_misuse(void **state) {
   assert_int_equal(remat_set_clip(f.g, -1.0f), REMAT_ERR_INVALID_ARG);
   assert_int_equal(remat_set_clip(f.g, NAN), REMAT_ERR_INVALID_ARG);
   /* Compiling again mid-accumulation is refused and loses nothing. */
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_accumulate(f.g, &st), REMAT_OK);
   assert_int_equal(remat_compile(f.g, f.m.loss, &opt), REMAT_ERR_STATE);
   assert_string_equal(remat_last_error(),
@@ -329,7 +330,7 @@ static void test_accumulate_and_checkpoints(void **state) {
                    REMAT_OK);
   assert_int_equal(remat_save_checkpoint(f.g, ck, NULL, NULL, 0), REMAT_OK);
   assert_int_equal(remat_save_safetensors(f.g, weights), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   feed_rows(&f, &r, 0, MICRO);
   assert_int_equal(remat_accumulate(f.g, &st), REMAT_OK);
   feed_rows(&f, &r, MICRO, MICRO);
@@ -386,7 +387,7 @@ static void test_accumulate_budget(void **state) {
   const int64_t budget = 400000;
   fixture f;
   assert_int_equal(fixture_open(&f, &cfg, 1, "auto", budget, &opt), REMAT_OK);
-  remat_step_stats one, st;
+  remat_step_stats one = {.size = sizeof one}, st = {.size = sizeof st};
   assert_int_equal(remat_step(f.g, &one), REMAT_OK);
   int64_t peak = one.predicted_peak_bytes, sums = one.peak[REMAT_MEM_GRADS];
   assert_true(one.peak_bytes <= budget && peak <= budget);
@@ -440,7 +441,7 @@ static void test_clip_nan_final_step(void **state) {
                    REMAT_OK);
   assert_int_equal(fixture_open(&hit, &cfg, 2, "nothing_saveable", 0, &opt),
                    REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   fixture *both[2] = {&clean, &hit};
   for (int i = 0; i < 2; i++) {
     assert_int_equal(remat_set_clip(both[i]->g, 0.25f), REMAT_OK);
@@ -501,7 +502,7 @@ static clipped_run clipped_step(float clip, int threads) {
   assert_int_equal(fixture_open(&f, &cfg, threads, "nothing_saveable", 0, &opt),
                    REMAT_OK);
   assert_int_equal(remat_set_clip(f.g, clip), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(f.g, &st), REMAT_OK);
   clipped_run r = {.norm = st.grad_norm};
   r.params = fixture_snapshot(f.g, &r.n);
@@ -584,7 +585,7 @@ static float *accumulated_bits(int threads, const char *topology, double *norm,
   int64_t peak;
   for (int update = 0; update < 2; update++)
     accumulated_update(&f, &r, update, &loss, &peak);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   feed_rows(&f, &r, 0, MICRO);
   assert_int_equal(remat_step(f.g, &st), REMAT_OK);
   *norm = st.grad_norm;

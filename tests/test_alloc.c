@@ -159,7 +159,7 @@ static remat_status step_phase(void *ctx, int64_t n, int64_t *made) {
                      .trace_path = c->trace_path};
   fixture f;
   assert_int_equal(fixture_open_config(&f, &tiny, &rc, &adamw), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   for (int i = 0; i < c->warm; i++)
     assert_int_equal(remat_step(f.g, &st), REMAT_OK);
   size_t count, again;
@@ -259,7 +259,7 @@ static remat_status trace_steps_phase(void *ctx, int64_t n, int64_t *made) {
   remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TRACE,
                      .num_threads = 1};
   assert_int_equal(fixture_open_config(&f, &tiny, &rc, &adamw), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(f.g, &st), REMAT_OK);
   assert_int_equal(remat_trace_steps(f.g, path, 1), REMAT_OK);
   size_t count, again;
@@ -298,7 +298,7 @@ static void test_trace_steps_growth(void **state) {
   remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TRACE,
                      .num_threads = 1};
   assert_int_equal(fixture_open_config(&f, &tiny, &rc, &adamw), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(f.g, &st), REMAT_OK);
   assert_int_equal(remat_trace_steps(f.g, path, 16), REMAT_OK);
   remat__alloc_fail_after(1000000);
@@ -324,7 +324,7 @@ static remat_status accumulate_phase(void *ctx, int64_t n, int64_t *made) {
   remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TRACE,
                      .num_threads = 1};
   assert_int_equal(fixture_open_config(&f, &tiny, &rc, &adamw), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(f.g, &st), REMAT_OK);
   size_t count, again;
   float *before = fixture_snapshot(f.g, &count);

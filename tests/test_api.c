@@ -11,11 +11,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
+#include "runtime/exec/step_stats.h"
 
 /* Asserts a call's status and the calling thread's last error. */
 #define assert_fails(call, status, message)                                    \
@@ -125,6 +128,19 @@ static void test_null_runtime_and_graph(void **state) {
   assert_fails(remat_graph_seed(NULL, 1), REMAT_ERR_INVALID_ARG,
                "remat_graph_seed: g is NULL");
   remat_runtime_destroy(rt);
+}
+
+/* meson.build's project version (passed by tests/meson.build), the
+ * header's macros and the library's remat_version() are one version. */
+static void test_versions_agree(void **state) {
+  (void)state;
+  const char *project = getenv("REMAT_TEST_PROJECT_VERSION");
+  assert_non_null(project);
+  char macros[64];
+  snprintf(macros, sizeof macros, "%d.%d.%d", REMAT_VERSION_MAJOR,
+           REMAT_VERSION_MINOR, REMAT_VERSION_PATCH);
+  assert_string_equal(macros, project);
+  assert_string_equal(remat_version(), project);
 }
 
 static void test_null_graph_builders(void **state) {
@@ -568,7 +584,7 @@ static void test_calls_after_compile(void **state) {
                "remat_keep: the graph is already compiled");
   /* A compiled graph keeps running after a misplaced building call. */
   assert_int_equal(remat_feed(m.g, m.x, small_x, sizeof small_x), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(m.g, &st), REMAT_OK);
   assert_true(isfinite(st.loss));
   remat_graph_destroy(m.g);
@@ -700,7 +716,7 @@ static void test_forward_and_step_graph_kinds(void **state) {
   assert_fails(remat_step(serve.g, NULL), REMAT_ERR_STATE,
                "remat_step: the graph was compiled without a loss: use "
                "remat_forward");
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_forward(serve.g, &st), REMAT_OK);
   assert_true(isnan(st.loss));
   assert_int_equal(st.nonfinite, 0);
@@ -908,10 +924,240 @@ static void read_w(small *m, float *w) {
 
 static void good_step(small *m) {
   assert_int_equal(remat_feed(m->g, m->x, small_x, sizeof small_x), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(m->g, &st), REMAT_OK);
   assert_int_equal(st.nonfinite, 0);
   assert_true(isfinite(st.loss));
+}
+
+/* ---- const handles ---- */
+
+/* Builders, feeds and reads take const tensor handles (a signature that
+ * lost its const fails this file's build under -Werror): the small model
+ * built and run from const handles gives the values computed by hand. */
+static void test_const_handles(void **state) {
+  (void)state;
+  remat_runtime *rt = new_runtime(1);
+  remat_graph *g = new_graph(rt);
+  const remat_tensor *x = input2(g, "x", REMAT_F32, 2, 4);
+  const remat_tensor *w = param2(g, "w", 3, 4);
+  const remat_tensor *y = remat_linear(g, x, w, NULL);
+  const remat_tensor *h = remat_relu(g, y);
+  remat_tensor *loss = remat_sum(g, h);
+  assert_non_null(loss);
+  assert_int_equal(remat_compile(g, loss, NULL), REMAT_OK);
+  float wv[12];
+  for (int i = 0; i < 12; i++)
+    wv[i] = 0.1f * (float)(i - 5);
+  assert_int_equal(remat_write(g, w, wv, sizeof wv), REMAT_OK);
+  assert_int_equal(remat_feed(g, x, small_x, sizeof small_x), REMAT_OK);
+  assert_int_equal(remat_step(g, NULL), REMAT_OK);
+  small_ref ref = small_reference(wv);
+  float got, grad[12];
+  assert_int_equal(remat_read(g, loss, &got, sizeof got), REMAT_OK);
+  assert_close(&got, &ref.loss, 1);
+  assert_int_equal(remat_read_grad(g, w, grad, sizeof grad), REMAT_OK);
+  assert_close(grad, ref.grad, 12);
+  assert_int_equal(remat_tensor_ndim(y), 2);
+  assert_int_equal(remat_tensor_dim(y, 1), 3);
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
+/* ---- the graph's message of its last failed call ---- */
+
+typedef struct feeder {
+  small m;
+  size_t bytes;     /* a wrong size for x */
+  const char *want; /* the message that wrong size gets */
+  pthread_barrier_t *start;
+  int wrong;        /* calls whose status or graph message was not right */
+} feeder;
+
+static void *feed_badly(void *arg) {
+  feeder *f = arg;
+  float x[8] = {0};
+  pthread_barrier_wait(f->start);
+  for (int i = 0; i < 300; i++)
+    if (remat_feed(f->m.g, f->m.x, x, f->bytes) != REMAT_ERR_SHAPE ||
+        strcmp(remat_graph_error(f->m.g), f->want) != 0)
+      f->wrong++;
+  return NULL;
+}
+
+/* Two threads fail on two graphs at once with different messages: each
+ * graph keeps its own, which any thread reads later; a call that succeeds
+ * clears it. */
+static void test_graph_error_per_graph(void **state) {
+  (void)state;
+  remat_runtime *rt = new_runtime(1);
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, 2);
+  feeder f[2] = {
+      {.m = small_build(rt), .bytes = 4, .start = &start,
+       .want = "remat_feed: tensor 'x' holds 32 bytes, 4 given"},
+      {.m = small_build(rt), .bytes = 12, .start = &start,
+       .want = "remat_feed: tensor 'x' holds 32 bytes, 12 given"},
+  };
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(remat_compile(f[k].m.g, f[k].m.loss, NULL), REMAT_OK);
+    assert_string_equal(remat_graph_error(f[k].m.g), "");
+  }
+  pthread_t th[2];
+  for (int k = 0; k < 2; k++)
+    assert_int_equal(pthread_create(&th[k], NULL, feed_badly, &f[k]), 0);
+  for (int k = 0; k < 2; k++)
+    assert_int_equal(pthread_join(th[k], NULL), 0);
+  pthread_barrier_destroy(&start);
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(f[k].wrong, 0);
+    assert_string_equal(remat_graph_error(f[k].m.g), f[k].want);
+  }
+  /* This thread's own failure touches neither graph. */
+  assert_fails(remat_feed(NULL, NULL, NULL, 0), REMAT_ERR_INVALID_ARG,
+               "remat_feed: graph is NULL");
+  assert_string_equal(remat_graph_error(f[0].m.g), f[0].want);
+
+  /* A feed that succeeds clears graph 0's message, not graph 1's. */
+  small *a = &f[0].m;
+  assert_int_equal(remat_feed(a->g, a->x, small_x, sizeof small_x), REMAT_OK);
+  assert_string_equal(remat_graph_error(a->g), "");
+  assert_string_equal(remat_graph_error(f[1].m.g), f[1].want);
+  /* A failed read, then a step that succeeds. */
+  float h[6];
+  assert_int_equal(remat_read(a->g, a->h, h, sizeof h), REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_graph_error(a->g),
+                      "remat_read: 'relu_1' is an intermediate activation: "
+                      "call remat_keep on it before compile");
+  assert_int_equal(remat_step(a->g, NULL), REMAT_OK);
+  assert_string_equal(remat_graph_error(a->g), "");
+  /* A failed load, then a save that succeeds. */
+  assert_int_equal(remat_load_safetensors(a->g, "/nonexistent-dir/w.st"),
+                   REMAT_ERR_IO);
+  assert_true(strstr(remat_graph_error(a->g), "/nonexistent-dir/w.st") != NULL);
+  assert_string_equal(remat_graph_error(a->g), remat_last_error());
+  char path[] = "/tmp/remat-test-graph-error-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  assert_int_equal(remat_save_safetensors(a->g, path), REMAT_OK);
+  assert_string_equal(remat_graph_error(a->g), "");
+  unlink(path);
+  for (int k = 0; k < 2; k++)
+    remat_graph_destroy(f[k].m.g);
+  remat_runtime_destroy(rt);
+}
+
+/* ---- remat_step_stats across header versions ---- */
+
+/* A remat_step_stats with room past its end, as a newer header's bigger
+ * struct would have, to see which bytes the library writes. */
+typedef union stats_buf {
+  remat_step_stats st;
+  unsigned char bytes[sizeof(remat_step_stats) + 64];
+} stats_buf;
+
+static void assert_untouched_from(const stats_buf *b, size_t from) {
+  for (size_t i = from; i < sizeof b->bytes; i++)
+    if (b->bytes[i] != 0xA5)
+      fail_msg("byte %zu of the stats was written (the size is %zu)", i,
+               b->st.size);
+}
+
+/* A program built against a newer header gives a bigger size: the library
+ * writes the fields it has, nothing past them, and never `size`. */
+static void test_step_stats_bigger_size(void **state) {
+  (void)state;
+  remat_runtime *rt = new_runtime(1);
+  small m = small_build(rt);
+  remat_optimizer sgd = {.kind = REMAT_OPT_SGD, .lr = 0.1f};
+  assert_int_equal(remat_compile(m.g, m.loss, &sgd), REMAT_OK);
+  float w[12];
+  read_w(&m, w);
+  small_ref ref = small_reference(w);
+  assert_int_equal(remat_feed(m.g, m.x, small_x, sizeof small_x), REMAT_OK);
+  stats_buf b;
+  memset(&b, 0xA5, sizeof b);
+  b.st.size = sizeof b;
+  assert_int_equal(remat_step(m.g, &b.st), REMAT_OK);
+  assert_int_equal(b.st.size, sizeof b);
+  assert_true(fabsf(b.st.loss - ref.loss) <= 1e-4f);
+  assert_int_equal(b.st.nonfinite, 0);
+  assert_int_equal(b.st.accumulated, 1);
+  assert_int_equal(b.st.trace_status, REMAT_OK);
+  assert_true(b.st.tasks > 0);
+  assert_true(b.st.peak[REMAT_MEM_PARAMS] >= 12 * 4);
+  for (int c = REMAT_MEM_NUM_CATEGORIES; c < REMAT_MEM_CATEGORY_SLOTS; c++) {
+    assert_int_equal(b.st.peak[c], 0);
+    assert_int_equal(b.st.current[c], 0);
+  }
+  assert_untouched_from(&b, sizeof b.st);
+  remat_graph_destroy(m.g);
+  remat_runtime_destroy(rt);
+}
+
+/* A size below version 0.2.0's struct (376 bytes on LP64: 0 for a caller
+ * that forgot it) fails before the step runs: nothing is written and the
+ * weights do not change. */
+static void test_step_stats_too_small(void **state) {
+  (void)state;
+  remat_runtime *rt = new_runtime(1);
+  small m = small_build(rt);
+  remat_optimizer sgd = {.kind = REMAT_OPT_SGD, .lr = 0.1f};
+  assert_int_equal(remat_compile(m.g, m.loss, &sgd), REMAT_OK);
+  assert_int_equal(remat_feed(m.g, m.x, small_x, sizeof small_x), REMAT_OK);
+  float before[12], after[12];
+  read_w(&m, before);
+  const size_t sizes[] = {0, sizeof(size_t), 375};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    stats_buf b;
+    memset(&b, 0xA5, sizeof b);
+    b.st.size = sizes[i];
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "remat_step: stats->size is %zu, less than the 376 bytes of "
+             "remat_step_stats in version 0.2.0 (the least accepted): set it "
+             "to sizeof(remat_step_stats)",
+             sizes[i]);
+    assert_fails(remat_step(m.g, &b.st), REMAT_ERR_INVALID_ARG, msg);
+    assert_int_equal(b.st.size, sizes[i]);
+    assert_untouched_from(&b, sizeof b.st.size);
+    read_w(&m, after);
+    assert_memory_equal(after, before, sizeof after);
+  }
+  remat_step_stats small_st = {.size = 100};
+  assert_fails(remat_accumulate(m.g, &small_st), REMAT_ERR_INVALID_ARG,
+               "remat_accumulate: stats->size is 100, less than the 376 "
+               "bytes of remat_step_stats in version 0.2.0 (the least "
+               "accepted): set it to sizeof(remat_step_stats)");
+  remat_graph_destroy(m.g);
+  remat_runtime_destroy(rt);
+}
+
+/* The next version's library with a 0.2.0 program: the size reaches part
+ * way into the struct, and only the fields wholly within it are written
+ * (step_stats_write, here with a size that ends inside `tasks`). */
+static void test_step_stats_write_fields_that_fit(void **state) {
+  (void)state;
+  remat_step_stats src;
+  memset(&src, 0x11, sizeof src);
+  src.size = sizeof src;
+  src.loss = 2.5f;
+  src.current[REMAT_MEM_CATEGORY_SLOTS - 1] = 42;
+  src.tasks = 7;
+  stats_buf b;
+  memset(&b, 0xA5, sizeof b);
+  size_t cut = offsetof(remat_step_stats, tasks) + 4;
+  b.st.size = cut;
+  step_stats_write(&b.st, &src);
+  assert_int_equal(b.st.size, cut);
+  assert_true(b.st.loss == 2.5f);
+  assert_int_equal(b.st.current[REMAT_MEM_CATEGORY_SLOTS - 1], 42);
+  assert_memory_equal(b.bytes + sizeof b.st.size,
+                      (const unsigned char *)&src + sizeof src.size,
+                      offsetof(remat_step_stats, tasks) - sizeof src.size);
+  assert_untouched_from(&b, offsetof(remat_step_stats, tasks));
+  assert_true(STEP_STATS_MIN_SIZE == 376 || sizeof(size_t) != 8);
 }
 
 /* A NaN or Inf in x makes the loss or a gradient non-finite (an Inf under
@@ -922,8 +1168,7 @@ static void nonfinite_step(small *m, float bad) {
   x[5] = bad;
   read_w(m, before);
   assert_int_equal(remat_feed(m->g, m->x, x, sizeof x), REMAT_OK);
-  remat_step_stats st;
-  memset(&st, 0, sizeof st);
+  remat_step_stats st = {.size = sizeof st};
   assert_fails(remat_step(m->g, &st), REMAT_ERR_NUMERIC,
                "remat_step: the loss or a gradient is NaN or Inf; the updates "
                "were skipped");
@@ -993,7 +1238,7 @@ static void nonfinite_gradient_step(remat_runtime *rt, bool w1_first) {
   assert_int_equal(remat_feed(g, x, bad_x, sizeof bad_x), REMAT_OK);
   assert_int_equal(remat_feed(g, x2, small_x, sizeof small_x), REMAT_OK);
   assert_int_equal(remat_read(g, w2, w2_before, sizeof w2_before), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(g, &st), REMAT_ERR_NUMERIC);
   assert_int_equal(st.nonfinite, 1);
   assert_true(isfinite(st.loss));
@@ -1057,7 +1302,7 @@ static void test_nonfinite_last_gradient_element(void **state) {
   assert_int_equal(remat_write(g, w1, ones, sizeof ones), REMAT_OK);
   float bad_x[8] = {1, 2, 3, 4, 0, 0, 0, -INFINITY};
   assert_int_equal(remat_feed(g, x, bad_x, sizeof bad_x), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(g, &st), REMAT_ERR_NUMERIC);
   assert_true(isfinite(st.loss));
   assert_int_equal(remat_read_grad(g, w1, grad, sizeof grad), REMAT_OK);
@@ -1116,7 +1361,7 @@ static void test_runtimes_and_graphs_coexist(void **state) {
     float loss[RUNTIMES][GRAPHS];
     for (int k = 0; k < GRAPHS; k++)
       for (int r = 0; r < RUNTIMES; r++) {
-        remat_step_stats st;
+        remat_step_stats st = {.size = sizeof st};
         assert_int_equal(remat_step(gs[r][k], &st), REMAT_OK);
         loss[r][k] = st.loss;
       }
@@ -1136,6 +1381,7 @@ static void test_runtimes_and_graphs_coexist(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_null_runtime_and_graph),
+      cmocka_unit_test(test_versions_agree),
       cmocka_unit_test(test_null_graph_builders),
       cmocka_unit_test(test_null_graph_run),
       cmocka_unit_test(test_null_tensor_and_out),
@@ -1159,6 +1405,11 @@ int main(void) {
       cmocka_unit_test(test_nonfinite_last_gradient_element),
       cmocka_unit_test(test_weight_decay_matrices_only),
       cmocka_unit_test(test_runtimes_and_graphs_coexist),
+      cmocka_unit_test(test_const_handles),
+      cmocka_unit_test(test_graph_error_per_graph),
+      cmocka_unit_test(test_step_stats_bigger_size),
+      cmocka_unit_test(test_step_stats_too_small),
+      cmocka_unit_test(test_step_stats_write_fields_that_fit),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -190,7 +190,7 @@ static outcome step_once(const remat_gpt_config *c, int threads,
   fixture f;
   remat_status s = fixture_open(&f, c, threads, policy, 0, NULL);
   if (s != REMAT_OK) fail_msg("open %s: %s", policy, remat_last_error());
-  outcome o = {0};
+  outcome o = {.st.size = sizeof o.st};
   for (int i = 0; params && i < remat_num_params(f.g); i++) {
     remat_tensor *p = remat_param_at(f.g, i);
     size_t n = (size_t)remat_tensor_numel(p);
@@ -273,7 +273,7 @@ static void test_gpt_numa_bitwise(void **state) {
     fixture f;
     if (fixture_open_config(&f, &small, &rc, NULL) != REMAT_OK)
       fail_msg("%s: %s", runs[i].topo, remat_last_error());
-    remat_step_stats st;
+    remat_step_stats st = {.size = sizeof st};
     assert_int_equal(remat_step(f.g, &st), REMAT_OK);
     uint64_t hash = fixture_grad_hash(&f);
     assert_true(hash != 0);

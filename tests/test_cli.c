@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "remat.h"
+#include "remat_gpt.h"
 #include "tmpdir.h"
 
 extern char **environ;

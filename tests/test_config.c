@@ -167,6 +167,58 @@ static void test_good_env_and_override(void **state) {
   clear_env(NULL);
 }
 
+/* REMAT_SET_NO_ENV: a runtime reads none of the REMAT_* variables, bad as
+ * they are here, and takes the code's fields and the defaults; without
+ * the bit the first bad variable fails creation as before. */
+static void test_no_env(void **state) {
+  (void)state;
+  clear_env(NULL);
+  setenv("REMAT_NUM_THREADS", "lots", 1);
+  setenv("REMAT_BIND", "everywhere", 1);
+  setenv("REMAT_POLICY", "save_nothing_please", 1);
+  setenv("REMAT_MEMORY_BUDGET", "-3", 1);
+  setenv("REMAT_LOOKAHEAD", "0", 1);
+  setenv("REMAT_TRACE", "/nonexistent-dir/trace.json", 1);
+  setenv("REMAT_VERBOSE", "9", 1);
+  setenv("REMAT_TOPOLOGY", "not a topology", 1);
+  setenv("REMAT_PRECISION", "f64", 1);
+  remat_runtime *rt = NULL;
+  assert_int_equal(remat_runtime_create(NULL, &rt), REMAT_ERR_CONFIG);
+  assert_null(rt);
+  assert_string_equal(remat_last_error(), THREADS_MSG("lots"));
+  /* Setting a field does not silence its variable: all are read first. */
+  remat_config only = {.set = REMAT_SET_NUM_THREADS, .num_threads = 1};
+  assert_int_equal(remat_runtime_create(&only, &rt), REMAT_ERR_CONFIG);
+  assert_string_equal(remat_last_error(), THREADS_MSG("lots"));
+
+  remat_config code = {.set = REMAT_SET_NO_ENV | REMAT_SET_NUM_THREADS |
+                              REMAT_SET_LOOKAHEAD,
+                       .num_threads = 2, .lookahead = 3};
+  assert_int_equal(remat_runtime_create(&code, &rt), REMAT_OK);
+  remat_config c;
+  assert_int_equal(remat_runtime_config(rt, &c), REMAT_OK);
+  assert_int_equal(c.set, REMAT_SET_NO_ENV);
+  assert_int_equal(c.num_threads, 2);
+  assert_int_equal(remat_runtime_num_threads(rt), 2);
+  assert_int_equal(c.lookahead, 3);
+  assert_int_equal(c.bind, REMAT_BIND_CORE);
+  assert_string_equal(c.policy, "nothing_saveable");
+  assert_int_equal(c.memory_budget, 0);
+  assert_null(c.trace_path);
+  assert_int_equal(c.verbose, 0);
+  assert_null(c.topology);
+  assert_int_equal(c.precision, REMAT_PRECISION_F32);
+  remat_runtime_destroy(rt);
+
+  /* The code's own fields are still checked. */
+  code.lookahead = 0;
+  assert_int_equal(remat_runtime_create(&code, &rt), REMAT_ERR_CONFIG);
+  assert_string_equal(remat_last_error(),
+                      "remat_config.lookahead=0 is not valid: expected 1 to "
+                      "64");
+  clear_env(NULL);
+}
+
 static void test_parse_bytes(void **state) {
   (void)state;
   int64_t b = 0;
@@ -317,6 +369,7 @@ int main(void) {
       cmocka_unit_test_setup(test_bad_budget_lookahead_verbose, clear_env),
       cmocka_unit_test_setup(test_bad_policy_env, clear_env),
       cmocka_unit_test_setup(test_good_env_and_override, clear_env),
+      cmocka_unit_test_setup(test_no_env, clear_env),
       cmocka_unit_test(test_parse_bytes),
       cmocka_unit_test(test_policy_strings),
       cmocka_unit_test_setup(test_trace_path_checked, clear_env),

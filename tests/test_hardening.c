@@ -324,7 +324,7 @@ static void test_trace_failure_after_step(void **state) {
                    REMAT_OK);
   assert_int_equal(rmdir(sub), 0); /* now the trace cannot be written */
   for (int i = 0; i < 2; i++) {
-    remat_step_stats st;
+    remat_step_stats st = {.size = sizeof st};
     assert_int_equal(remat_step(traced.g, &st), REMAT_OK);
     assert_int_equal(st.trace_status, REMAT_ERR_IO);
     assert_non_null(strstr(remat_last_error(),
@@ -389,7 +389,7 @@ static void test_budget_monotonic(void **state) {
   fixture all;
   assert_int_equal(fixture_open(&all, &c, 1, "everything_saveable", 0, NULL),
                    REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(all.g, &st), REMAT_OK);
   int64_t top = st.predicted_peak_bytes + 4096;
   fixture_close(&all);

@@ -136,7 +136,7 @@ static void test_matches_one_process(void **state) {
   for (int step = 0; step < 3; step++) {
     model_feed(&dp, big.batch, rank * micro.batch, 11 + (uint32_t)step);
     model_feed(&ref, big.batch, 0, 11 + (uint32_t)step);
-    remat_step_stats a, b;
+    remat_step_stats a = {.size = sizeof a}, b = {.size = sizeof b};
     assert_int_equal(remat_step(dp.g, &a), REMAT_OK);
     assert_int_equal(remat_step(ref.g, &b), REMAT_OK);
     double dl = fabs((double)a.loss - (double)b.loss) / fabs((double)b.loss);
@@ -194,7 +194,7 @@ static void test_accumulate_matches_one_process(void **state) {
   model_open_opt(&ref, &big, false, &sgd);
   assert_int_equal(remat_set_clip(dp.g, 0.5f), REMAT_OK);
   assert_int_equal(remat_set_clip(ref.g, 0.5f), REMAT_OK);
-  remat_step_stats a, b;
+  remat_step_stats a = {.size = sizeof a}, b = {.size = sizeof b};
   double la = 0.0, lb = 0.0;
   for (int k = 0; k < 2; k++) {
     model_feed(&dp, big.batch, rank * micro.batch, 60 + (uint32_t)k);
@@ -288,7 +288,7 @@ static void test_nan_on_one_rank(void **state) {
   size_t count, again;
   float *before = fixture_snapshot(dp.g, &count);
   assert_non_null(before);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(dp.g, &st), REMAT_ERR_NUMERIC);
   assert_int_equal(st.nonfinite, 1);
   float *after = fixture_snapshot(dp.g, &again);

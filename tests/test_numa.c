@@ -281,7 +281,7 @@ static step_bits two_steps(const char *topo, int threads, const char *policy) {
   open_on(&f, &mid, topo, threads, policy, NULL);
   step_bits r;
   for (int s = 0; s < 2; s++) {
-    remat_step_stats st;
+    remat_step_stats st = {.size = sizeof st};
     assert_int_equal(remat_step(f.g, &st), REMAT_OK);
     r.loss[s] = st.loss;
     r.remote_bytes = st.remote_bytes;
@@ -355,7 +355,7 @@ static void test_pinned_tiles_run_on_their_node(void **state) {
   snprintf(path, sizeof path, "%s/numa.json", dir);
   fixture f;
   open_on(&f, &mid, two_nodes, 4, "everything_saveable", path);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(f.g, &st), REMAT_OK);
   char *text = read_text(path);
   cJSON *root = cJSON_Parse(text);
@@ -482,7 +482,7 @@ static void test_load_reaches_every_node(void **state) {
   snprintf(path, sizeof path, "%s/numa.safetensors", dir);
   fixture a, b;
   open_on(&a, &mid, two_nodes, 4, "nothing_saveable", NULL);
-  remat_step_stats sa, sb;
+  remat_step_stats sa = {.size = sizeof sa}, sb = {.size = sizeof sb};
   for (int i = 0; i < 2; i++)
     assert_int_equal(remat_step(a.g, &sa), REMAT_OK);
   assert_int_equal(remat_save_safetensors(a.g, path), REMAT_OK);

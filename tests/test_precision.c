@@ -153,7 +153,7 @@ static void check_grads_vs_f32(remat_attention_kind attention) {
   fixture a, b;
   open_ok(&a, &c, REMAT_PRECISION_F32, 2, "nothing_saveable", NULL);
   open_ok(&b, &c, REMAT_PRECISION_BF16, 2, "nothing_saveable", NULL);
-  remat_step_stats sa, sb;
+  remat_step_stats sa = {.size = sizeof sa}, sb = {.size = sizeof sb};
   assert_int_equal(remat_step(a.g, &sa), REMAT_OK);
   assert_int_equal(remat_step(b.g, &sb), REMAT_OK);
   assert_true(fabs(sa.loss - sb.loss) <= 0.01 * fabs(sa.loss));
@@ -209,7 +209,7 @@ static void test_bitwise(void **state) {
       fixture f;
       open_ok(&f, &small, REMAT_PRECISION_BF16, threads[t], policies[p],
               &opt);
-      remat_step_stats st;
+      remat_step_stats st = {.size = sizeof st};
       assert_int_equal(remat_step(f.g, &st), REMAT_OK);
       uint64_t h = fixture_grad_hash(&f);
       assert_int_equal(remat_step(f.g, &st), REMAT_OK);
@@ -244,7 +244,7 @@ static void test_memory(void **state) {
   fixture a, b;
   open_ok(&a, &c, REMAT_PRECISION_F32, 1, "everything_saveable", NULL);
   open_ok(&b, &c, REMAT_PRECISION_BF16, 1, "everything_saveable", NULL);
-  remat_step_stats sa, sb;
+  remat_step_stats sa = {.size = sizeof sa}, sb = {.size = sizeof sb};
   assert_int_equal(remat_step(a.g, &sa), REMAT_OK);
   assert_int_equal(remat_step(b.g, &sb), REMAT_OK);
   print_message("activation peak f32 %lld bf16 %lld (%.3f)\n",
@@ -287,7 +287,8 @@ static void test_write_refreshes_copies(void **state) {
   (void)state;
   fixture f;
   open_ok(&f, &small, REMAT_PRECISION_BF16, 2, "nothing_saveable", NULL);
-  remat_step_stats st; /* no optimizer: steps update nothing */
+  /* no optimizer: steps update nothing */
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(f.g, &st), REMAT_OK);
   assert_true(fabs(st.loss - log(small.vocab)) > 1e-3);
   for (int i = 0; i < remat_num_params(f.g); i++) {
@@ -313,7 +314,7 @@ static void test_safetensors_across(void **state) {
   remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-2f};
   fixture b, a, b2;
   open_ok(&b, &small, REMAT_PRECISION_BF16, 2, "nothing_saveable", &opt);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   for (int i = 0; i < 3; i++)
     assert_int_equal(remat_step(b.g, &st), REMAT_OK);
   assert_int_equal(remat_save_safetensors(b.g, path), REMAT_OK);
@@ -327,7 +328,8 @@ static void test_safetensors_across(void **state) {
   /* the same weights in a fresh bf16 model: the loss the trained one
    * computes from them (before its next update), bitwise (its copies were
    * rewritten from the loaded masters) */
-  remat_step_stats s1, s2, s3;
+  remat_step_stats s1 = {.size = sizeof s1}, s2 = {.size = sizeof s2},
+                   s3 = {.size = sizeof s3};
   assert_int_equal(remat_step(b.g, &s1), REMAT_OK);
   open_ok(&b2, &small, REMAT_PRECISION_BF16, 2, "nothing_saveable", NULL);
   assert_int_equal(remat_step(b2.g, &s2), REMAT_OK); /* copies in use */
@@ -361,7 +363,7 @@ static void test_nonfinite(void **state) {
   bad[n / 2] = NAN;
   assert_int_equal(remat_write(f.g, p, bad, n * sizeof *bad), REMAT_OK);
   float *before = fixture_snapshot(f.g, &count);
-  remat_step_stats st, rs;
+  remat_step_stats st = {.size = sizeof st}, rs = {.size = sizeof rs};
   assert_int_equal(remat_step(f.g, &st), REMAT_ERR_NUMERIC);
   float *after = fixture_snapshot(f.g, &count);
   assert_memory_equal(before, after, count * sizeof *after);
@@ -391,7 +393,7 @@ static void test_inference_and_reads(void **state) {
   fixture_batch(&small, tok, tgt, 3);
   size_t nl = n * (size_t)small.vocab;
   float *out[2];
-  remat_step_stats st[2];
+  remat_step_stats st[2] = {{.size = sizeof st[0]}, {.size = sizeof st[0]}};
   for (int k = 0; k < 2; k++) {
     remat_config rc = {.set = REMAT_SET_PRECISION | REMAT_SET_NUM_THREADS,
                        .num_threads = 2,
@@ -464,7 +466,7 @@ static void run_one(one_case c, remat_precision prec, float *loss,
   assert_int_equal(remat_feed(g, x, c == SCALAR_X ? &two : xs,
                               c == SCALAR_X ? 4 : 16),
                    REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(g, &st), REMAT_OK);
   *loss = st.loss;
   *ngrad = remat_tensor_numel(w);

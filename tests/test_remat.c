@@ -43,7 +43,7 @@ static result run(const remat_gpt_config *c, int threads, const char *policy,
   remat_status s = fixture_open(&f, c, threads, policy, budget, &opt);
   if (s != REMAT_OK)
     fail_msg("open %s: %s", policy, remat_last_error());
-  result r;
+  result r = {.stats.size = sizeof r.stats};
   for (int i = 0; i < 2; i++) {
     assert_int_equal(remat_step(f.g, &r.stats), REMAT_OK);
     memcpy(&r.loss_bits[i], &r.stats.loss, sizeof(float));
@@ -100,7 +100,7 @@ static void test_recompute_flops_executed(void **state) {
   fixture f;
   assert_int_equal(fixture_open(&f, &four, 2, "nothing_saveable", 0, NULL),
                    REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(f.g, &st), REMAT_OK);
   assert_true(st.recompute_flops > 0.0);
   assert_true(st.executed_recompute_flops == st.recompute_flops);

@@ -184,7 +184,7 @@ static void step_bits(int node1, float *loss, uint64_t *grad_hash) {
   assert_int_equal(fixture_open(&f, &cfg, 2, "nothing_saveable", 0, NULL),
                    REMAT_OK);
   assert_int_equal(remat_runtime_worker_node(f.rt, 1), node1);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(f.g, &st), REMAT_OK);
   *loss = st.loss;
   *grad_hash = fixture_grad_hash(&f);
@@ -296,7 +296,7 @@ static void test_trace_of_a_step(void **state) {
   assert_int_equal(remat_compile(g, loss, NULL), REMAT_OK);
   const float xs[8] = {1, -2, 3, -4, 5, -6, 7, -8};
   assert_int_equal(remat_feed(g, x, xs, sizeof xs), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(g, &st), REMAT_OK);
   check_step_trace(path, rt, st.tasks);
   remat_graph_destroy(g);

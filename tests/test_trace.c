@@ -162,7 +162,8 @@ static void test_trace_training_steps(void **state) {
   assert_int_equal(fixture_open(&f, &tiny, 1, "nothing_saveable", 0, &opt),
                    REMAT_OK);
   assert_int_equal(remat_trace_steps(f.g, path, 2), REMAT_OK);
-  remat_step_stats st[3];
+  remat_step_stats st[3] = {{.size = sizeof st[0]}, {.size = sizeof st[0]},
+                             {.size = sizeof st[0]}};
   for (int i = 0; i < 3; i++) {
     assert_int_equal(remat_step(f.g, &st[i]), REMAT_OK);
     assert_int_equal(st[i].trace_status, REMAT_OK);
@@ -302,7 +303,7 @@ static void test_trace_never_half_written(void **state) {
   assert_int_equal(fixture_open(&f, &tiny, 1, "nothing_saveable", 0, &opt),
                    REMAT_OK);
   assert_int_equal(remat_trace_steps(f.g, path, 3), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(f.g, &st), REMAT_OK);
   assert_int_equal(st.trace_status, REMAT_OK);
   assert_int_equal(count_steps(path), 1);
@@ -361,7 +362,7 @@ typedef struct stepper {
 
 static void *step_loop(void *arg) {
   stepper *s = arg;
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   for (int i = 0; i < s->steps; i++)
     s->failed += remat_step(s->g, &st) != REMAT_OK ||
                  st.trace_status != REMAT_OK;
@@ -522,7 +523,7 @@ static void test_trace_names_escaped(void **state) {
   float xs[8] = {1, -2, 3, -4, 5, -6, 7, -8};
   assert_int_equal(remat_feed(g, x, xs, sizeof xs), REMAT_OK);
   assert_int_equal(remat_trace_steps(g, path, 1), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(g, &st), REMAT_OK);
   assert_int_equal(st.trace_status, REMAT_OK);
   FILE *f = fopen(path, "rb");
@@ -606,7 +607,7 @@ static void test_verbose_report(void **state) {
   (void)state;
   static char text[1 << 20];
   char want[512];
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   verbose_run("nothing_saveable", 0, 2, text, sizeof text, &st);
   assert_int_equal(lines_starting(text, "  region 0 'h0': policy "
                                         "nothing_saveable (the default, "

@@ -16,7 +16,7 @@ static const remat_gpt_config tiny = {
     .layers = 2, .d_model = 16, .heads = 2, .seq = 8, .batch = 2, .vocab = 7};
 
 static float step_loss(fixture *f) {
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(f->g, &st), REMAT_OK);
   return st.loss;
 }
@@ -272,7 +272,7 @@ static void test_misuse(void **state) {
   assert_string_equal(remat_last_error(),
                       "remat_feed: tensor 'x' holds 32 bytes, 16 given");
   assert_int_equal(remat_feed(g, x, data, sizeof data), REMAT_OK);
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   assert_int_equal(remat_step(g, &st), REMAT_OK);
   assert_float_equal(st.loss, 16.0f, 0.0f);
   assert_int_equal(remat_forward(g, NULL), REMAT_ERR_STATE);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "remat.h"
+#include "remat_gpt.h"
 
 typedef struct grad_options {
   remat_gpt_config cfg;
@@ -105,7 +106,7 @@ int main(int argc, char **argv) {
   remat_runtime *rt = NULL;
   remat_graph *g = NULL;
   remat_gpt m;
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   size_t n = (size_t)o.cfg.batch * (size_t)o.cfg.seq;
   int32_t *tok = malloc(n * 4), *tgt = malloc(n * 4);
   char path[4096];

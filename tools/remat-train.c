@@ -222,7 +222,7 @@ static int train(trainer *t) {
   double start = now(), last_draw = 0.0;
   signals_catch(1);
   for (int step = t->first_step; step < o->steps && rc == 0; step++) {
-    remat_step_stats st;
+    remat_step_stats st = {.size = sizeof st};
     if (train_step(t, step, &st)) {
       if (tty && step > t->first_step)
         fputc('\n', stderr); /* end the progress line first */

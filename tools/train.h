@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "remat.h"
+#include "remat_gpt.h"
 
 /* Exit codes: 2 for a bad command line, 1 for a failure while running. */
 #define EXIT_USAGE 2

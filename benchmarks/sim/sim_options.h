@@ -5,6 +5,7 @@
 #define REMAT_SIM_OPTIONS_H
 
 #include "remat.h"
+#include "remat_gpt.h"
 
 #define SIM_MAX_LIST 32
 #define SIM_MAX_ROUNDS 100

@@ -98,7 +98,7 @@ static double cpu_seconds(void) {
  * had meanwhile (CPU time / (wall x threads); below 1 when the machine is
  * shared or workers idle). */
 static int step(model *m, int threads, double *seconds, double *share) {
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   double cpu0 = cpu_seconds();
   if (remat_step(m->g, &st) != REMAT_OK)
     return fail("step");

@@ -1,5 +1,6 @@
-/* Configuration: the REMAT_* environment, read once at runtime creation,
- * merged with the fields a program sets in a remat_config. */
+/* Configuration: the REMAT_* environment, read once at runtime creation
+ * (unless the program sets REMAT_SET_NO_ENV), merged with the fields a
+ * program sets in a remat_config. */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -296,7 +297,11 @@ remat_status remat__config_load(const remat_config *code, int default_threads,
       .topology = NULL,
       .precision = REMAT_PRECISION_F32,
   };
-  remat_status s = load_env(&c, strings);
+  remat_status s = REMAT_OK;
+  if (code != NULL && (code->set & REMAT_SET_NO_ENV))
+    c.set = REMAT_SET_NO_ENV; /* kept: data parallel reads no REMAT_DP_* */
+  else
+    s = load_env(&c, strings);
   if (s == REMAT_OK && code != NULL)
     s = overlay_numbers(code, &c);
   if (s == REMAT_OK && code != NULL)

@@ -30,10 +30,13 @@ typedef struct dp_graph {
 } dp_graph;
 
 /* REMAT_DP_BUCKET_BYTES and REMAT_DP_TIMEOUT, checked: a bad value is an
- * error naming the variable and what it accepts. */
-static remat_status read_env(dp_graph *d) {
+ * error naming the variable and what it accepts. Neither is read under
+ * REMAT_SET_NO_ENV. */
+static remat_status read_env(dp_graph *d, const remat_runtime *rt) {
   d->bucket_bytes = DEFAULT_BUCKET_BYTES;
   d->timeout_s = DEFAULT_TIMEOUT_S;
+  if (rt->config.set & REMAT_SET_NO_ENV)
+    return REMAT_OK;
   const char *v = getenv("REMAT_DP_BUCKET_BYTES");
   int64_t bytes = 0;
   if (v != NULL && (remat_parse_bytes(v, &bytes) != REMAT_OK || bytes < 4 ||
@@ -114,7 +117,7 @@ remat_status remat_graph_data_parallel(remat_graph *g, MPI_Comm comm) {
   if (d == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "remat_graph_data_parallel: out of memory");
-  remat_status s = read_env(d);
+  remat_status s = read_env(d, g->rt);
   if (s != REMAT_OK) {
     free(d);
     return s;

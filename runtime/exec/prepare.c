@@ -17,7 +17,8 @@ static bool optimizer_ok(const remat_optimizer *opt) {
          isfinite(opt->weight_decay);
 }
 
-static remat_status check_compile_args(remat_graph *g, remat_tensor *loss,
+static remat_status check_compile_args(remat_graph *g,
+                                       const remat_tensor *loss,
                                        const remat_optimizer *opt) {
   if (g == NULL)
     return remat__fail(REMAT_ERR_INVALID_ARG, "remat_compile: graph is NULL");
@@ -60,7 +61,7 @@ static remat_status add_dp_tasks(const compiled_step *c, sched_dag *dag,
   return dp_add_tasks(c, h->state, dag, &h->dp);
 }
 
-remat_status remat_compile(remat_graph *g, remat_tensor *loss,
+remat_status remat_compile(remat_graph *g, const remat_tensor *loss,
                            const remat_optimizer *opt) {
   remat_status s = check_compile_args(g, loss, opt);
   if (s != REMAT_OK)

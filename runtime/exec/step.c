@@ -18,6 +18,7 @@
 #include "runtime/dp/dp.h"
 #include "runtime/exec/node_copies.h"
 #include "runtime/exec/precision.h"
+#include "runtime/exec/step_stats.h"
 
 static double now_seconds(void) {
   struct timespec ts;
@@ -90,7 +91,7 @@ static remat_status check_ids(const remat_graph *g, const remat_tensor *input,
   return REMAT_OK;
 }
 
-static remat_status do_feed(remat_graph *g, remat_tensor *input, const void *data,
+static remat_status do_feed(remat_graph *g, const remat_tensor *input, const void *data,
                         size_t bytes) {
   remat_status s = check_tensor(g, input, bytes, "remat_feed");
   if (s != REMAT_OK)
@@ -110,7 +111,7 @@ static remat_status do_feed(remat_graph *g, remat_tensor *input, const void *dat
   return REMAT_OK;
 }
 
-static remat_status do_read(remat_graph *g, remat_tensor *t, void *dst,
+static remat_status do_read(remat_graph *g, const remat_tensor *t, void *dst,
                         size_t bytes) {
   remat_status s = check_tensor(g, t, bytes, "remat_read");
   if (s != REMAT_OK)
@@ -129,7 +130,7 @@ static remat_status do_read(remat_graph *g, remat_tensor *t, void *dst,
   return REMAT_OK;
 }
 
-static remat_status do_read_grad(remat_graph *g, remat_tensor *param, float *dst,
+static remat_status do_read_grad(remat_graph *g, const remat_tensor *param, float *dst,
                              size_t bytes) {
   remat_status s = check_tensor(g, param, bytes, "remat_read_grad");
   if (s != REMAT_OK)
@@ -148,7 +149,7 @@ static remat_status do_read_grad(remat_graph *g, remat_tensor *param, float *dst
   return REMAT_OK;
 }
 
-static remat_status do_write(remat_graph *g, remat_tensor *param, const float *src,
+static remat_status do_write(remat_graph *g, const remat_tensor *param, const float *src,
                          size_t bytes) {
   remat_status s = check_tensor(g, param, bytes, "remat_write");
   if (s != REMAT_OK)
@@ -328,6 +329,8 @@ static remat_status run_step(graph_step *gs, run_mode mode,
                              remat_step_stats *stats, const char *what) {
   const compiled_step *c = &gs->compiled;
   step_state *st = &gs->state;
+  if (step_stats_check(stats, what) != REMAT_OK)
+    return REMAT_ERR_INVALID_ARG;
   step_run run = {c, st, mode, st->opt_step + 1};
   reset_counters(c, st);
   sched_run_opts opts = {.context = &run};
@@ -369,7 +372,7 @@ static remat_status run_step(graph_step *gs, run_mode mode,
     }
   }
   if (stats != NULL)
-    *stats = st->last;
+    step_stats_write(stats, &st->last);
   return s;
 }
 
@@ -447,7 +450,9 @@ static remat_status do_accumulate(remat_graph *g, remat_step_stats *stats) {
                        "remat_accumulate: the graph was compiled without %s: "
                        "accumulation sums gradients for an optimizer update",
                        c->forward_only ? "a loss" : "an optimizer");
-  remat_status s = alloc_accum(c, &g->step->state);
+  remat_status s = step_stats_check(stats, "remat_accumulate");
+  if (s == REMAT_OK)
+    s = alloc_accum(c, &g->step->state);
   if (s != REMAT_OK)
     return s;
   return run_step(g->step, RUN_ACCUMULATE, stats, "remat_accumulate");
@@ -476,7 +481,7 @@ remat_status remat_forward(remat_graph *g, remat_step_stats *stats) {
   return s;
 }
 
-remat_status remat_feed(remat_graph *g, remat_tensor *input, const void *data,
+remat_status remat_feed(remat_graph *g, const remat_tensor *input, const void *data,
                         size_t bytes) {
   remat_status s = enter(g, "remat_feed");
   if (s != REMAT_OK)
@@ -486,7 +491,7 @@ remat_status remat_feed(remat_graph *g, remat_tensor *input, const void *data,
   return s;
 }
 
-remat_status remat_read(remat_graph *g, remat_tensor *t, void *dst,
+remat_status remat_read(remat_graph *g, const remat_tensor *t, void *dst,
                         size_t bytes) {
   remat_status s = enter(g, "remat_read");
   if (s != REMAT_OK)
@@ -496,7 +501,7 @@ remat_status remat_read(remat_graph *g, remat_tensor *t, void *dst,
   return s;
 }
 
-remat_status remat_read_grad(remat_graph *g, remat_tensor *param, float *dst,
+remat_status remat_read_grad(remat_graph *g, const remat_tensor *param, float *dst,
                              size_t bytes) {
   remat_status s = enter(g, "remat_read_grad");
   if (s != REMAT_OK)
@@ -506,7 +511,7 @@ remat_status remat_read_grad(remat_graph *g, remat_tensor *param, float *dst,
   return s;
 }
 
-remat_status remat_write(remat_graph *g, remat_tensor *param, const float *src,
+remat_status remat_write(remat_graph *g, const remat_tensor *param, const float *src,
                          size_t bytes) {
   remat_status s = enter(g, "remat_write");
   if (s != REMAT_OK)

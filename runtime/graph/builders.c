@@ -1,35 +1,36 @@
 /* The public op builders: each checks its arguments and adds one op node
  * (or a few, for composite ops) through graph_add_op. */
 #include "runtime/internal.h"
-#include "runtime/internal.h"
 
-remat_tensor *remat_linear(remat_graph *g, remat_tensor *x, remat_tensor *w,
-                           remat_tensor *b) {
-  remat_tensor *in[3] = {x, w, b};
+remat_tensor *remat_linear(remat_graph *g, const remat_tensor *x,
+                           const remat_tensor *w, const remat_tensor *b) {
+  const remat_tensor *in[3] = {x, w, b};
   return graph_add_op(g, OP_LINEAR, in, b == NULL ? 2 : 3, NULL);
 }
 
-remat_tensor *remat_matmul(remat_graph *g, remat_tensor *a, remat_tensor *b) {
-  remat_tensor *in[2] = {a, b};
+remat_tensor *remat_matmul(remat_graph *g, const remat_tensor *a,
+                           const remat_tensor *b) {
+  const remat_tensor *in[2] = {a, b};
   return graph_add_op(g, OP_MATMUL, in, 2, NULL);
 }
 
-remat_tensor *remat_add(remat_graph *g, remat_tensor *a, remat_tensor *b) {
-  remat_tensor *in[2] = {a, b};
+remat_tensor *remat_add(remat_graph *g, const remat_tensor *a,
+                        const remat_tensor *b) {
+  const remat_tensor *in[2] = {a, b};
   return graph_add_op(g, OP_ADD, in, 2, NULL);
 }
 
-remat_tensor *remat_bias_add(remat_graph *g, remat_tensor *x,
-                             remat_tensor *b) {
-  remat_tensor *in[2] = {x, b};
+remat_tensor *remat_bias_add(remat_graph *g, const remat_tensor *x,
+                             const remat_tensor *b) {
+  const remat_tensor *in[2] = {x, b};
   return graph_add_op(g, OP_BIAS_ADD, in, 2, NULL);
 }
 
-remat_tensor *remat_relu(remat_graph *g, remat_tensor *x) {
+remat_tensor *remat_relu(remat_graph *g, const remat_tensor *x) {
   return graph_add_op(g, OP_RELU, &x, 1, NULL);
 }
 
-remat_tensor *remat_gelu(remat_graph *g, remat_tensor *x,
+remat_tensor *remat_gelu(remat_graph *g, const remat_tensor *x,
                          remat_gelu_form form) {
   if (g != NULL && g->status == REMAT_OK && form != REMAT_GELU_TANH &&
       form != REMAT_GELU_ERF) {
@@ -43,33 +44,33 @@ remat_tensor *remat_gelu(remat_graph *g, remat_tensor *x,
   return graph_add_op(g, OP_GELU, &x, 1, &attrs);
 }
 
-remat_tensor *remat_layernorm(remat_graph *g, remat_tensor *x,
-                              remat_tensor *gamma, remat_tensor *beta,
-                              float eps) {
-  remat_tensor *in[3] = {x, gamma, beta};
+remat_tensor *remat_layernorm(remat_graph *g, const remat_tensor *x,
+                              const remat_tensor *gamma,
+                              const remat_tensor *beta, float eps) {
+  const remat_tensor *in[3] = {x, gamma, beta};
   op_attrs attrs = {.eps = eps > 0.0f ? eps : 1e-5f};
   return graph_add_op(g, OP_LAYERNORM, in, 3, &attrs);
 }
 
-remat_tensor *remat_softmax(remat_graph *g, remat_tensor *x) {
+remat_tensor *remat_softmax(remat_graph *g, const remat_tensor *x) {
   return graph_add_op(g, OP_SOFTMAX, &x, 1, NULL);
 }
 
-remat_tensor *remat_attention_scores(remat_graph *g, remat_tensor *qkv,
+remat_tensor *remat_attention_scores(remat_graph *g, const remat_tensor *qkv,
                                      int heads) {
   op_attrs attrs = {.heads = heads};
   return graph_add_op(g, OP_ATTN_SCORES, &qkv, 1, &attrs);
 }
 
-remat_tensor *remat_attention_values(remat_graph *g, remat_tensor *probs,
-                                     remat_tensor *qkv, int heads) {
-  remat_tensor *in[2] = {probs, qkv};
+remat_tensor *remat_attention_values(remat_graph *g, const remat_tensor *probs,
+                                     const remat_tensor *qkv, int heads) {
+  const remat_tensor *in[2] = {probs, qkv};
   op_attrs attrs = {.heads = heads};
   return graph_add_op(g, OP_ATTN_VALUES, in, 2, &attrs);
 }
 
-remat_tensor *remat_causal_self_attention(remat_graph *g, remat_tensor *qkv,
-                                          int heads) {
+remat_tensor *remat_causal_self_attention(remat_graph *g,
+                                          const remat_tensor *qkv, int heads) {
   remat_tensor *scores = remat_attention_scores(g, qkv, heads);
   if (scores != NULL)
     remat_checkpoint_name(g, scores, "attn_scores");
@@ -79,28 +80,28 @@ remat_tensor *remat_causal_self_attention(remat_graph *g, remat_tensor *qkv,
   return remat_attention_values(g, probs, qkv, heads);
 }
 
-remat_tensor *remat_fused_attention(remat_graph *g, remat_tensor *qkv,
+remat_tensor *remat_fused_attention(remat_graph *g, const remat_tensor *qkv,
                                     int heads) {
   op_attrs attrs = {.heads = heads};
   return graph_add_op(g, OP_ATTENTION, &qkv, 1, &attrs);
 }
 
-remat_tensor *remat_embed(remat_graph *g, remat_tensor *tokens,
-                          remat_tensor *wte, remat_tensor *wpe) {
-  remat_tensor *in[3] = {tokens, wte, wpe};
+remat_tensor *remat_embed(remat_graph *g, const remat_tensor *tokens,
+                          const remat_tensor *wte, const remat_tensor *wpe) {
+  const remat_tensor *in[3] = {tokens, wte, wpe};
   return graph_add_op(g, OP_EMBED, in, 3, NULL);
 }
 
-remat_tensor *remat_cross_entropy(remat_graph *g, remat_tensor *logits,
-                                  remat_tensor *targets) {
-  remat_tensor *in[2] = {logits, targets};
+remat_tensor *remat_cross_entropy(remat_graph *g, const remat_tensor *logits,
+                                  const remat_tensor *targets) {
+  const remat_tensor *in[2] = {logits, targets};
   return graph_add_op(g, OP_CROSS_ENTROPY, in, 2, NULL);
 }
 
-remat_tensor *remat_sum(remat_graph *g, remat_tensor *x) {
+remat_tensor *remat_sum(remat_graph *g, const remat_tensor *x) {
   return graph_add_op(g, OP_SUM, &x, 1, NULL);
 }
 
-remat_tensor *remat_mean(remat_graph *g, remat_tensor *x) {
+remat_tensor *remat_mean(remat_graph *g, const remat_tensor *x) {
   return graph_add_op(g, OP_MEAN, &x, 1, NULL);
 }

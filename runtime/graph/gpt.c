@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "base/alloc.h"
+#include "remat_gpt.h"
 #include "runtime/internal.h"
 
 static remat_tensor *param(remat_graph *g, const char *block, const char *name,

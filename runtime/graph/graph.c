@@ -51,7 +51,9 @@ remat_status remat_graph_status(const remat_graph *g) {
 }
 
 const char *remat_graph_error(const remat_graph *g) {
-  return g == NULL ? "graph is NULL" : g->error;
+  if (g == NULL)
+    return "graph is NULL";
+  return g->call_error[0] != '\0' ? g->call_error : g->error;
 }
 
 remat_status remat_graph_seed(remat_graph *g, uint64_t seed) {
@@ -205,7 +207,8 @@ remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
 }
 
 /* Adds an op node after shape inference; returns its output tensor. */
-remat_tensor *graph_add_op(remat_graph *g, op_type type, remat_tensor **in,
+remat_tensor *graph_add_op(remat_graph *g, op_type type,
+                           const remat_tensor *const *in,
                            int nin, const op_attrs *attrs) {
   const char *what = op_name(type);
   if (!building(g, what))

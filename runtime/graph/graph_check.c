@@ -1,6 +1,8 @@
-/* The graph's sticky error and the checks every graph call makes on the
- * handles it gets. Every stage of the runtime may call these; they call
- * nothing of the runtime. */
+/* The graph's sticky error, the checks every graph call makes on the
+ * handles it gets, and the entry and exit of calls that use the compiled
+ * step (one thread at a time; the message of the last one that failed).
+ * Every stage of the runtime may call these; they call nothing of the
+ * runtime. */
 #include <stdarg.h>
 #include <sched.h>
 #include <stdint.h>
@@ -66,12 +68,17 @@ remat_status graph_enter(remat_graph *g, const char *what) {
                        what);
   atomic_store(&g->owner, self());
   g->depth = 1;
+  g->enter_fails = remat__fail_count();
   return REMAT_OK;
 }
 
 void graph_leave(remat_graph *g) {
   if (--g->depth > 0)
     return;
+  if (remat__fail_count() != g->enter_fails)
+    snprintf(g->call_error, sizeof g->call_error, "%s", remat_last_error());
+  else
+    g->call_error[0] = '\0';
   atomic_store(&g->owner, 0);
   atomic_store(&g->busy, 0);
 }

@@ -3,7 +3,9 @@
  * is its value. Each value goes through remat_parse_bytes, then all are set
  * and a runtime is created (one worker, set in code, so that creation stays
  * fast whatever REMAT_NUM_THREADS says; the variable is still parsed). A
- * bad value must fail with REMAT_ERR_CONFIG and a message naming it. */
+ * bad value must fail with REMAT_ERR_CONFIG and a message naming it. A
+ * record that starts with '!' sets nothing and asks for REMAT_SET_NO_ENV:
+ * then creation must succeed with the defaults, whatever the values. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,18 +38,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (text == NULL)
     return 0;
   bool set[NVARS] = {false};
+  bool no_env = false;
   for (size_t pos = 0; pos < size;) {
     const char *record = text + pos;
     size_t len = strlen(record);
     pos += len + 1;
     if (len == 0)
       continue;
+    if (record[0] == '!') {
+      no_env = true;
+      continue;
+    }
     int v = (unsigned char)record[0] % NVARS;
     check_parse_bytes(record + 1);
     setenv(variables[v], record + 1, 1);
     set[v] = true;
   }
   remat_config rc = {.set = REMAT_SET_NUM_THREADS, .num_threads = 1};
+  if (no_env)
+    rc.set |= REMAT_SET_NO_ENV;
   remat_runtime *rt = NULL;
   remat_status s = remat_runtime_create(&rc, &rt);
   if (s == REMAT_OK) {
@@ -59,8 +68,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                got.memory_budget >= 0 &&
                (got.precision == REMAT_PRECISION_F32 ||
                 got.precision == REMAT_PRECISION_BF16));
+    if (no_env)
+      FUZZ_CHECK(strcmp(got.policy, "nothing_saveable") == 0 &&
+                 got.lookahead == 1 && got.verbose == 0 &&
+                 got.memory_budget == 0 && got.trace_path == NULL &&
+                 got.bind == REMAT_BIND_CORE &&
+                 got.precision == REMAT_PRECISION_F32);
     remat_runtime_destroy(rt);
   } else {
+    FUZZ_CHECK(!no_env);
     FUZZ_CHECK(rt == NULL);
     FUZZ_CHECK(s == REMAT_ERR_CONFIG);
     FUZZ_CHECK(strstr(remat_last_error(), "REMAT_") != NULL);

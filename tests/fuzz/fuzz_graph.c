@@ -211,7 +211,7 @@ static void run_once(builder *b, bool forward_only) {
     FUZZ_CHECK(s == REMAT_OK || s == REMAT_ERR_INVALID_ARG);
     free(zeros);
   }
-  remat_step_stats st;
+  remat_step_stats st = {.size = sizeof st};
   remat_status s = forward_only ? remat_forward(b->g, &st)
                                 : remat_step(b->g, &st);
   FUZZ_CHECK(s == REMAT_OK || s == REMAT_ERR_NUMERIC ||
