@@ -54,8 +54,11 @@ static remat_status run_stages(const compile_request *req, compiled_step *c) {
                             req->bodies};
     s = taskgraph_build(&tr, &c->tasks);
   }
-  if (s == REMAT_OK && req->add_dp_tasks != NULL)
-    s = req->add_dp_tasks(c, c->tasks.dag, req->dp_ctx);
+  if (s == REMAT_OK && req->dp_bucket_bytes > 0 && !c->forward_only) {
+    dp_layout_request dr = {g, &c->low, &c->tasks, req->dp_bucket_bytes,
+                            req->bodies->dp_bucket, req->bodies->dp_agree};
+    s = dp_layout_build(&dr, c->tasks.dag, &c->dp);
+  }
   if (s == REMAT_OK)
     s = taskgraph_finalize(&c->tasks);
   if (s == REMAT_OK)
@@ -68,6 +71,7 @@ static remat_status run_stages(const compile_request *req, compiled_step *c) {
 remat_status compile_step(const compile_request *req, compiled_step *out) {
   remat_graph *g = req->g;
   memset(out, 0, sizeof *out);
+  out->dp.agree_task = -1;
   set_target(out, req);
   remat_status s = run_stages(req, out);
   if (s == REMAT_OK)
@@ -81,6 +85,7 @@ remat_status compile_step(const compile_request *req, compiled_step *out) {
 }
 
 void compiled_step_free(compiled_step *c) {
+  plan_dp_free(&c->dp);
   plan_tasks_free(&c->tasks);
   numa_plan_free(&c->numa);
   memplan_prediction_free(&c->predicted);

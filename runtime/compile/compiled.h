@@ -6,6 +6,7 @@
 #ifndef REMAT_RUNTIME_COMPILED_H
 #define REMAT_RUNTIME_COMPILED_H
 
+#include "runtime/compile/dp_layout.h"
 #include "runtime/compile/lowering.h"
 #include "runtime/compile/memplan.h"
 #include "runtime/compile/numa_place.h"
@@ -24,6 +25,7 @@ typedef struct compiled_step {
   plan_lowering low;         /* stages "lower" and "lifetimes" */
   numa_plan numa;            /* stage "NUMA placement" */
   plan_tasks tasks;          /* stage "DAG" */
+  plan_dp dp;                /* stage "DAG": the data-parallel tasks */
   memplan_prediction predicted; /* stage "memory prediction" */
 } compiled_step;
 
@@ -33,11 +35,8 @@ typedef struct compile_request {
   int32_t loss;               /* tensor id, -1 for a forward-only graph */
   const remat_optimizer *opt; /* NULL: none */
   const task_bodies *bodies;  /* what the DAG's tasks run (exec/tasks.h) */
-  /* The data-parallel tasks of the DAG, NULL when there are none (dp.h):
-   * called before the DAG is frozen. */
-  remat_status (*add_dp_tasks)(const compiled_step *c, sched_dag *dag,
-                               void *ctx);
-  void *dp_ctx;
+  int64_t dp_bucket_bytes;    /* a data-parallel graph's allreduce bucket
+                                 size; 0: not data parallel */
 } compile_request;
 
 /* The stages in order, each in its own file:
@@ -55,7 +54,8 @@ typedef struct compile_request {
  *   placement                             buffer homes and slice layouts,
  *                                         remote bytes (numa_place.c)
  *   DAG           lowering, placement, -> task DAG, task names
- *                 lookahead, bodies       (taskgraph.c)
+ *                 lookahead, bodies,      (taskgraph.c), the data-parallel
+ *                 bucket size             tasks (dp_layout.c)
  *   memory        lowering, placement  -> predicted peak, blocks to
  *   prediction                            reserve (memplan.c)
  *   report        all of the above     -> REMAT_VERBOSE's summary on

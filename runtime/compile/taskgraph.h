@@ -14,11 +14,14 @@ typedef struct plan_tile {
   int64_t tile;
 } plan_tile;
 
-/* What the tasks run: the caller's bodies (exec/tasks.c), so that this
- * stage names no body. Each gets the run's context (sched_run_opts) and,
- * as its argument, a const plan_knode (start, done) or plan_tile (tile). */
+/* What the tasks run: the caller's bodies (exec/tasks.c, and for a
+ * data-parallel graph runtime/dp/'s), so that compile names no body. Each
+ * gets the run's context (sched_run_opts) and, as its argument, a const
+ * plan_knode (start, done), plan_tile (tile), dp_bucket_layout (dp_bucket)
+ * or plan_dp (dp_agree). */
 typedef struct task_bodies {
   sched_task_fn start, tile, done;
+  sched_task_fn dp_bucket, dp_agree;
 } task_bodies;
 
 /* The output of the stage. */

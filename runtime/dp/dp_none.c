@@ -1,14 +1,33 @@
 /* The data-parallel hooks (dp.h) of a build without MPI: no graph is ever
- * data parallel, so each does nothing. */
+ * data parallel, so compile places no data-parallel task and each hook
+ * does nothing. */
 #include "runtime/dp/dp.h"
 
-remat_status dp_add_tasks(const compiled_step *c, step_state *state,
-                          sched_dag *dag, struct dp_plan **out) {
+int64_t dp_bucket_bytes(const remat_graph *g) {
+  (void)g;
+  return 0;
+}
+
+remat_status dp_state_create(const compiled_step *c, step_state *state,
+                             struct dp_plan **out) {
   (void)c;
   (void)state;
-  (void)dag;
   *out = NULL;
   return REMAT_OK;
+}
+
+int dp_bucket_task(void *run, void *arg, int worker) {
+  (void)run;
+  (void)arg;
+  (void)worker;
+  return REMAT_ERR_STATE; /* never placed without MPI */
+}
+
+int dp_agree_task(void *run, void *arg, int worker) {
+  (void)run;
+  (void)arg;
+  (void)worker;
+  return REMAT_ERR_STATE; /* never placed without MPI */
 }
 
 remat_status dp_step_begin(const compiled_step *c, step_state *state) {

@@ -1,7 +1,8 @@
 /* Data parallel over MPI (remat_mpi.h, dp.h): the graph's communicator,
- * the allreduce buckets and agreement task that the DAG stage adds, the
- * first step's broadcast of rank 0's parameters, and the status every rank
- * agrees on after a step. The communication itself runs on the thread of
+ * the bodies of the allreduce bucket and agreement tasks that compile
+ * placed (compile/dp_layout.h) and their buffers, the first step's
+ * broadcast of rank 0's parameters, and the status every rank agrees on
+ * after a step. The communication itself runs on the thread of
  * mpi_comm.c. */
 #include <limits.h>
 #include <math.h>
@@ -19,7 +20,7 @@
 
 #define DEFAULT_BUCKET_BYTES (INT64_C(4) << 20)
 #define DEFAULT_TIMEOUT_S 60.0
-#define MAX_COUNT (INT64_C(1) << 30) /* floats in one bucket (an int count) */
+#define MAX_COUNT DP_MAX_COUNT /* floats in one bucket (an int count) */
 
 typedef struct dp_graph {
   MPI_Comm comm;
@@ -66,24 +67,13 @@ static remat_status read_env(dp_graph *d, const remat_runtime *rt) {
  * (dp_failure.h: a status paired with the rank that had it). */
 enum { FLAG_NONFINITE, FLAG_FAILURE, NFLAGS };
 
-typedef struct dp_bucket {
-  struct dp_plan *dp;
-  int index;        /* its item */
-  int32_t *grads;   /* grad buffers */
-  int ngrads;
-  int64_t numel;
-  float *data;
-  int32_t task;
-} dp_bucket;
-
 typedef struct dp_plan {
   const compiled_step *c; /* the step whose gradients it averages */
   step_state *s;          /* the state it reads and writes them in */
+  const plan_dp *layout;  /* c->dp: buckets and tasks */
   dp_graph *cfg;
-  dp_bucket *buckets;
-  int nbuckets;
-  int32_t agree_task;
-  double loss;           /* agreement item buffers */
+  float **data;           /* [layout->nbuckets]: each bucket's floats */
+  double loss;            /* agreement item buffers */
   int flags[NFLAGS];
   comm_thread comm;
   bool synced;           /* parameters broadcast */
@@ -165,7 +155,7 @@ remat_status remat_graph_dp_stats(const remat_graph *g, remat_dp_stats *out) {
   const dp_plan *d = g->step->state.dp;
   *out = (remat_dp_stats){.world_size = g->dp->size,
                           .rank = g->dp->rank,
-                          .buckets = d->nbuckets,
+                          .buckets = d->layout->nbuckets,
                           .steps = d->steps,
                           .comm_bytes = d->bytes,
                           .comm_s = d->comm_s,
@@ -186,28 +176,33 @@ void dp_graph_free(remat_graph *g) {
 
 /* ---- task bodies and completions ---- */
 
+int64_t dp_bucket_bytes(const remat_graph *g) {
+  return g->dp != NULL ? g->dp->bucket_bytes : 0;
+}
+
 static const plan_buffer *buffer(const compiled_step *c, int32_t b) {
   return &c->low.bufs[b];
 }
 
 /* Runs on a worker when every gradient of the bucket is final. */
-static int bucket_task(void *context, void *arg, int worker) {
-  (void)context;
+int dp_bucket_task(void *run, void *arg, int worker) {
   (void)worker;
-  dp_bucket *b = arg;
-  const dp_plan *d = b->dp;
+  const step_run *r = run;
+  const dp_bucket_layout *b = arg;
+  dp_plan *d = r->s->dp;
+  float *out = d->data[b->index];
   int64_t off = 0;
   for (int i = 0; i < b->ngrads; i++) {
     const plan_buffer *g = buffer(d->c, b->grads[i]);
     const float *data = d->s->data[b->grads[i]];
     int64_t n = g->bytes / (int64_t)sizeof(float);
     if (data != NULL)
-      memcpy(b->data + off, data, (size_t)g->bytes);
+      memcpy(out + off, data, (size_t)g->bytes);
     else
-      memset(b->data + off, 0, (size_t)g->bytes);
+      memset(out + off, 0, (size_t)g->bytes);
     off += n;
   }
-  comm_ready(&b->dp->comm, b->index, true);
+  comm_ready(&d->comm, b->index, true);
   return 0;
 }
 
@@ -227,12 +222,13 @@ static void agree_fill(dp_plan *d, int status) {
 }
 
 /* Runs on a worker after every other node but the gate and the updates. */
-static int agree_task(void *context, void *arg, int worker) {
-  (void)context;
+int dp_agree_task(void *run, void *arg, int worker) {
+  (void)arg;
   (void)worker;
-  dp_plan *d = arg;
+  const step_run *r = run;
+  dp_plan *d = r->s->dp;
   agree_fill(d, sched_run_failure(d->c->g->rt->pool));
-  comm_ready(&d->comm, d->nbuckets, true);
+  comm_ready(&d->comm, d->layout->nbuckets, true);
   return 0;
 }
 
@@ -241,16 +237,17 @@ static int agree_task(void *context, void *arg, int worker) {
 static void item_done(void *ctx, int i) {
   dp_plan *d = ctx;
   const compiled_step *c = d->c;
+  const plan_dp *layout = d->layout;
   comm_item *it = &d->comm.items[i];
   float scale = 1.0f / (float)d->cfg->size;
-  if (i < d->nbuckets) {
-    dp_bucket *b = &d->buckets[i];
+  if (i < layout->nbuckets) {
+    const dp_bucket_layout *b = &layout->buckets[i];
     int64_t off = 0;
     for (int k = 0; k < b->ngrads; k++) {
       float *data = d->s->data[b->grads[k]];
       int64_t n = buffer(c, b->grads[k])->bytes / (int64_t)sizeof(float);
       for (int64_t j = 0; data != NULL && j < n; j++)
-        data[j] = b->data[off + j] * scale;
+        data[j] = d->data[i][off + j] * scale;
       off += n;
     }
   } else {
@@ -264,165 +261,27 @@ static void item_done(void *ctx, int i) {
       atomic_store(&d->s->nonfinite, 1); /* no rank updates */
   }
   if (it->by_task)
-    sched_complete(c->g->rt->pool,
-                   i < d->nbuckets ? d->buckets[i].task : d->agree_task);
+    sched_complete(c->g->rt->pool, i < layout->nbuckets
+                                       ? layout->buckets[i].task
+                                       : layout->agree_task);
 }
 
-/* ---- stage "DAG": buckets and the agreement ---- */
-
-typedef struct grad_info {
-  int32_t buf, last_writer;
-} grad_info;
-
-static int by_last_writer(const void *a, const void *b) {
-  const grad_info *x = a, *y = b;
-  if (x->last_writer != y->last_writer)
-    return x->last_writer < y->last_writer ? -1 : 1;
-  return x->buf < y->buf ? -1 : x->buf > y->buf;
-}
-
-static bool node_uses(const plan_knode *kn, int32_t buf, bool *writes) {
-  knode_use uses[PLAN_MAX_USES];
-  int n = knode_uses(kn, uses);
-  for (int j = 0; j < n; j++)
-    if (uses[j].buf == buf) {
-      *writes = uses[j].writes;
-      return true;
-    }
-  return false;
-}
-
-/* The parameters' gradient buffers with their last writers, in the order
- * backward finishes them. */
-static grad_info *gradients(const compiled_step *p, int *count) {
-  const remat_graph *g = p->g;
-  grad_info *gi = remat__malloc(((size_t)g->ntensors + 1) * sizeof *gi);
-  if (gi == NULL)
-    return NULL;
-  int n = 0;
-  for (int32_t t = 0; t < g->ntensors; t++) {
-    int32_t b = p->low.grad_buf[t];
-    if (g->tensors[t]->kind != TENSOR_PARAM || b < 0)
-      continue;
-    int32_t last = -1;
-    for (int32_t k = 0; k < p->low.nknodes; k++) {
-      bool w = false;
-      if (node_uses(&p->low.knodes[k], b, &w) && w)
-        last = k;
-    }
-    if (last >= 0)
-      gi[n++] = (grad_info){b, last};
-  }
-  qsort(gi, (size_t)n, sizeof *gi, by_last_writer);
-  *count = n;
-  return gi;
-}
-
-
-/* Groups the gradients into buckets of about the limit, in order. */
-static remat_status make_buckets(dp_plan *d, const grad_info *gi, int n) {
-  const compiled_step *p = d->c;
-  int64_t limit = d->cfg->bucket_bytes / (int64_t)sizeof(float);
-  d->buckets = remat__calloc((size_t)n + 1, sizeof *d->buckets);
-  if (d->buckets == NULL)
-    return REMAT_ERR_OUT_OF_MEMORY;
-  for (int i = 0; i < n;) {
-    dp_bucket *b = &d->buckets[d->nbuckets];
-    b->dp = d;
-    b->index = d->nbuckets++;
-    int first = i;
-    while (i < n && (i == first || b->numel + buffer(p, gi[i].buf)->bytes / 4 <=
-                                       limit) &&
-           b->numel + buffer(p, gi[i].buf)->bytes / 4 <= MAX_COUNT) {
-      b->numel += buffer(p, gi[i].buf)->bytes / 4;
-      i++;
-    }
-    b->ngrads = i - first;
-    b->grads = remat__malloc((size_t)b->ngrads * sizeof *b->grads);
-    b->data = remat__malloc((size_t)b->numel * sizeof *b->data);
-    if (b->grads == NULL || b->data == NULL)
-      return REMAT_ERR_OUT_OF_MEMORY;
-    for (int k = 0; k < b->ngrads; k++)
-      b->grads[k] = gi[first + k].buf;
-  }
-  return REMAT_OK;
-}
-
-/* Bucket b's task: after every writer of its gradients, before every later
- * user of them. */
-static remat_status bucket_edges(dp_plan *d, sched_dag *dag, dp_bucket *b) {
-  const compiled_step *p = d->c;
-  int32_t last = -1;
-  for (int32_t k = 0; k < p->low.nknodes; k++)
-    for (int i = 0; i < b->ngrads; i++) {
-      bool w = false;
-      if (node_uses(&p->low.knodes[k], b->grads[i], &w) && w)
-        last = k;
-    }
-  b->task = sched_dag_add(dag, bucket_task, b, -last, -1, "dp.allreduce",
-                          "comm");
-  if (b->task < 0)
-    return (remat_status)-b->task;
-  remat_status s = sched_dag_set_async(dag, b->task);
-  for (int32_t k = 0; s == REMAT_OK && k < p->low.nknodes; k++) {
-    bool uses = false, writes = false;
-    for (int i = 0; i < b->ngrads && !writes; i++) {
-      bool w = false;
-      if (node_uses(&p->low.knodes[k], b->grads[i], &w)) {
-        uses = true;
-        writes = writes || w;
-      }
-    }
-    if (uses && k <= last)
-      s = sched_dag_edge(dag, p->tasks.done_task[k], b->task);
-    else if (uses)
-      s = sched_dag_edge(dag, b->task, p->tasks.start_task[k]);
-  }
-  return s;
-}
-
-/* The agreement: after every node but the gate and the updates (so after
- * every allocation, check and bucket), before the gate. */
-static remat_status agree_edges(dp_plan *d, sched_dag *dag) {
-  const compiled_step *p = d->c;
-  int32_t gate = -1, last = 0;
-  for (int32_t k = 0; k < p->low.nknodes; k++) {
-    knode_kind kind = p->low.knodes[k].kind;
-    if (kind == KNODE_GATE)
-      gate = k;
-    else if (kind != KNODE_UPDATE)
-      last = k;
-  }
-  d->agree_task = sched_dag_add(dag, agree_task, d, -last, -1, "dp.agree",
-                                "comm");
-  if (d->agree_task < 0)
-    return (remat_status)-d->agree_task;
-  remat_status s = sched_dag_set_async(dag, d->agree_task);
-  for (int32_t k = 0; s == REMAT_OK && k < p->low.nknodes; k++) {
-    knode_kind kind = p->low.knodes[k].kind;
-    if (kind != KNODE_GATE && kind != KNODE_UPDATE)
-      s = sched_dag_edge(dag, p->tasks.done_task[k], d->agree_task);
-  }
-  for (int i = 0; s == REMAT_OK && i < d->nbuckets; i++)
-    s = sched_dag_edge(dag, d->buckets[i].task, d->agree_task);
-  if (s == REMAT_OK && gate >= 0)
-    s = sched_dag_edge(dag, d->agree_task, p->tasks.start_task[gate]);
-  return s;
-}
+/* ---- the state: buckets' buffers and the communication thread ---- */
 
 static remat_status make_items(dp_plan *d) {
   comm_thread *c = &d->comm;
-  c->items = remat__calloc((size_t)d->nbuckets + 1, sizeof *c->items);
+  int nb = d->layout->nbuckets;
+  c->items = remat__calloc((size_t)nb + 1, sizeof *c->items);
   if (c->items == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
-  c->nitems = d->nbuckets + 1;
-  for (int i = 0; i < d->nbuckets; i++)
-    c->items[i] = (comm_item){.buf = d->buckets[i].data,
-                              .count = (int)d->buckets[i].numel,
+  c->nitems = nb + 1;
+  for (int i = 0; i < nb; i++)
+    c->items[i] = (comm_item){.buf = d->data[i],
+                              .count = (int)d->layout->buckets[i].numel,
                               .type = MPI_FLOAT,
                               .op = MPI_SUM,
-                              .bytes = d->buckets[i].numel * 4};
-  c->items[d->nbuckets] =
+                              .bytes = d->layout->buckets[i].numel * 4};
+  c->items[nb] =
       (comm_item){.buf = &d->loss, .count = 1, .type = MPI_DOUBLE,
                   .op = MPI_SUM, .buf2 = d->flags, .count2 = NFLAGS,
                   .type2 = MPI_INT, .op2 = MPI_MAX,
@@ -434,35 +293,46 @@ static remat_status make_items(dp_plan *d) {
   return REMAT_OK;
 }
 
-remat_status dp_add_tasks(const compiled_step *c, step_state *state,
-                          sched_dag *dag, struct dp_plan **out) {
+static remat_status make_state(dp_plan *d) {
+  int nb = d->layout->nbuckets;
+  d->data = remat__calloc((size_t)nb + 1, sizeof *d->data);
+  if (d->data == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  for (int i = 0; i < nb; i++) {
+    d->data[i] = remat__malloc(
+        ((size_t)d->layout->buckets[i].numel + 1) * sizeof *d->data[i]);
+    if (d->data[i] == NULL)
+      return REMAT_ERR_OUT_OF_MEMORY;
+  }
+  return make_items(d);
+}
+
+remat_status dp_state_create(const compiled_step *c, step_state *state,
+                             struct dp_plan **out) {
   *out = NULL;
-  if (c->g->dp == NULL || c->forward_only)
+  if (c->g->dp == NULL || c->dp.agree_task < 0)
     return REMAT_OK;
   dp_plan *d = remat__calloc(1, sizeof *d);
   if (d == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "remat_compile: out of memory for data parallel");
-  *out = d;
   d->c = c;
   d->s = state;
+  d->layout = &c->dp;
   d->cfg = c->g->dp;
-  int n = 0;
-  grad_info *gi = gradients(c, &n);
-  remat_status s = gi != NULL ? make_buckets(d, gi, n) : REMAT_ERR_OUT_OF_MEMORY;
-  free(gi);
-  for (int i = 0; s == REMAT_OK && i < d->nbuckets; i++)
-    s = bucket_edges(d, dag, &d->buckets[i]);
-  if (s == REMAT_OK)
-    s = agree_edges(d, dag);
-  if (s == REMAT_OK)
-    s = make_items(d);
-  if (s != REMAT_OK)
-    return remat__fail(s, "remat_compile: cannot add the data-parallel "
-                          "tasks (%s)", remat_status_string(s));
-  if (!comm_start(&d->comm))
-    return remat__fail(REMAT_ERR_BACKEND, "remat_compile: %s",
-                       d->comm.errmsg);
+  remat_status s = make_state(d);
+  if (s != REMAT_OK) {
+    dp_plan_free(d);
+    return remat__fail(s, "remat_compile: out of memory for the "
+                          "data-parallel buckets");
+  }
+  if (!comm_start(&d->comm)) {
+    remat_status e = remat__fail(REMAT_ERR_BACKEND, "remat_compile: %s",
+                                 d->comm.errmsg);
+    dp_plan_free(d);
+    return e;
+  }
+  *out = d;
   return REMAT_OK;
 }
 
@@ -470,11 +340,9 @@ void dp_plan_free(struct dp_plan *d) {
   if (d == NULL)
     return;
   comm_stop(&d->comm);
-  for (int i = 0; d->buckets != NULL && i < d->nbuckets; i++) {
-    free(d->buckets[i].grads);
-    free(d->buckets[i].data);
-  }
-  free(d->buckets);
+  for (int i = 0; d->data != NULL && i < d->layout->nbuckets; i++)
+    free(d->data[i]);
+  free(d->data);
   free(d->comm.items);
   free(d);
 }
@@ -537,12 +405,12 @@ static void add_step_stats(dp_plan *d) {
     comm_item *it = &c->items[i];
     d->comm_s += it->t_done - it->t_start;
     d->bytes += it->bytes;
-    if (i < d->nbuckets) {
+    if (i < d->layout->nbuckets) {
       last_ready = it->t_ready > last_ready ? it->t_ready : last_ready;
       last_done = it->t_done > last_done ? it->t_done : last_done;
     }
   }
-  comm_item *agree = &c->items[d->nbuckets];
+  comm_item *agree = &c->items[d->layout->nbuckets];
   double exposed = last_done > last_ready ? last_done - last_ready : 0.0;
   d->exposed_s += exposed + (agree->t_done - agree->t_ready);
   d->steps++;
@@ -556,7 +424,7 @@ remat_status dp_step_end(const compiled_step *c, step_state *state,
     return s;
   bool agree_pending;
   pthread_mutex_lock(&d->comm.mu);
-  agree_pending = !d->comm.items[d->nbuckets].ready;
+  agree_pending = !d->comm.items[d->layout->nbuckets].ready;
   pthread_mutex_unlock(&d->comm.mu);
   if (agree_pending) /* the DAG did not run: join with this failure */
     agree_fill(d, s != REMAT_OK ? (int)s : REMAT_ERR_STATE);

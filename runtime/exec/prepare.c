@@ -1,7 +1,7 @@
 /* remat_compile: the compile pipeline (compile/compiled.h) builds the
  * compiled step, then the step state that runs change is made for it
- * (step_state.h), with the data-parallel state when the graph has one. The
- * two live together on the graph until it is destroyed. */
+ * (step_state.h), and the data-parallel state when the graph has one
+ * (dp.h). They live together on the graph until it is destroyed. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -48,19 +48,6 @@ static remat_status check_compile_args(remat_graph *g,
                       "[0,1), eps >= 0, weight_decay >= 0");
   return REMAT_OK;
 }
-/* The DAG stage's hook for the data-parallel tasks: their state goes to
- * the graph step's, whose address is fixed. */
-typedef struct dp_hook {
-  step_state *state;
-  struct dp_plan *dp;
-} dp_hook;
-
-static remat_status add_dp_tasks(const compiled_step *c, sched_dag *dag,
-                                 void *ctx) {
-  dp_hook *h = ctx;
-  return dp_add_tasks(c, h->state, dag, &h->dp);
-}
-
 remat_status remat_compile(remat_graph *g, const remat_tensor *loss,
                            const remat_optimizer *opt) {
   remat_status s = check_compile_args(g, loss, opt);
@@ -70,25 +57,25 @@ remat_status remat_compile(remat_graph *g, const remat_tensor *loss,
   if (gs == NULL)
     return graph_fail(g, REMAT_ERR_OUT_OF_MEMORY,
                       "remat_compile: out of memory");
-  dp_hook hook = {&gs->state, NULL};
   compile_request req = {g, loss != NULL ? loss->id : -1, opt,
-                         &remat__task_bodies, add_dp_tasks, &hook};
+                         &remat__task_bodies, dp_bucket_bytes(g)};
   s = compile_step(&req, &gs->compiled);
-  if (s == REMAT_OK) {
+  if (s == REMAT_OK)
     s = step_state_create(&gs->compiled, &gs->state);
-    if (s != REMAT_OK && g->status == REMAT_OK)
+  if (s == REMAT_OK) {
+    s = dp_state_create(&gs->compiled, &gs->state, &gs->state.dp);
+    if (s != REMAT_OK)
+      step_state_free(&gs->compiled, &gs->state);
+  }
+  if (s != REMAT_OK) {
+    if (g->status == REMAT_OK)
       graph_fail(g, s, "remat_compile: %s",
                  s == REMAT_ERR_OUT_OF_MEMORY ? "out of memory"
                                               : remat_last_error());
-  }
-  if (s != REMAT_OK) {
-    dp_plan_free(hook.dp);
-    if (gs->compiled.g != NULL)
-      compiled_step_free(&gs->compiled);
+    compiled_step_free(&gs->compiled); /* (zeroed when compile failed) */
     free(gs);
     return g->status;
   }
-  gs->state.dp = hook.dp;
   g->step = gs;
   g->compiled = true;
   return REMAT_OK;

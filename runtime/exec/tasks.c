@@ -7,12 +7,14 @@
 #include <string.h>
 
 #include "base/bf16.h"
+#include "runtime/dp/dp.h"
 #include "runtime/exec/node_copies.h"
 #include "runtime/exec/optim.h"
 #include "runtime/exec/precision.h"
 #include "runtime/exec/tasks.h"
 
-const task_bodies remat__task_bodies = {tasks_start, tasks_tile, tasks_done};
+const task_bodies remat__task_bodies = {tasks_start, tasks_tile, tasks_done,
+                                        dp_bucket_task, dp_agree_task};
 
 static float *buf_data(const step_state *s, int32_t b) {
   return b < 0 ? NULL : s->data[b];
