@@ -50,10 +50,9 @@ static void slurp(const char *path, char *buf, size_t len) {
     fclose(f);
 }
 
-/* Runs remat-train with standard input from `in` (NULL: /dev/null) and
+/* Runs the tool `exe` with standard input from `in` (NULL: /dev/null) and
  * the NULL-terminated arguments in `ap`. */
-static void run_from(result *r, const char *in, va_list ap) {
-  const char *exe = getenv("REMAT_TRAIN");
+static void run_exe(result *r, const char *exe, const char *in, va_list ap) {
   assert_non_null(exe);
   char *argv[40];
   int argc = 0;
@@ -76,6 +75,18 @@ static void run_from(result *r, const char *in, va_list ap) {
   r->code = WEXITSTATUS(status);
   slurp(out, r->out, sizeof r->out);
   slurp(err, r->err, sizeof r->err);
+}
+
+static void run_from(result *r, const char *in, va_list ap) {
+  run_exe(r, getenv("REMAT_TRAIN"), in, ap);
+}
+
+/* Runs remat-grads with the NULL-terminated arguments. */
+static void run_grads(result *r, ...) {
+  va_list ap;
+  va_start(ap, r);
+  run_exe(r, getenv("REMAT_GRADS"), NULL, ap);
+  va_end(ap);
 }
 
 /* Runs remat-train with the NULL-terminated arguments. */
@@ -167,6 +178,32 @@ static void test_usage_errors(void **state) {
   run(&r, "--help", NULL);
   assert_int_equal(r.code, 0);
   assert_memory_equal(r.out, "usage: remat-train", 18);
+}
+
+/* Every tool takes --help and --version; the version is the project's
+ * (meson.build), the library's remat_version(). */
+static void test_help_and_version(void **state) {
+  (void)state;
+  const char *project = getenv("REMAT_TEST_PROJECT_VERSION");
+  assert_non_null(project);
+  char want[64];
+  result r;
+  run(&r, "--version", NULL);
+  snprintf(want, sizeof want, "remat-train %s\n", project);
+  assert_int_equal(r.code, 0);
+  assert_string_equal(r.out, want);
+  assert_string_equal(r.err, "");
+  run_grads(&r, "--version", NULL);
+  snprintf(want, sizeof want, "remat-grads %s\n", project);
+  assert_int_equal(r.code, 0);
+  assert_string_equal(r.out, want);
+  run_grads(&r, "--help", NULL);
+  assert_int_equal(r.code, 0);
+  assert_memory_equal(r.out, "usage: remat-grads", 18);
+  assert_string_equal(r.err, "");
+  run_grads(&r, "--bogus", NULL);
+  assert_int_equal(r.code, 2);
+  assert_string_equal(r.err, "remat-grads: bad option '--bogus'\n");
 }
 
 static void test_data_errors(void **state) {
@@ -1249,6 +1286,7 @@ static void test_trace_steps(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_usage_errors),
+      cmocka_unit_test(test_help_and_version),
       cmocka_unit_test(test_data_errors),
       cmocka_unit_test(test_data_not_a_file),
       cmocka_unit_test(test_data_stdin),

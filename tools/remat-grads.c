@@ -18,12 +18,26 @@ typedef struct grad_options {
   remat_precision precision;
 } grad_options;
 
+static void usage(FILE *f) {
+  fprintf(f, "usage: remat-grads [--layers L --d-model D --heads H "
+             "--seq T --batch B --vocab V --threads N --seed S "
+             "--policy P --attention fused|materialized "
+             "--precision f32|bf16] OUT_PREFIX\n"
+             "Writes OUT_PREFIX.weights.safetensors, .grads.safetensors and "
+             ".batch.i32: a fresh GPT's weights, the gradients of one batch, "
+             "and the batch.\n"
+             "  --help     this text\n"
+             "  --version  remat-grads' version (the library's)\n");
+}
+
+/* 1: run; 0: bad command line; -1: --help or --version, done. */
 static int parse(int argc, char **argv, grad_options *o) {
   static const struct option longopts[] = {
       {"layers", 1, 0, 'L'}, {"d-model", 1, 0, 'D'}, {"heads", 1, 0, 'H'},
       {"seq", 1, 0, 'T'},    {"batch", 1, 0, 'B'},   {"vocab", 1, 0, 'V'},
       {"threads", 1, 0, 'N'}, {"seed", 1, 0, 'S'},   {"policy", 1, 0, 'P'},
-      {"attention", 1, 0, 'A'}, {"precision", 1, 0, 'R'}, {0, 0, 0, 0}};
+      {"attention", 1, 0, 'A'}, {"precision", 1, 0, 'R'},
+      {"help", 0, 0, 'h'},   {"version", 0, 0, 'v'}, {0, 0, 0, 0}};
   *o = (grad_options){.cfg = {.layers = 2, .d_model = 32, .heads = 4,
                               .seq = 16, .batch = 4, .vocab = 29},
                       .threads = 2, .seed = 3, .policy = "nothing_saveable"};
@@ -36,6 +50,13 @@ static int parse(int argc, char **argv, grad_options *o) {
                : c == 'N' ? &o->threads : NULL;
     if (field != NULL && (*field = atoi(optarg)) > 0)
       continue;
+    if (c == 'h' || c == 'v') {
+      if (c == 'h')
+        usage(stdout);
+      else
+        printf("remat-grads %s\n", remat_version());
+      return -1;
+    }
     if (c == 'S') {
       o->seed = strtoull(optarg, NULL, 10);
       continue;
@@ -60,11 +81,7 @@ static int parse(int argc, char **argv, grad_options *o) {
     return 0;
   }
   if (optind + 1 != argc) {
-    fprintf(stderr, "usage: remat-grads [--layers L --d-model D --heads H "
-                    "--seq T --batch B --vocab V --threads N --seed S "
-                    "--policy P --attention fused|materialized "
-                    "--precision f32|bf16] "
-                    "OUT_PREFIX\n");
+    usage(stderr);
     return 0;
   }
   o->prefix = argv[optind];
@@ -97,8 +114,9 @@ static int write_batch(const char *path, const int32_t *tok,
 
 int main(int argc, char **argv) {
   grad_options o;
-  if (!parse(argc, argv, &o))
-    return 2;
+  int parsed = parse(argc, argv, &o);
+  if (parsed <= 0)
+    return parsed < 0 ? 0 : 2;
   remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
                             REMAT_SET_PRECISION,
                      .num_threads = o.threads, .policy = o.policy,

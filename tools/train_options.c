@@ -86,6 +86,7 @@ static void usage(FILE *f) {
 "                   softmax(logits / T) (default 1)\n"
 "  --top-k K        draw among the K most likely tokens (default all)\n"
 "  --help           this text\n"
+"  --version        remat-train's version (the library's)\n"
 "\n"
 "Exit status: 0 done, 1 failure while running (data, files, memory\n"
 "budget, weights), 2 bad command line, 130 stopped by SIGINT or SIGTERM\n"
@@ -188,7 +189,7 @@ static int parse_budget(const char *v, int64_t *out) {
 
 enum { OPT_DATA = 256, OPT_LAYERS, OPT_DMODEL, OPT_HEADS, OPT_SEQ, OPT_BATCH,
        OPT_STEPS, OPT_LR, OPT_POLICY, OPT_BUDGET, OPT_THREADS, OPT_SEED,
-       OPT_SAVE, OPT_LOAD, OPT_TRACE, OPT_JSON, OPT_HELP,
+       OPT_SAVE, OPT_LOAD, OPT_TRACE, OPT_JSON, OPT_HELP, OPT_VERSION,
        OPT_SCHEDULE, OPT_WARMUP, OPT_LR_MIN, OPT_OPTIMIZER, OPT_WD,
        OPT_RESUME, OPT_SAVE_EVERY, OPT_ACCUM, OPT_CLIP, OPT_TRACE_STEPS,
        OPT_ATTENTION, OPT_PRECISION };
@@ -205,7 +206,7 @@ static const struct option longopts[] = {
     {"threads", 1, 0, OPT_THREADS}, {"seed", 1, 0, OPT_SEED},
     {"save", 1, 0, OPT_SAVE},       {"load", 1, 0, OPT_LOAD},
     {"trace", 1, 0, OPT_TRACE},     {"json", 0, 0, OPT_JSON},
-    {"help", 0, 0, OPT_HELP},
+    {"help", 0, 0, OPT_HELP},       {"version", 0, 0, OPT_VERSION},
     {"schedule", 1, 0, OPT_SCHEDULE},   {"warmup", 1, 0, OPT_WARMUP},
     {"lr-min", 1, 0, OPT_LR_MIN},       {"optimizer", 1, 0, OPT_OPTIMIZER},
     {"wd", 1, 0, OPT_WD},               {"resume", 1, 0, OPT_RESUME},
@@ -276,7 +277,7 @@ static int check_run(const train_options *o, const char *trains) {
   return why[0] != '\0';
 }
 
-/* One option; returns 0, -1 for --help, or EXIT_USAGE. */
+/* One option; returns 0, -1 for --help and --version, or EXIT_USAGE. */
 static int apply(int c, const char *arg, const char *raw, train_options *o,
                  int *seq_set, int *batch_set) {
   switch (c) {
@@ -299,6 +300,7 @@ static int apply(int c, const char *arg, const char *raw, train_options *o,
   case OPT_TRACE: o->trace_path = arg; return 0;
   case OPT_JSON: o->json = 1; return 0;
   case OPT_HELP: usage(stdout); return -1;
+  case OPT_VERSION: printf("remat-train %s\n", remat_version()); return -1;
   default: return apply_run(c, arg, raw, o);
   }
 }
