@@ -184,8 +184,8 @@ struct remat_graph {
   struct dp_graph *dp;     /* data parallel (mpi_dp.c), NULL when not */
 };
 
-/* graph.c: records the first error on the graph (sticky) and in the
- * thread's last error; returns the status. */
+/* graph_check.c: records the first error on the graph (sticky) and in
+ * the thread's last error; returns the status. */
 remat_status graph_fail(remat_graph *g, remat_status status, const char *fmt,
                         ...) __attribute__((format(printf, 3, 4)));
 /* Checks a tensor handle passed to a graph call. */
@@ -200,11 +200,12 @@ remat_status graph_enter(remat_graph *g, const char *what);
 void graph_leave(remat_graph *g);
 /* Waits until no call is inside g, then keeps others out (destroy). */
 void graph_enter_wait(remat_graph *g);
-/* Adds an op of `type` on `in` (builders.c's one entry point). */
+/* graph.c: adds an op of `type` on `in` (builders.c's one entry point). */
 remat_tensor *graph_add_op(remat_graph *g, op_type type,
                            const remat_tensor *const *in,
                            int nin, const op_attrs *attrs);
-/* Bytes of a tensor as the API reads, writes and feeds it (4 per element). */
+/* storage.c: bytes of a tensor as the API reads, writes and feeds it (4
+ * per element). */
 int64_t tensor_bytes(const remat_tensor *t);
 /* Bytes of its value buffer (and of a recomputed copy): 2 per element in
  * bf16 storage. */

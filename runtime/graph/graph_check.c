@@ -35,21 +35,6 @@ bool graph_tensor_ok(remat_graph *g, const remat_tensor *t, const char *what) {
   return true;
 }
 
-int64_t tensor_bytes(const remat_tensor *t) { return op_numel(&t->shape) * 4; }
-
-int64_t tensor_store_bytes(const remat_tensor *t) {
-  return op_numel(&t->shape) * op_dtype_size(t->store);
-}
-
-op_dtype graph_store_dtype(const remat_graph *g, bool param, op_dtype dtype,
-                           const op_shape *shape) {
-  bool scalar = shape->ndim == 1 && shape->dim[0] == 1;
-  if (g->rt->config.precision != REMAT_PRECISION_BF16 || param ||
-      dtype != OP_F32 || scalar)
-    return dtype;
-  return OP_BF16;
-}
-
 /* A token per thread: its address tells the threads apart. */
 static _Thread_local char thread_token;
 
