@@ -351,12 +351,12 @@ void dp_plan_free(struct dp_plan *d) {
 
 /* Rank 0's parameters and optimizer moments to every rank. */
 static remat_status broadcast_params(dp_plan *d) {
-  const compiled_step *p = d->c;
-  for (int32_t b = 0; b < p->low.nbufs; b++) {
-    const plan_buffer *buf = &p->low.bufs[b];
+  const compiled_step *c = d->c;
+  for (int32_t b = 0; b < c->low.nbufs; b++) {
+    const plan_buffer *buf = &c->low.bufs[b];
     float *data = d->s->data[b];
-    bool param = buf->tensor >= 0 && p->low.value_buf[buf->tensor] == b &&
-                 p->g->tensors[buf->tensor]->kind == TENSOR_PARAM;
+    bool param = buf->tensor >= 0 && c->low.value_buf[buf->tensor] == b &&
+                 c->g->tensors[buf->tensor]->kind == TENSOR_PARAM;
     if (!param && buf->cat != REMAT_MEM_OPTIMIZER)
       continue;
     if (!buf->persistent || data == NULL)
@@ -372,7 +372,7 @@ static remat_status broadcast_params(dp_plan *d) {
                            rc);
     }
     if (param)
-      node_copies_refresh(p, d->s, b, 0, 0, n);
+      node_copies_refresh(c, d->s, b, 0, 0, n);
   }
   return REMAT_OK;
 }

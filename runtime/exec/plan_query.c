@@ -32,12 +32,12 @@ remat_status remat_tensor_plan_of(const remat_graph *g, const remat_tensor *t,
     return remat__fail(REMAT_ERR_STATE,
                        "remat_tensor_plan_of: the graph is not compiled: "
                        "call remat_compile first");
-  const compiled_step *p = &g->step->compiled;
-  int32_t r = p->decision.deciding_region[t->id];
-  out->saved = p->decision.saved[t->id];
-  out->recomputed = p->low.recomp_buf[t->id] >= 0;
+  const compiled_step *c = &g->step->compiled;
+  int32_t r = c->decision.deciding_region[t->id];
+  out->saved = c->decision.saved[t->id];
+  out->recomputed = c->low.recomp_buf[t->id] >= 0;
   out->region = r;
-  out->policy = r >= 0 ? p->decision.region_policy[r] : "";
-  out->source = r >= 0 ? sources[p->decision.source[r]] : REMAT_POLICY_NONE;
+  out->policy = r >= 0 ? c->decision.region_policy[r] : "";
+  out->source = r >= 0 ? sources[c->decision.source[r]] : REMAT_POLICY_NONE;
   return REMAT_OK;
 }

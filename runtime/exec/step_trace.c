@@ -38,7 +38,7 @@ static const char *const counter_names[TRACE_NUM_COUNTERS] = {
     "scratch"};
 
 /* A category's counter; activations split by the remat decision. */
-static int counter_of(const compiled_step *p, remat_mem_category cat,
+static int counter_of(const compiled_step *c, remat_mem_category cat,
                       int32_t tensor) {
   switch (cat) {
   case REMAT_MEM_PARAMS:
@@ -48,7 +48,7 @@ static int counter_of(const compiled_step *p, remat_mem_category cat,
   case REMAT_MEM_GRADS:
     return 2;
   case REMAT_MEM_ACTIVATIONS:
-    return tensor >= 0 && !p->decision.saved[tensor] ? 4 : 3;
+    return tensor >= 0 && !c->decision.saved[tensor] ? 4 : 3;
   case REMAT_MEM_RECOMPUTED:
     return 5;
   case REMAT_MEM_ACT_GRADS:
@@ -71,9 +71,9 @@ static bool grow(void **array, size_t elem, size_t count) {
 }
 
 /* Room for one more step, and the writer's scratch. */
-static bool reserve(const compiled_step *p, step_trace *t) {
-  size_t ntasks = (size_t)sched_dag_num_tasks(p->tasks.dag);
-  size_t nbufs = (size_t)p->low.nbufs;
+static bool reserve(const compiled_step *c, step_trace *t) {
+  size_t ntasks = (size_t)sched_dag_num_tasks(c->tasks.dag);
+  size_t nbufs = (size_t)c->low.nbufs;
   if (t->events == NULL) { /* the last of the three: all or none usable */
     if (!grow((void **)&t->task_knode, sizeof *t->task_knode, ntasks) ||
         !grow((void **)&t->task_node, sizeof *t->task_node, ntasks) ||
@@ -81,12 +81,12 @@ static bool reserve(const compiled_step *p, step_trace *t) {
         !grow((void **)&t->events, sizeof *t->events, 2 * nbufs))
       return false;
     int64_t tile = 0; /* tiles in program order, as taskgraph.c adds them */
-    for (int32_t i = 0; i < p->low.nknodes; i++) {
-      const plan_knode *kn = &p->low.knodes[i];
+    for (int32_t i = 0; i < c->low.nknodes; i++) {
+      const plan_knode *kn = &c->low.knodes[i];
       for (int64_t k = 0; k < kn->tiles + 2; k++) {
-        t->task_knode[p->tasks.start_task[i] + k] = i;
-        t->task_node[p->tasks.start_task[i] + k] =
-            k < 2 ? -1 : p->numa.affinity[tile++];
+        t->task_knode[c->tasks.start_task[i] + k] = i;
+        t->task_node[c->tasks.start_task[i] + k] =
+            k < 2 ? -1 : c->numa.affinity[tile++];
       }
     }
   }
@@ -110,7 +110,7 @@ static bool reserve(const compiled_step *p, step_trace *t) {
   return ok;
 }
 
-remat_status step_trace_begin(const compiled_step *p, step_trace *t,
+remat_status step_trace_begin(const compiled_step *c, step_trace *t,
                               const mem_arena *arena, const char *run_name,
                               const char *config_path,
                               sched_trace_record **records) {
@@ -120,19 +120,19 @@ remat_status step_trace_begin(const compiled_step *p, step_trace *t,
     return REMAT_OK;
   if (t->target == config_path)
     t->nsteps = 0; /* REMAT_TRACE: the file holds the latest step */
-  if (!reserve(p, t)) {
+  if (!reserve(c, t)) {
     t->target = NULL;
     return REMAT_ERR_OUT_OF_MEMORY;
   }
   int s = t->nsteps;
   int64_t *base = t->base + (size_t)s * TRACE_NUM_COUNTERS;
   memset(base, 0, TRACE_NUM_COUNTERS * sizeof *base);
-  for (int c = 0; c < REMAT_MEM_NUM_CATEGORIES; c++)
-    base[counter_of(p, (remat_mem_category)c, -1)] +=
-        atomic_load(&arena->current[c]);
+  for (int k = 0; k < REMAT_MEM_NUM_CATEGORIES; k++)
+    base[counter_of(c, (remat_mem_category)k, -1)] +=
+        atomic_load(&arena->current[k]);
   t->run_name[s] = run_name;
   t->origin_ns[s] = sched_now_ns();
-  *records = t->records + (size_t)s * (size_t)sched_dag_num_tasks(p->tasks.dag);
+  *records = t->records + (size_t)s * (size_t)sched_dag_num_tasks(c->tasks.dag);
   return REMAT_OK;
 }
 
@@ -145,9 +145,9 @@ static double from_origin(const step_trace *t, int64_t ns) {
   return (double)(ns - t->origin_ns[0]) / 1e3;
 }
 
-static void write_threads(FILE *f, const compiled_step *p) {
-  const sched_placement *pl = sched_pool_placement(p->g->rt->pool);
-  int nw = p->g->rt->nworkers;
+static void write_threads(FILE *f, const compiled_step *c) {
+  const sched_placement *pl = sched_pool_placement(c->g->rt->pool);
+  int nw = c->g->rt->nworkers;
   fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,"
              "\"args\":{\"name\":\"remat\"}}");
   for (int w = 0; w < nw; w++)
@@ -161,16 +161,16 @@ static void write_threads(FILE *f, const compiled_step *p) {
           nw);
 }
 
-static void write_tasks(FILE *f, const compiled_step *p, step_trace *t, int s) {
-  int32_t ntasks = sched_dag_num_tasks(p->tasks.dag);
+static void write_tasks(FILE *f, const compiled_step *c, step_trace *t, int s) {
+  int32_t ntasks = sched_dag_num_tasks(c->tasks.dag);
   const sched_trace_record *rec = t->records + (size_t)s * (size_t)ntasks;
   for (int32_t task = 0; task < ntasks; task++) {
-    const plan_knode *kn = &p->low.knodes[t->task_knode[task]];
+    const plan_knode *kn = &c->low.knodes[t->task_knode[task]];
     /* 0 start, 1 done, 2.. tiles */
-    int64_t part = task - p->tasks.start_task[t->task_knode[task]];
+    int64_t part = task - c->tasks.start_task[t->task_knode[task]];
     fputs(",\n{\"name\":\"", f);
     remat__write_json_text(f,
-                  p->tasks.names + (size_t)t->task_knode[task] * TASK_NAME_MAX);
+                  c->tasks.names + (size_t)t->task_knode[task] * TASK_NAME_MAX);
     fprintf(f,
             "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
             "\"pid\":1,\"tid\":%d,\"args\":{\"step\":%d,\"id\":%d,"
@@ -194,33 +194,33 @@ static int cmp_event(const void *a, const void *b) {
 }
 
 /* The step's allocations and frees, sorted; returns how many. */
-static size_t step_events(const compiled_step *p, step_trace *t, int s) {
+static size_t step_events(const compiled_step *c, step_trace *t, int s) {
   const sched_trace_record *rec =
-      t->records + (size_t)s * (size_t)sched_dag_num_tasks(p->tasks.dag);
-  for (int32_t b = 0; b < p->low.nbufs; b++)
+      t->records + (size_t)s * (size_t)sched_dag_num_tasks(c->tasks.dag);
+  for (int32_t b = 0; b < c->low.nbufs; b++)
     t->free_ns[b] = -1;
   size_t n = 0;
-  for (int32_t i = 0; i < p->low.nknodes; i++) {
-    const plan_knode *kn = &p->low.knodes[i];
+  for (int32_t i = 0; i < c->low.nknodes; i++) {
+    const plan_knode *kn = &c->low.knodes[i];
     for (int k = 0; k < kn->ntouch; k++) {
-      int64_t end = rec[p->tasks.done_task[i]].end_ns;
+      int64_t end = rec[c->tasks.done_task[i]].end_ns;
       if (end > t->free_ns[kn->touch[k]])
         t->free_ns[kn->touch[k]] = end;
     }
     for (int k = 0; k < kn->ninit; k++) {
-      const plan_buffer *b = &p->low.bufs[kn->init[k]];
+      const plan_buffer *b = &c->low.bufs[kn->init[k]];
       if (!b->persistent)
-        t->events[n++] = (trace_event){rec[p->tasks.start_task[i]].start_ns,
+        t->events[n++] = (trace_event){rec[c->tasks.start_task[i]].start_ns,
                                        mem_block_bytes(b->bytes),
-                                       counter_of(p, b->cat, b->tensor)};
+                                       counter_of(c, b->cat, b->tensor)};
     }
   }
-  for (int32_t b = 0; b < p->low.nbufs; b++) {
-    const plan_buffer *buf = &p->low.bufs[b];
+  for (int32_t b = 0; b < c->low.nbufs; b++) {
+    const plan_buffer *buf = &c->low.bufs[b];
     if (!buf->persistent && buf->first_writer >= 0 && t->free_ns[b] >= 0)
       t->events[n++] =
           (trace_event){t->free_ns[b], -mem_block_bytes(buf->bytes),
-                        counter_of(p, buf->cat, buf->tensor)};
+                        counter_of(c, buf->cat, buf->tensor)};
   }
   qsort(t->events, n, sizeof *t->events, cmp_event);
   return n;
@@ -237,11 +237,11 @@ static void write_counter(FILE *f, double ts, const int64_t *live) {
   fputs("}}", f);
 }
 
-static void write_counters(FILE *f, const compiled_step *p, step_trace *t, int s) {
+static void write_counters(FILE *f, const compiled_step *c, step_trace *t, int s) {
   int64_t live[TRACE_NUM_COUNTERS];
   memcpy(live, t->base + (size_t)s * TRACE_NUM_COUNTERS, sizeof live);
   write_counter(f, from_origin(t, t->origin_ns[s]), live);
-  size_t n = step_events(p, t, s);
+  size_t n = step_events(c, t, s);
   for (size_t i = 0; i < n; i++) {
     live[t->events[i].counter] += t->events[i].delta;
     if (i + 1 == n || t->events[i + 1].ns != t->events[i].ns)
@@ -249,15 +249,15 @@ static void write_counters(FILE *f, const compiled_step *p, step_trace *t, int s
   }
 }
 
-static void write_steps(FILE *f, const compiled_step *p, step_trace *t) {
+static void write_steps(FILE *f, const compiled_step *c, step_trace *t) {
   for (int s = 0; s < t->nsteps; s++) {
     fprintf(f,
             ",\n{\"name\":\"step %d (%s)\",\"cat\":\"step\",\"ph\":\"X\","
             "\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%d}",
             s + 1, t->run_name[s], from_origin(t, t->origin_ns[s]),
-            (double)(t->end_ns[s] - t->origin_ns[s]) / 1e3, p->g->rt->nworkers);
-    write_tasks(f, p, t, s);
-    write_counters(f, p, t, s);
+            (double)(t->end_ns[s] - t->origin_ns[s]) / 1e3, c->g->rt->nworkers);
+    write_tasks(f, c, t, s);
+    write_counters(f, c, t, s);
   }
 }
 
@@ -265,7 +265,7 @@ static void write_steps(FILE *f, const compiled_step *p, step_trace *t) {
  * (files.h): the target, and whoever reads it, another graph writing it
  * at the same time included, only ever sees a whole trace; on failure it
  * is as it was. */
-static remat_status write_file(const compiled_step *p, step_trace *t, const char *path,
+static remat_status write_file(const compiled_step *c, step_trace *t, const char *path,
                                char *err, size_t len) {
   remat__replacing r;
   FILE *f = remat__replace_begin(path, &r);
@@ -275,8 +275,8 @@ static remat_status write_file(const compiled_step *p, step_trace *t, const char
     return REMAT_ERR_IO;
   }
   fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", f);
-  write_threads(f, p);
-  write_steps(f, p, t);
+  write_threads(f, c);
+  write_steps(f, c, t);
   fputs("\n]}\n", f);
   int e = remat__replace_end(f, &r);
   if (e != 0) {
@@ -289,14 +289,14 @@ static remat_status write_file(const compiled_step *p, step_trace *t, const char
   return REMAT_OK;
 }
 
-remat_status step_trace_end(const compiled_step *p, step_trace *t, char *err,
+remat_status step_trace_end(const compiled_step *c, step_trace *t, char *err,
                             size_t len) {
   if (t->target == NULL)
     return REMAT_OK;
   t->end_ns[t->nsteps++] = sched_now_ns();
   if (t->target == t->path)
     t->steps_left--;
-  remat_status s = write_file(p, t, t->target, err, len);
+  remat_status s = write_file(c, t, t->target, err, len);
   t->target = NULL;
   return s;
 }

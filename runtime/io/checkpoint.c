@@ -12,10 +12,10 @@
 #define KEY_STEP "remat.step"
 #define KEY_OPTIMIZER "remat.optimizer"
 
-static const char *optimizer_name(const compiled_step *p) {
-  if (!p->has_opt)
+static const char *optimizer_name(const compiled_step *c) {
+  if (!c->has_opt)
     return "none";
-  return p->opt.kind == REMAT_OPT_ADAMW ? "adamw" : "sgd";
+  return c->opt.kind == REMAT_OPT_ADAMW ? "adamw" : "sgd";
 }
 
 /* A caller's key: 1 to 63 letters, digits, '_', '.' or '-', none of the
@@ -63,10 +63,10 @@ static remat_status check_keys(const char *const *keys, const void *values,
 
 /* The buffer of AdamW's first (or second) moment of parameter `tensor`,
  * -1 when it has none. */
-static int32_t moment_buf(const compiled_step *p, int32_t tensor,
+static int32_t moment_buf(const compiled_step *c, int32_t tensor,
                           bool second) {
-  for (int32_t k = 0; k < p->low.nknodes; k++) {
-    const plan_knode *kn = &p->low.knodes[k];
+  for (int32_t k = 0; k < c->low.nknodes; k++) {
+    const plan_knode *kn = &c->low.knodes[k];
     if (kn->kind == KNODE_UPDATE && kn->optim.param_tensor == tensor)
       return second ? kn->optim.adam_v : kn->optim.adam_m;
   }
@@ -79,13 +79,13 @@ static remat_status checkpoint_items(remat_graph *g, safet_item **items,
   int nparams = 0;
   remat_status s = safet_params(g, false, 2 * remat_num_params(g), items,
                                 &nparams, what);
-  const compiled_step *p = &g->step->compiled;
+  const compiled_step *c = &g->step->compiled;
   *n = nparams;
   for (int pass = 0; pass < 2 && s == REMAT_OK; pass++)
     for (int i = 0; i < nparams; i++) {
       const remat_tensor *t = (*items)[i].param;
-      int32_t b = p->has_opt && p->opt.kind == REMAT_OPT_ADAMW
-                      ? moment_buf(p, t->id, pass == 1)
+      int32_t b = c->has_opt && c->opt.kind == REMAT_OPT_ADAMW
+                      ? moment_buf(c, t->id, pass == 1)
                       : -1;
       if (b < 0)
         continue;
