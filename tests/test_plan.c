@@ -25,7 +25,7 @@ static const char *const block_names[] = {
     "ffn_out"};
 #define NNAMES (sizeof block_names / sizeof block_names[0])
 
-/* One policy and the names it must save in every block, by the README's
+/* One policy and the names it must save in every block, by docs/policies.md's
  * table of policies (written from the policy's meaning, not from the
  * implementation). */
 typedef struct policy_case {
