@@ -10,11 +10,14 @@
 # whose search text does not occur exactly once; 1: the unmutated copy does
 # not build or fails its tests).
 #
-#   tools/mutants.sh [--list] [--only ID...] [--timeout SECONDS]
-#                    [--keep DIR] [--file MUTATIONS]
+#   tools/mutants.sh [--list] [--only ID...] [--tests TEST...]
+#                    [--timeout SECONDS] [--keep DIR] [--file MUTATIONS]
 #
 #   --list       list the mutations (and check that each applies), run none
 #   --only ID..  run only these mutations
+#   --tests T..  run only these meson tests, for the baseline and for every
+#                mutant (quicker; a mutant that survives them may still die
+#                in the whole suite, so SURVIVED then means "not by these")
 #   --timeout S  limit of one test-suite run in seconds (default 300)
 #   --keep DIR   work in DIR and leave it there (copy, build, logs/ID.log);
 #                a later run with the same DIR rebuilds only what changed
@@ -31,6 +34,7 @@ timeout_s=300
 keep_dir=
 list_only=0
 only=()
+tests_only=()
 jobs=${MUTANTS_JOBS:-2}
 
 die() { echo "mutants.sh: $*" >&2; exit 2; }
@@ -43,6 +47,10 @@ while [ $# -gt 0 ]; do
       shift
       while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do only+=("$1"); shift; done
       [ ${#only[@]} -gt 0 ] || die "--only needs at least one mutation id" ;;
+    --tests)
+      shift
+      while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do tests_only+=("$1"); shift; done
+      [ ${#tests_only[@]} -gt 0 ] || die "--tests needs at least one test name" ;;
     --timeout)
       [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || die "--timeout needs a number of seconds"
       timeout_s=$2; shift 2 ;;
@@ -222,7 +230,7 @@ run_mutant() {
   if ! ninja -C "$build" -j "$jobs" >"$log" 2>&1; then
     verdict=KILLED how="did not compile"
   else
-    run_suite "$log"
+    run_suite "$log" "${tests_only[@]}"
     rc=$?
     if [ "$rc" = 0 ]; then
       verdict=SURVIVED how="suite passed"
@@ -254,13 +262,13 @@ ninja -C "$build" -j "$jobs" >"$logs/baseline.log" 2>&1 ||
   { tail -30 "$logs/baseline.log"; broken "the unmutated copy does not build"; }
 # A test that fails once on the unmutated copy but passes when rerun is
 # flaky: the run goes on, and every kill is checked by a rerun anyway.
-run_suite "$logs/baseline.log"
+run_suite "$logs/baseline.log" "${tests_only[@]}"
 rc=$?
 if [ "$rc" != 0 ]; then
   mapfile -t flaky < <(failed_tests "$logs/baseline.log")
   if [ ${#flaky[@]} -eq 0 ] || [ "$rc" = 124 ] || [ "$rc" = 137 ] ||
      ! { echo "---- rerun ----" >>"$logs/baseline.log"; run_suite "$logs/baseline.log" "${flaky[@]}"; } ||
-     ! run_suite "$logs/baseline.log"; then
+     ! run_suite "$logs/baseline.log" "${tests_only[@]}"; then
     tail -30 "$logs/baseline.log"
     broken "the unmutated copy fails its tests (status $rc)"
   fi
