@@ -15,17 +15,19 @@
  *     node 0's for those without affinity);
  *  4. the roots: sorted by priority at finalize and handed out from that
  *     static array through an atomic cursor, in batches of about a
- *     (2 * workers)-th of the roots left, at most ROOT_BATCH_MAX (guided
- *     scheduling): a million independent tasks cost one atomic add per 128,
+ *     (2 * workers)-th of the roots left, at most SCHED_ROOT_BATCH_MAX
+ *     (guided scheduling): a million independent tasks cost one atomic add per 128,
  *     and when roots are few (real steps) batches are of one or two, so a
  *     claimed batch (which only its worker runs) never holds back much;
  *  5. stealing the top task of other workers' heaps, own node first, in
  *     the order of sched_steal_order.
- * So one worker always runs the highest-priority ready task: with priorities
- * that follow a topological order, a one-thread run follows that order
- * exactly (the runtime predicts memory from it). Heaps hold only tasks
- * without affinity, so stealing never moves a task off its node. An idle
- * worker spins, yields, then sleeps (pool.c). */
+ * The choices are sched_pick.h's pure functions, which the scaling
+ * simulator calls too. So one worker always runs the highest-priority
+ * ready task: with priorities that follow a topological order, a
+ * one-thread run follows that order exactly (the runtime predicts memory
+ * from it). Heaps hold only tasks without affinity, so stealing never
+ * moves a task off its node. An idle worker spins, yields, then sleeps
+ * (pool.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +35,6 @@
 #include "base/alloc.h"
 #include "sched/sched_internal.h"
 
-#define ROOT_BATCH_MAX 128
 #define SPIN_PAUSES 64 /* find_task attempts with a pause between */
 #define SPIN_YIELDS 16 /* then attempts with a sched_yield between */
 
@@ -123,7 +124,7 @@ static int32_t release_successors(sched_worker *w, int32_t task) {
     if (!last_predecessor(&dag->tasks[s], &pending[s]))
       continue;
     int node = dag->tasks[s].numa_node;
-    if (node >= 0 && node != w->node) {
+    if (!sched_may_continue(node, w->node)) {
       push_ready(w, s);
       continue;
     }
@@ -150,7 +151,9 @@ static int32_t find_task(sched_worker *w);
 /* The continuation, or a waiting task that strictly outranks it. */
 static int32_t continue_with(sched_worker *w, int32_t next) {
   int32_t p = sched_prio(w->dag, next);
-  if (sched_heap_top_prio(&w->ready, w->dag) <= p && next_root_prio(w) <= p)
+  int32_t top = sched_heap_top_prio(&w->ready, w->dag);
+  /* the root's priority only when the heap does not already decide */
+  if (top <= p && sched_keeps_continuation(p, top, next_root_prio(w)))
     return next;
   push_ready(w, next);
   return find_task(w);
@@ -176,8 +179,7 @@ static int32_t next_root(sched_worker *w) {
   int32_t first = atomic_load_explicit(cursor, memory_order_relaxed);
   if (first >= n)
     return -1;
-  int32_t batch = (n - first) / (2 * w->pool->nworkers);
-  batch = batch < 1 ? 1 : batch > ROOT_BATCH_MAX ? ROOT_BATCH_MAX : batch;
+  int32_t batch = sched_root_batch(n, first, w->pool->nworkers);
   first = atomic_fetch_add_explicit(cursor, batch, memory_order_relaxed);
   if (first >= n)
     return -1;
@@ -199,11 +201,16 @@ static int32_t steal(sched_worker *w) {
   return -1;
 }
 
+/* sched_pick_source's order, each source's state read only when the rule
+ * gets to it (a root's priority is a load from a large cold array): own
+ * heap when it outranks the roots, inbox, roots, own heap, steal. Each
+ * source may turn out emptied meanwhile by other workers; then the next
+ * is tried. test_sched replays a 1-worker run by sched_pick_source. */
 static int32_t find_task(sched_worker *w) {
   sched_pool *pool = w->pool;
   int32_t task = -1;
   int32_t top = sched_heap_top_prio(&w->ready, w->dag);
-  if (top != INT32_MIN && top >= next_root_prio(w))
+  if (top != INT32_MIN && sched_heap_first(top, next_root_prio(w)))
     task = sched_heap_pop(&w->ready, w->dag, pool->links);
   sched_queue *inbox = &pool->nodes[w->node].inbox;
   if (task < 0 && sched_queue_size(inbox) > 0)

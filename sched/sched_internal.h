@@ -12,6 +12,7 @@
 #include <stdbool.h>
 
 #include "sched/sched.h"
+#include "sched/sched_pick.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

@@ -1,6 +1,7 @@
 /* Tests of the task scheduler (sched/): random DAGs run many times at
  * several thread counts, placement and NUMA affinity on synthetic
- * topologies, priorities, cycles, limits, task errors and traces. Set
+ * topologies, priorities, the pick rule of sched_pick.h against a 1-worker
+ * run, cycles, limits, task errors and traces. Set
  * REMAT_TEST_QUICK to run fewer iterations (sanitizer builds). */
 #include <pthread.h>
 #include <setjmp.h>
@@ -373,6 +374,180 @@ static void test_priorities(void **state) {
   for (int i = 0; i < 8; i++)
     assert_int_equal(atomic_load(&t.rec.stamp[order[i]]), i);
   test_dag_free(&t);
+  sched_pool_destroy(pool);
+  hwloc_topology_destroy(topo);
+}
+
+/* sched_pick.h's rule on chosen views: each source where it should win. */
+static void test_pick_source(void **state) {
+  (void)state;
+  const int32_t none = INT32_MIN;
+  sched_view v = {.heap_top = 5, .root_prio = 5, .heap_ready = true,
+                  .root_ready = true, .inbox_ready = true};
+  assert_int_equal(sched_pick_source(v), SCHED_FROM_HEAP); /* ties: heap */
+  v.root_prio = 6;
+  assert_int_equal(sched_pick_source(v), SCHED_FROM_INBOX);
+  v.inbox_ready = false;
+  assert_int_equal(sched_pick_source(v), SCHED_FROM_ROOT);
+  v = (sched_view){.heap_top = 3, .root_prio = none, .heap_ready = true};
+  assert_int_equal(sched_pick_source(v), SCHED_FROM_HEAP);
+  v = (sched_view){.heap_top = none, .root_prio = none, .heap_ready = true};
+  assert_int_equal(sched_pick_source(v), SCHED_FROM_HEAP); /* priority MIN */
+  v = (sched_view){.heap_top = none, .root_prio = none, .root_ready = true};
+  assert_int_equal(sched_pick_source(v), SCHED_FROM_ROOT);
+  v = (sched_view){.heap_top = none, .root_prio = none};
+  assert_int_equal(sched_pick_source(v), SCHED_FROM_STEAL);
+  assert_true(sched_keeps_continuation(4, 4, 4));
+  assert_false(sched_keeps_continuation(4, 5, none));
+  assert_false(sched_keeps_continuation(4, none, 5));
+  assert_true(sched_keeps_continuation(4, none, none));
+  assert_true(sched_may_continue(-1, 1));
+  assert_true(sched_may_continue(1, 1));
+  assert_false(sched_may_continue(0, 1));
+  assert_int_equal(sched_root_batch(1000, 0, 2), 128);
+  assert_int_equal(sched_root_batch(1000, 900, 2), 25);
+  assert_int_equal(sched_root_batch(10, 9, 4), 1);
+}
+
+/* A replay of one worker by sched_pick.h alone, on plain arrays: what the
+ * scaling simulator does. Fills order[] with the tasks as it takes them. */
+typedef struct replay {
+  const sched_dag *dag;
+  int32_t *pending, *heap, *inbox;
+  int32_t nheap, inbox_head, inbox_tail, cursor;
+} replay;
+
+static int32_t replay_prio(const replay *r, int32_t t) {
+  return r->dag->info[t].priority;
+}
+
+/* The heap's top: priorities are distinct, so a linear scan will do. */
+static int replay_top(const replay *r) {
+  int best = -1;
+  for (int i = 0; i < r->nheap; i++)
+    if (best < 0 || replay_prio(r, r->heap[i]) > replay_prio(r, r->heap[best]))
+      best = i;
+  return best;
+}
+
+static void replay_push(replay *r, int32_t t) {
+  if (r->dag->tasks[t].numa_node < 0)
+    r->heap[r->nheap++] = t;
+  else
+    r->inbox[r->inbox_tail++] = t;
+}
+
+static int32_t replay_find(replay *r) {
+  int top = replay_top(r);
+  const sched_dag *dag = r->dag;
+  sched_view v = {
+      .heap_top = top >= 0 ? replay_prio(r, r->heap[top]) : INT32_MIN,
+      .root_prio = r->cursor < dag->nroots
+                       ? replay_prio(r, dag->roots[r->cursor]) : INT32_MIN,
+      .heap_ready = top >= 0,
+      .root_ready = r->cursor < dag->nroots,
+      .inbox_ready = r->inbox_head < r->inbox_tail};
+  switch (sched_pick_source(v)) {
+  case SCHED_FROM_HEAP: {
+    int32_t t = r->heap[top];
+    r->heap[top] = r->heap[--r->nheap];
+    return t;
+  }
+  case SCHED_FROM_INBOX:
+    return r->inbox[r->inbox_head++];
+  case SCHED_FROM_ROOT:
+    return dag->roots[r->cursor++];
+  case SCHED_FROM_STEAL:
+    break;
+  }
+  return -1;
+}
+
+static void replay_one_worker(const sched_dag *dag, int32_t *order) {
+  int32_t n = dag->ntasks, k = 0;
+  replay r = {.dag = dag};
+  r.pending = calloc((size_t)n, sizeof *r.pending);
+  r.heap = calloc((size_t)n, sizeof *r.heap);
+  r.inbox = calloc((size_t)n, sizeof *r.inbox);
+  assert_non_null(r.inbox);
+  for (int32_t t = 0; t < n; t++)
+    r.pending[t] = dag->tasks[t].npred;
+  for (int32_t i = 0; i < dag->naffine_roots; i++)
+    replay_push(&r, dag->roots[dag->nroots + i]);
+  for (int32_t task = replay_find(&r); task >= 0;) {
+    order[k++] = task;
+    int32_t next = -1;
+    const sched_task *t = &dag->tasks[task];
+    for (int32_t e = t->succ_end - 1; e >= t->succ_begin; e--) {
+      int32_t s = dag->succ[e];
+      if (--r.pending[s] > 0)
+        continue;
+      if (!sched_may_continue(dag->tasks[s].numa_node, 0)) {
+        replay_push(&r, s);
+        continue;
+      }
+      if (next >= 0)
+        replay_push(&r, next);
+      next = s;
+    }
+    if (next >= 0) {
+      int top = replay_top(&r);
+      int32_t heap_top = top >= 0 ? replay_prio(&r, r.heap[top]) : INT32_MIN;
+      int32_t root = r.cursor < dag->nroots
+                         ? replay_prio(&r, dag->roots[r.cursor]) : INT32_MIN;
+      if (!sched_keeps_continuation(replay_prio(&r, next), heap_top, root)) {
+        replay_push(&r, next);
+        next = replay_find(&r);
+      }
+    } else {
+      next = replay_find(&r);
+    }
+    task = next;
+  }
+  assert_int_equal(k, n);
+  free(r.pending);
+  free(r.heap);
+  free(r.inbox);
+}
+
+/* The simulator's premise: a replay by sched_pick.h takes tasks in the
+ * order a 1-worker sched_run runs them, on random DAGs with distinct
+ * priorities and tasks bound to the worker's node (the inbox). */
+static void test_pick_replays_one_worker(void **state) {
+  (void)state;
+  hwloc_topology_t topo = load_topology("numa:1 core:1 pu:1");
+  sched_pool *pool = make_pool(topo, 1, SCHED_BIND_NONE);
+  for (unsigned seed = 1; seed <= 4; seed++) {
+    enum { N = 600 };
+    test_dag t;
+    test_dag_init(&t, N, N * 4);
+    unsigned rs = seed;
+    int prio[N];
+    for (int i = 0; i < N; i++)
+      prio[i] = i;
+    for (int i = N - 1; i > 0; i--) { /* distinct, shuffled */
+      int j = (int)(next_rand(&rs) % (unsigned)(i + 1)), x = prio[i];
+      prio[i] = prio[j];
+      prio[j] = x;
+    }
+    for (int i = 0; i < N; i++) {
+      add_task(&t, prio[i], next_rand(&rs) % 4 == 0 ? 0 : -1, "pick");
+      int fan_in = i == 0 ? 0 : (int)(next_rand(&rs) % 4);
+      int window = i < 50 ? i : 50;
+      for (int k = 0; k < fan_in; k++)
+        add_edge(&t, i - 1 - (int)(next_rand(&rs) % window), i);
+    }
+    char err[SCHED_ERRMSG_MAX];
+    assert_int_equal(sched_dag_finalize(t.dag, err), REMAT_OK);
+    run_ok(pool, &t);
+    int32_t order[N];
+    replay_one_worker(t.dag, order);
+    for (int i = 0; i < N; i++)
+      if (atomic_load(&t.rec.stamp[order[i]]) != i)
+        fail_msg("seed %u: the replay's task %d is %d, which ran %ld-th", seed,
+                 i, (int)order[i], atomic_load(&t.rec.stamp[order[i]]));
+    test_dag_free(&t);
+  }
   sched_pool_destroy(pool);
   hwloc_topology_destroy(topo);
 }
@@ -781,6 +956,8 @@ int main(void) {
       cmocka_unit_test(test_placement_four_nodes),
       cmocka_unit_test(test_affinity),
       cmocka_unit_test(test_priorities),
+      cmocka_unit_test(test_pick_source),
+      cmocka_unit_test(test_pick_replays_one_worker),
       cmocka_unit_test(test_cycle),
       cmocka_unit_test(test_dag_limits),
       cmocka_unit_test(test_pool_args),

@@ -10,8 +10,6 @@
 #include "benchmarks/sim/sim_engine.h"
 #include "benchmarks/sim/sim_fluid.h"
 
-#define ROOT_BATCH_MAX 128 /* as sched/run.c */
-
 enum { IDLE, LOOKING, STARTING, RUNNING };
 
 typedef struct entry {
@@ -51,7 +49,8 @@ typedef struct sim {
   int32_t inbox_head[SIM_MAX_NODES], inbox_tail[SIM_MAX_NODES];
   int32_t inbox_size[SIM_MAX_NODES];
   double inbox_lock[SIM_MAX_NODES], root_lock;
-  uint64_t *nonempty; /* bit v: worker v's heap holds tasks */
+  sched_placement place; /* the workers' nodes, as the pool's */
+  int *victims;          /* [W - 1] scratch for sched_steal_order */
   int *idle, idle_n[SIM_MAX_NODES]; /* per node: a stack at node_first */
   event *ev;
   int nev;
@@ -114,33 +113,6 @@ static void lock_op(double *lock_free, double *clock, double hold) {
   *clock = start + hold;
 }
 
-static void set_nonempty(sim *x, int v, int on) {
-  uint64_t bit = 1ull << (v & 63);
-  if (on)
-    x->nonempty[v >> 6] |= bit;
-  else
-    x->nonempty[v >> 6] &= ~bit;
-}
-
-/* The first worker in [lo, hi) other than skip whose heap holds tasks. */
-static int next_nonempty(const sim *x, int lo, int hi, int skip) {
-  int i = lo;
-  while (i < hi) {
-    uint64_t word = x->nonempty[i >> 6] >> (i & 63);
-    if (word == 0) {
-      i = (i | 63) + 1;
-      continue;
-    }
-    int j = i + __builtin_ctzll(word);
-    if (j >= hi)
-      return -1;
-    if (j != skip)
-      return j;
-    i = j + 1;
-  }
-  return -1;
-}
-
 static double lock_hold(const sim *x, int worker_node, int queue_node) {
   return x->m->lock_s * (worker_node == queue_node ? 1.0 : x->m->lock_remote);
 }
@@ -148,10 +120,7 @@ static double lock_hold(const sim *x, int worker_node, int queue_node) {
 static int32_t pop_heap_of(sim *x, int v, int thief, double *clock) {
   heap *h = &x->w[v].ready;
   lock_op(&h->lock_free, clock, lock_hold(x, x->w[thief].node, x->w[v].node));
-  int32_t t = heap_pop(h);
-  if (h->n == 0)
-    set_nonempty(x, v, 0);
-  return t;
+  return heap_pop(h);
 }
 
 static int32_t inbox_pop(sim *x, int node, int worker, double *clock) {
@@ -235,7 +204,6 @@ static int push_ready(sim *x, int v, int32_t task, double *clock) {
     lock_op(&h->lock_free, clock, x->m->lock_s);
     if (!heap_push(h, (entry){x->l->prio[task], task, x->seq++}))
       return 0;
-    set_nonempty(x, v, 1);
     wake_for_push(x, v, clock);
     return 1;
   }
@@ -252,7 +220,7 @@ static int push_ready(sim *x, int v, int32_t task, double *clock) {
   return 1;
 }
 
-/* ---- the rule of sched/run.c ---- */
+/* ---- the rule of sched/run.c, by sched/sched_pick.h ---- */
 
 static int32_t next_root_prio(const sim *x, int v) {
   const worker *w = &x->w[v];
@@ -269,8 +237,7 @@ static int32_t next_root(sim *x, int v, double *clock) {
   int32_t n = x->l->nroots, first = x->root_cursor;
   if (first >= n)
     return -1;
-  int32_t batch = (n - first) / (2 * x->W);
-  batch = batch < 1 ? 1 : batch > ROOT_BATCH_MAX ? ROOT_BATCH_MAX : batch;
+  int32_t batch = sched_root_batch(n, first, x->W);
   lock_op(&x->root_lock, clock, x->m->lock_s);
   x->root_cursor += batch;
   w->root_next = first + 1;
@@ -283,38 +250,34 @@ static int32_t heap_top_prio(const sim *x, int v) {
   return h->n > 0 ? h->v[0].prio : INT32_MIN;
 }
 
-/* Other workers' heaps: own node first, each node from the thief's rank. */
+/* Other workers' heaps in the order of sched_steal_order. */
 static int32_t steal(sim *x, int v, double *clock) {
-  int node = x->w[v].node, rank = v - x->node_first[node];
-  for (int k = 0; k < 2 * x->N; k++) {
-    int n = node ^ k;
-    if (n >= x->N)
-      continue;
-    int first = x->node_first[n], end = x->node_first[n + 1];
-    if (end == first)
-      continue;
-    int start = first + rank % (end - first);
-    int victim = next_nonempty(x, start, end, v);
-    if (victim < 0)
-      victim = next_nonempty(x, first, start, v);
-    if (victim >= 0)
-      return pop_heap_of(x, victim, v, clock);
-  }
+  sched_steal_order(&x->place, v, x->victims);
+  for (int i = 0; i < x->W - 1; i++)
+    if (x->w[x->victims[i]].ready.n > 0)
+      return pop_heap_of(x, x->victims[i], v, clock);
   return -1;
 }
 
 static int32_t find_task(sim *x, int v, double *clock) {
-  int32_t top = heap_top_prio(x, v);
-  if (top != INT32_MIN && top >= next_root_prio(x, v))
+  const worker *w = &x->w[v];
+  int node = w->node;
+  sched_view view = {
+      .heap_top = heap_top_prio(x, v),
+      .root_prio = next_root_prio(x, v),
+      .heap_ready = w->ready.n > 0,
+      .root_ready = w->root_next < w->root_end || x->root_cursor < x->l->nroots,
+      .inbox_ready = x->inbox_size[node] > 0};
+  switch (sched_pick_source(view)) {
+  case SCHED_FROM_HEAP:
     return pop_heap_of(x, v, v, clock);
-  int node = x->w[v].node;
-  if (x->inbox_size[node] > 0)
+  case SCHED_FROM_INBOX:
     return inbox_pop(x, node, v, clock);
-  int32_t root = next_root(x, v, clock);
-  if (root >= 0)
-    return root;
-  if (x->w[v].ready.n > 0)
-    return pop_heap_of(x, v, v, clock);
+  case SCHED_FROM_ROOT:
+    return next_root(x, v, clock);
+  case SCHED_FROM_STEAL:
+    break;
+  }
   return steal(x, v, clock);
 }
 
@@ -327,7 +290,7 @@ static int32_t release(sim *x, int v, int32_t task, double *clock) {
     int32_t s = l->succ[e];
     if (--x->pending[s] > 0)
       continue;
-    if (l->node[s] >= 0 && l->node[s] != x->w[v].node) {
+    if (!sched_may_continue(l->node[s], x->w[v].node)) {
       if (!push_ready(x, v, s, clock))
         return -2;
       continue;
@@ -407,8 +370,8 @@ static int on_end(sim *x, int v, double t) {
   if (next == -2)
     return 0;
   if (next >= 0) {
-    int32_t p = x->l->prio[next];
-    if (heap_top_prio(x, v) > p || next_root_prio(x, v) > p) {
+    if (!sched_keeps_continuation(x->l->prio[next], heap_top_prio(x, v),
+                                  next_root_prio(x, v))) {
       if (!push_ready(x, v, next, &clock))
         return 0;
       next = find_task(x, v, &clock);
@@ -521,12 +484,15 @@ static int setup(sim *x) {
   x->w = calloc((size_t)W, sizeof *x->w);
   x->pending = malloc((size_t)x->l->ntasks * sizeof *x->pending);
   x->inbox_next = malloc((size_t)x->l->ntasks * sizeof *x->inbox_next);
-  x->nonempty = calloc((size_t)(W + 63) / 64, sizeof *x->nonempty);
+  x->place = (sched_placement){.nworkers = W, .nnodes = N,
+                                .worker_node = malloc((size_t)W * sizeof(int)),
+                                .node_first = x->node_first};
+  x->victims = malloc((size_t)W * sizeof *x->victims);
   x->idle = malloc((size_t)W * sizeof *x->idle);
   x->ev = malloc((size_t)W * sizeof *x->ev);
   x->users_left = malloc(((size_t)x->s->c->low.nbufs + 1) * sizeof *x->users_left);
-  if (!x->w || !x->pending || !x->inbox_next || !x->nonempty || !x->idle ||
-      !x->ev || !x->users_left ||
+  if (!x->w || !x->pending || !x->inbox_next || !x->place.worker_node ||
+      !x->victims || !x->idle || !x->ev || !x->users_left ||
       !sim_fluid_init(&x->fluid, W, N, x->m->mem_bw, x->m->link_bw))
     return 0;
   memcpy(x->pending, x->l->npred, (size_t)x->l->ntasks * sizeof *x->pending);
@@ -537,7 +503,7 @@ static int setup(sim *x) {
   for (int v = 0; v < W; v++) {
     for (int n = 0; n < N; n++)
       if (v >= x->node_first[n] && v < x->node_first[n + 1])
-        x->w[v].node = n;
+        x->w[v].node = x->place.worker_node[v] = n;
     x->w[v].state = LOOKING;
     event_push(x, 0.0, v);
   }
@@ -550,7 +516,8 @@ static void teardown(sim *x) {
   free(x->w);
   free(x->pending);
   free(x->inbox_next);
-  free(x->nonempty);
+  free(x->place.worker_node);
+  free(x->victims);
   free(x->idle);
   free(x->ev);
   free(x->users_left);

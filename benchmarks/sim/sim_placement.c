@@ -1,39 +1,31 @@
 /* The placement model (sim_placement.h): affinities, where each task's
  * bytes live, and the DAG with reducing tiles split per node. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "benchmarks/sim/sim_footprint.h"
 #include "benchmarks/sim/sim_placement.h"
 
-/* Node of tile t of T when tiles are dealt in equal contiguous blocks. */
-static int deal(int64_t t, int64_t T, int nodes) {
-  int n = (int)(((double)t + 0.5) * nodes / (double)T);
-  return n < nodes ? n : nodes - 1;
-}
-
 /* Row fractions where each node's slice of buffer b starts: node n holds
- * [bound[n], bound[n + 1]), the rows its first writer's tiles write. */
-static void slice_bounds(const sim_step *s, int32_t b, int nodes,
-                         double *bound) {
-  int32_t fw = s->c->low.bufs[b].first_writer;
-  const plan_knode *kn = fw >= 0 ? &s->c->low.knodes[fw] : NULL;
-  int64_t T = kn != NULL && kn->kernel != NULL ? kn->tiles : 0;
-  for (int n = 0; n <= nodes; n++) {
-    double f = (double)n / nodes;
-    if (T > 0)
-      f = ceil((double)n * (double)T / nodes - 0.5) / (double)T;
-    bound[n] = f < 0.0 ? 0.0 : f > 1.0 ? 1.0 : f;
+ * [bound[n], bound[n + 1]), as the runtime's placement slices it. */
+static void slice_bounds(const sim_layout *l, int32_t b, double *bound) {
+  const numa_plan *p = &l->numa;
+  int64_t bytes = l->step->c->low.bufs[b].bytes;
+  for (int n = 0; n <= l->nodes; n++) {
+    int64_t lo = n == 0 ? 0
+                 : n == l->nodes ? bytes
+                                 : p->slice_end[(int64_t)b * p->nnodes + n - 1];
+    bound[n] = bytes > 0 ? (double)lo / (double)bytes : (double)n / l->nodes;
   }
 }
 
 /* Adds `bytes` spread over rows [lo, hi) of buffer b to the nodes that
  * hold those rows. */
-static void spread(const sim_step *s, int32_t b, int nodes, double bytes,
-                   double lo, double hi, float *out) {
+static void spread(const sim_layout *l, int32_t b, double bytes, double lo,
+                   double hi, float *out) {
+  int nodes = l->nodes;
   double bound[SIM_MAX_NODES + 1];
-  slice_bounds(s, b, nodes, bound);
+  slice_bounds(l, b, bound);
   for (int n = 0; n < nodes; n++) {
     double a = lo > bound[n] ? lo : bound[n];
     double z = hi < bound[n + 1] ? hi : bound[n + 1];
@@ -47,8 +39,10 @@ static void spread(const sim_step *s, int32_t b, int nodes, double bytes,
 /* Where a placed task's bytes live. `node` is its affinity (-1 none);
  * part >= 0: the part of a split reducing tile that reads rows
  * [lo, hi). */
-static void placed_bytes(const sim_step *s, int32_t t, int nodes, int node,
-                         int part, double lo, double hi, float *out) {
+static void placed_bytes(const sim_layout *l, int32_t t, int node, int part,
+                         double lo, double hi, float *out) {
+  const sim_step *s = l->step;
+  int nodes = l->nodes;
   sim_access acc[SIM_MAX_ACCESS];
   int n = sim_footprint(s, t, acc);
   const plan_knode *kn = sim_knode(s, t);
@@ -61,9 +55,9 @@ static void placed_bytes(const sim_step *s, int32_t t, int nodes, int node,
       for (int m = 0; m < nodes; m++)
         out[m] += (float)(bytes / nodes);
     else if (part >= 0)
-      spread(s, a->buf, nodes, bytes * (hi - lo), lo, hi, out);
+      spread(l, a->buf, bytes * (hi - lo), lo, hi, out);
     else
-      spread(s, a->buf, nodes, bytes, a->lo, a->hi, out);
+      spread(l, a->buf, bytes, a->lo, a->hi, out);
     if (kn->kind == KNODE_UPDATE && a->buf == kn->optim.param && node >= 0)
       for (int m = 0; m < nodes; m++)
         if (m != node)
@@ -120,7 +114,6 @@ static int32_t count_parts(const sim_step *s, const sim_layout *l,
  * node) cut in `pieces`. */
 static void fill_part(const sim_step *s, sim_layout *l, int32_t t, int32_t id,
                       int np, const double *bound, int pieces) {
-  const plan_knode *kn = sim_knode(s, t);
   l->orig[id] = t;
   l->prio[id] = s->dag->info[t].priority;
   l->node[id] = -1;
@@ -132,11 +125,12 @@ static void fill_part(const sim_step *s, sim_layout *l, int32_t t, int32_t id,
   } else if (np >= 0) {
     l->node[id] = (int8_t)np;
     l->share[id] = (float)((bound[np + 1] - bound[np]) / pieces);
-    placed_bytes(s, t, l->nodes, np, np, bound[np], bound[np + 1], bytes);
+    placed_bytes(l, t, np, np, bound[np], bound[np + 1], bytes);
   } else {
-    if (s->tile[t] >= 0 && kn->kind != KNODE_SEED && kn->kind != KNODE_GATE)
-      l->node[id] = (int8_t)deal(s->tile[t], kn->tiles, l->nodes);
-    placed_bytes(s, t, l->nodes, l->node[id], -1, 0.0, 0.0, bytes);
+    if (s->tile[t] >= 0)
+      l->node[id] = (int8_t)l->numa.affinity[l->numa.first_tile[s->knode[t]] +
+                                              s->tile[t]];
+    placed_bytes(l, t, l->node[id], -1, 0.0, 0.0, bytes);
   }
   for (int h = 0; h < l->nodes; h++)
     bytes[h] /= (float)pieces;
@@ -148,7 +142,7 @@ static void fill_task(const sim_step *s, sim_layout *l, int32_t t,
   bool split = per_node(s, l, t);
   double bound[SIM_MAX_NODES + 1];
   if (split)
-    slice_bounds(s, split_buffer(s, t), l->nodes, bound);
+    slice_bounds(l, split_buffer(s, t), bound);
   for (int32_t p = 0; p < first[t + 1] - first[t]; p++)
     fill_part(s, l, t, first[t] + p, split ? p / pieces : -1, bound, pieces);
 }
@@ -216,15 +210,30 @@ static int allocate(sim_layout *l) {
          l->succ_first;
 }
 
+/* The runtime's placement of s (numa_place) on `nodes` nodes with equal
+ * workers each: the deal, the pinning and the slices the layout reads. */
+static int runtime_placement(const sim_step *s, int nodes, sim_layout *l) {
+  int worker_node[SIM_MAX_NODES], node_first[SIM_MAX_NODES + 1];
+  for (int k = 0; k <= nodes; k++) {
+    node_first[k] = k;
+    if (k < nodes)
+      worker_node[k] = k;
+  }
+  sched_placement pl = {.nworkers = nodes, .nnodes = nodes,
+                        .worker_node = worker_node, .node_first = node_first};
+  return numa_place(s->c->g, &s->c->low, &pl, &l->numa) == REMAT_OK;
+}
+
 int sim_layout_build(const sim_step *s, int nodes, bool placed,
                      const sim_split *splits, int nsplits, sim_layout *out) {
   memset(out, 0, sizeof *out);
+  out->step = s;
   out->nodes = nodes;
   out->placed = placed;
   out->splits = splits;
   out->nsplits = nsplits;
   int32_t *first = malloc(((size_t)s->ntasks + 1) * sizeof *first);
-  int ok = first != NULL;
+  int ok = first != NULL && (!placed || runtime_placement(s, nodes, out));
   if (ok) {
     out->ntasks = count_parts(s, out, first);
     ok = allocate(out);
@@ -239,6 +248,7 @@ int sim_layout_build(const sim_step *s, int nodes, bool placed,
 }
 
 void sim_layout_free(sim_layout *l) {
+  numa_plan_free(&l->numa);
   free(l->orig);
   free(l->share);
   free(l->node);

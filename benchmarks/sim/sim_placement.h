@@ -2,14 +2,15 @@
  * `nodes` nodes with equal workers each, where each buffer's bytes live,
  * which node each task must run on, and the task DAG as simulated.
  *
- * Placed (the rule of issue 11; the runtime's own placement lands
- * separately and is not read here):
- *  - the tiles of each kernel are dealt to the nodes in contiguous blocks in
- *    proportion to each node's workers (here: equal blocks), and each tile
- *    task has its node as affinity;
- *  - the rows that a kernel's tiles write live on those tiles' nodes: each
- *    row-tiled buffer is split at the row boundaries of its first writer's
- *    deal (inputs fed by the program: equal slices);
+ * Placed: the runtime's own placement, numa_place() of
+ * runtime/compile/numa_place.c, fed `nodes` nodes of equal workers:
+ *  - each tile is dealt and pinned as the runtime deals and pins it (a
+ *    row-tiled kernel's tile whose writes lie in its node's slice has that
+ *    node as affinity; other tiles run anywhere);
+ *  - each buffer's rows lie in the runtime's slices (what each node's
+ *    tiles of its first writer write; a buffer nothing writes, such as an
+ *    input, whole on node 0);
+ * and the simulator's own model of what touches them:
  *  - parameters, gradients and moments are sharded the same way (an
  *    update tile's slice lives on its node) and every node keeps a copy of
  *    each weight, which update tiles refresh: their slice is written to
@@ -17,10 +18,11 @@
  *  - a tile that reads every row (weight and bias gradients, reductions) is
  *    computed as one partial sum per node, over the rows that node holds,
  *    by a task with that node's affinity; adding the partials (a few KiB
- *    per tile) is not charged;
+ *    per tile) is not charged (a what-if: the runtime runs such a tile
+ *    whole, anywhere);
  *  - start and done tasks have no affinity; a start task's zero-fill
  *    writes each slice where it lives.
- * Unplaced (today's runtime): every buffer lives on node 0 and no task has
+ * Unplaced (for comparison): every buffer lives on node 0 and no task has
  * an affinity.
  * In both, a SHARED read (a weight or scalar read whole by every tile) is
  * charged once per node per kernel, spread over the tiles. */
@@ -30,6 +32,7 @@
 #include <stdbool.h>
 
 #include "benchmarks/sim/sim_step.h"
+#include "runtime/compile/numa_place.h"
 
 #define SIM_MAX_NODES 8
 
@@ -41,6 +44,7 @@ typedef struct sim_split {
 } sim_split;
 
 typedef struct sim_layout {
+  const sim_step *step;
   int nodes;
   bool placed;
   const sim_split *splits;
@@ -58,6 +62,7 @@ typedef struct sim_layout {
   int32_t *roots;                /* tasks without predecessors, highest
                                     priority first */
   int32_t nroots;
+  numa_plan numa; /* placed: the runtime's placement on `nodes` nodes */
 } sim_layout;
 
 /* Builds the layout of s on `nodes` nodes (1 to SIM_MAX_NODES), with the
