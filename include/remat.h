@@ -48,7 +48,8 @@ typedef enum remat_status {
   REMAT_ERR_STATE = 7,      /* a call at the wrong time (step before compile) */
   REMAT_ERR_BACKEND = 8,    /* oneDNN or hwloc failed */
   REMAT_ERR_IO = 9,         /* a file could not be read or written */
-  REMAT_ERR_NUMERIC = 10,   /* NaN or Inf in the loss or gradients */
+  REMAT_ERR_NUMERIC = 10,   /* NaN or Inf in the loss or gradients, or in
+                               what an update would write */
   REMAT_ERR_BUDGET = 11,    /* no remat plan fits the memory budget */
   REMAT_ERR_POLICY = 12     /* a bad remat policy */
 } remat_status;
@@ -422,8 +423,10 @@ typedef struct remat_step_stats {
 } remat_step_stats;
 
 /* Forward, backward and update. On REMAT_ERR_NUMERIC (NaN/Inf in the loss or
- * a gradient) no parameter is updated. `stats` may be NULL; else its
- * `size` must be set (see remat_step_stats). */
+ * a gradient, or an update that would make a parameter or an AdamW moment
+ * NaN or Inf, or a gradient sum of remat_accumulate overflow; the message
+ * names the parameter) no parameter, moment or sum is updated. `stats` may
+ * be NULL; else its `size` must be set (see remat_step_stats). */
 REMAT_API remat_status remat_step(remat_graph *g, remat_step_stats *stats);
 /* Gradient accumulation: forward and backward of the fed micro-batch, whose
  * parameter gradients are added to per-parameter sums (allocated at the

@@ -5,6 +5,8 @@
  * these. */
 #include <math.h>
 
+#include "base/bf16.h"
+
 #include "runtime/exec/optim.h"
 
 double optim_sum_squares(const float *x, int64_t n) {
@@ -14,9 +16,36 @@ double optim_sum_squares(const float *x, int64_t n) {
   return acc;
 }
 
-void optim_accumulate(float *acc, const float *g, int64_t n, bool first) {
-  for (int64_t i = 0; i < n; i++)
+float optim_max_abs(const float *x, int64_t n) {
+  float mx = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; i++) {
+    float a = fabsf(x[i]);
+    mx = a > mx ? a : mx;
+    finite = finite && isfinite(a);
+  }
+  return finite ? mx : INFINITY;
+}
+
+float optim_accumulate(float *acc, const float *g, int64_t n, bool first) {
+  float mx = 0.0f;
+  for (int64_t i = 0; i < n; i++) {
     acc[i] = first ? g[i] : acc[i] + g[i];
+    float a = fabsf(acc[i]);
+    mx = a > mx ? a : mx;
+  }
+  return mx;
+}
+
+bool optim_accumulate_bounded(double acc_max, double g_max) {
+  return acc_max + g_max <= OPTIM_SAFE;
+}
+
+bool optim_accumulate_finite(const float *acc, const float *g, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (!isfinite(acc[i] + g[i]))
+      return false;
+  return true;
 }
 
 void optim_fold(float *g, const float *acc, int64_t n, float scale) {
@@ -30,27 +59,115 @@ float optim_clip_scale(double norm, float clip) {
   return (float)((double)clip / (norm + 1e-6));
 }
 
-/* w is the parameter, g its gradient (times the clip factor s), m and v
- * AdamW's moments:
+/* The constants of one tile's update: AdamW's bias corrections
+ * c1 = 1 / (1 - b1^t) and c2 = 1 / (1 - b2^t), computed once so that the
+ * update, its bound and its dry run use the same floats. */
+typedef struct coefs {
+  float lr, s, b1, b2, eps, decay, c1, c2;
+} coefs;
+
+static coefs coefs_of(const remat_optimizer *opt, const optim_tile_args *a) {
+  coefs k = {.lr = opt->lr, .s = a->grad_scale, .b1 = opt->beta1,
+             .b2 = opt->beta2, .eps = opt->eps, .decay = a->decay};
+  if (opt->kind == REMAT_OPT_ADAMW) {
+    float b1 = k.b1, b2 = k.b2;
+    k.c1 = 1.0f / (1.0f - powf(b1, (float)a->step));
+    k.c2 = 1.0f / (1.0f - powf(b2, (float)a->step));
+  }
+  return k;
+}
+
+/* One element of AdamW, in the order of rounding of the update:
  *   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,
  *   w -= lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + decay w). */
+static inline void adamw_elem(const coefs *k, float g, float *w, float *m,
+                              float *v) {
+  float gi = g * k->s;
+  *m = k->b1 * *m + (1.0f - k->b1) * gi;
+  *v = k->b2 * *v + (1.0f - k->b2) * gi * gi;
+  float mhat = *m * k->c1, vhat = *v * k->c2;
+  *w -= k->lr * (mhat / (sqrtf(vhat) + k->eps) + k->decay * *w);
+}
+
+static inline float sgd_elem(const coefs *k, float g, float w) {
+  return w - k->lr * (g * k->s);
+}
+
+/* w is the parameter, g its gradient (times the clip factor s), m and v
+ * AdamW's moments. Records the largest |w|, |m| and v it wrote. */
 void optim_update(const remat_optimizer *opt, const optim_tile_args *a) {
   float *w = a->param, *m = a->adam_m, *v = a->adam_v;
   const float *g = a->grad;
-  float lr = opt->lr, s = a->grad_scale;
+  coefs k = coefs_of(opt, a);
+  float wmax = 0.0f, mmax = 0.0f, vmax = 0.0f;
   if (opt->kind == REMAT_OPT_SGD) {
-    for (int64_t i = 0; i < a->n; i++)
-      w[i] -= lr * (g[i] * s);
-    return;
+    for (int64_t i = 0; i < a->n; i++) {
+      w[i] = sgd_elem(&k, g[i], w[i]);
+      float aw = fabsf(w[i]);
+      wmax = aw > wmax ? aw : wmax;
+    }
+  } else {
+    for (int64_t i = 0; i < a->n; i++) {
+      adamw_elem(&k, g[i], &w[i], &m[i], &v[i]);
+      float aw = fabsf(w[i]), am = fabsf(m[i]);
+      wmax = aw > wmax ? aw : wmax;
+      mmax = am > mmax ? am : mmax;
+      vmax = v[i] > vmax ? v[i] : vmax;
+    }
   }
-  float b1 = opt->beta1, b2 = opt->beta2, eps = opt->eps;
-  float c1 = 1.0f / (1.0f - powf(b1, (float)a->step));
-  float c2 = 1.0f / (1.0f - powf(b2, (float)a->step));
+  a->max[OPTIM_MAX_W] = wmax;
+  a->max[OPTIM_MAX_M] = mmax;
+  a->max[OPTIM_MAX_V] = vmax;
+}
+
+/* Every output is at most the bound B of its exact value, computed in
+ * double from the tile's maxima before the update (W, M, V: |w|, |m|, v,
+ * with v >= 0) and G >= |g s| (the gradient's sqrt(sum of squares) times
+ * the clip factor):
+ *   SGD:   |w'| <= W + lr G
+ *   AdamW: |m'| <= b1 M + (1 - b1) G = M',  v' <= b2 V + (1 - b2) G^2 = V',
+ *          |mhat| <= M' c1, vhat <= V' c2,
+ *          |mhat / (sqrt(vhat) + eps)| <= M' c1 / eps (eps > 0),
+ *          |w'| <= W + lr (M' c1 / eps + decay W).
+ * Each float operation rounds its exact result by a factor of at most
+ * 1 + 2^-24, and each output and intermediate takes fewer than 16 of them,
+ * so every one stays below B (1 + 2^-24)^16 < 2 B: with all the bounds
+ * <= OPTIM_SAFE = FLT_MAX / 16 (below the largest bf16 too) nothing
+ * overflows. */
+bool optim_update_bounded(const remat_optimizer *opt,
+                          const optim_tile_args *a, double g_max) {
+  coefs k = coefs_of(opt, a);
+  double W = a->max[OPTIM_MAX_W], G = g_max * (double)k.s;
+  double lr = k.lr;
+  if (opt->kind == REMAT_OPT_SGD)
+    return W + lr * G <= OPTIM_SAFE;
+  double M = a->max[OPTIM_MAX_M], V = a->max[OPTIM_MAX_V];
+  double M1 = k.b1 * M + (1.0 - k.b1) * G;
+  double V1 = k.b2 * V + (1.0 - k.b2) * G * G;
+  double mhat = M1 * (double)k.c1, vhat = V1 * (double)k.c2;
+  double step = k.eps > 0.0f ? mhat / (double)k.eps : INFINITY;
+  double w1 = W + lr * (step + (double)k.decay * W);
+  return G <= OPTIM_SAFE && M1 <= OPTIM_SAFE && V1 <= OPTIM_SAFE &&
+         mhat <= OPTIM_SAFE && vhat <= OPTIM_SAFE && w1 <= OPTIM_SAFE;
+}
+
+/* The update computed without writing: false at the first element whose
+ * new weight (or its bf16 copy when `bf16`), m or v would not be finite. */
+bool optim_update_finite(const remat_optimizer *opt,
+                         const optim_tile_args *a, bool bf16) {
+  coefs k = coefs_of(opt, a);
   for (int64_t i = 0; i < a->n; i++) {
-    float gi = g[i] * s;
-    m[i] = b1 * m[i] + (1.0f - b1) * gi;
-    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    float mhat = m[i] * c1, vhat = v[i] * c2;
-    w[i] -= lr * (mhat / (sqrtf(vhat) + eps) + a->decay * w[i]);
+    float w = a->param[i], m = 0.0f, v = 0.0f;
+    if (opt->kind == REMAT_OPT_SGD) {
+      w = sgd_elem(&k, a->grad[i], w);
+    } else {
+      m = a->adam_m[i];
+      v = a->adam_v[i];
+      adamw_elem(&k, a->grad[i], &w, &m, &v);
+    }
+    if (!isfinite(w) || !isfinite(m) || !isfinite(v) ||
+        (bf16 && !isfinite(bf16_to_f32(bf16_from_f32(w)))))
+      return false;
   }
+  return true;
 }

@@ -1,0 +1,213 @@
+/* Tests of the values a step writes and the values and counters a file
+ * brings (issue 29, classes 1 and 5): an SGD or AdamW update, or a
+ * micro-step's gradient sum, that would overflow fails with
+ * REMAT_ERR_NUMERIC and changes nothing, while one that only the exact dry
+ * run can clear succeeds; loads refuse NaN, Inf and negative second
+ * moments by tensor name; builders and compile refuse non-finite
+ * attributes; and a checkpoint's step count is checked against the steps
+ * that follow it (REMAT_MAX_STEPS). The model is w[1,4] . x[1,4] summed,
+ * so the gradient of w is exactly the fed x. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "remat.h"
+#include "tmpdir.h"
+
+typedef struct model {
+  remat_runtime *rt;
+  remat_graph *g;
+  remat_tensor *x, *w, *loss;
+} model;
+
+static void build(model *m) {
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS, .num_threads = 1};
+  assert_int_equal(remat_runtime_create(&rc, &m->rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(m->rt, &m->g), REMAT_OK);
+  int64_t d[2] = {1, 4};
+  m->x = remat_input(m->g, "x", REMAT_F32, 2, d);
+  m->w = remat_param(m->g, "w", 2, d, REMAT_INIT_ZEROS, 0.0f);
+  m->loss = remat_sum(m->g, remat_linear(m->g, m->x, m->w, NULL));
+  assert_non_null(m->loss);
+}
+
+static void open_model(model *m, remat_optimizer opt, const float w[4]) {
+  build(m);
+  assert_int_equal(remat_compile(m->g, m->loss, &opt), REMAT_OK);
+  assert_int_equal(remat_write(m->g, m->w, w, 4 * sizeof *w), REMAT_OK);
+}
+
+static void close_model(model *m) {
+  remat_graph_destroy(m->g);
+  remat_runtime_destroy(m->rt);
+}
+
+static void feed(model *m, float x0) {
+  float x[4] = {x0, 0.0f, 0.0f, 0.0f};
+  assert_int_equal(remat_feed(m->g, m->x, x, sizeof x), REMAT_OK);
+}
+
+static void expect_w(model *m, const float want[4]) {
+  float w[4];
+  assert_int_equal(remat_read(m->g, m->w, w, sizeof w), REMAT_OK);
+  assert_memory_equal(w, want, sizeof w);
+}
+
+static void expect_error(remat_status got, remat_status want,
+                         const char *message) {
+  assert_int_equal(got, want);
+  assert_string_equal(remat_last_error(), message);
+}
+
+/* ---- updates that would overflow ---- */
+
+static void test_sgd_overflow(void **state) {
+  (void)state;
+  model m;
+  const float w0[4] = {1, 2, 3, 4};
+  open_model(&m, (remat_optimizer){.kind = REMAT_OPT_SGD, .lr = 1e30f}, w0);
+  feed(&m, 1e10f); /* lr * g = 1e40: w[0] would be -Inf */
+  remat_step_stats st = {.size = sizeof st};
+  expect_error(remat_step(m.g, &st), REMAT_ERR_NUMERIC,
+               "remat_step: the update would make parameter 'w' NaN or Inf "
+               "(learning rate 1e+30, gradient norm 1e+10); no parameter or "
+               "moment was changed");
+  assert_int_equal(st.nonfinite, 1);
+  assert_true(isfinite(st.loss));
+  expect_w(&m, w0);
+  feed(&m, 1e-31f); /* lr * g = 0.1 */
+  assert_int_equal(remat_step(m.g, &st), REMAT_OK);
+  const float w1[4] = {1.0f - 1e30f * (1e-31f * 1.0f), 2, 3, 4};
+  expect_w(&m, w1);
+  close_model(&m);
+}
+
+/* Near the largest float a small step overflows: the bound must know the
+ * weights, whether remat_write put them there (the scan before the step)
+ * or an update did (the maxima the update records). */
+static void test_sgd_overflow_near_max(void **state) {
+  (void)state;
+  model m;
+  const float big[4] = {-3.4e38f, 0, 0, 0};
+  open_model(&m, (remat_optimizer){.kind = REMAT_OPT_SGD, .lr = 1e37f}, big);
+  feed(&m, 1.0f); /* -3.4e38 - 1e37 */
+  expect_error(remat_step(m.g, NULL), REMAT_ERR_NUMERIC,
+               "remat_step: the update would make parameter 'w' NaN or Inf "
+               "(learning rate 1e+37, gradient norm 1); no parameter or "
+               "moment was changed");
+  expect_w(&m, big);
+  close_model(&m);
+  const float zero[4] = {0};
+  open_model(&m, (remat_optimizer){.kind = REMAT_OPT_SGD, .lr = 1e37f}, zero);
+  feed(&m, -34.0f); /* w = 3.4e38, finite */
+  assert_int_equal(remat_step(m.g, NULL), REMAT_OK);
+  const float w1[4] = {0.0f - 1e37f * (-34.0f * 1.0f), 0, 0, 0};
+  assert_true(isfinite(w1[0]) && w1[0] > 3.3e38f);
+  expect_w(&m, w1);
+  feed(&m, -1.0f); /* 3.4e38 + 1e37 */
+  expect_error(remat_step(m.g, NULL), REMAT_ERR_NUMERIC,
+               "remat_step: the update would make parameter 'w' NaN or Inf "
+               "(learning rate 1e+37, gradient norm 1); no parameter or "
+               "moment was changed");
+  expect_w(&m, w1);
+  close_model(&m);
+}
+
+/* AdamW's step from zero moments at step t = 1 on gradient g: m = (1-b1) g,
+ * v = (1-b2) g^2, w -= lr mhat / (sqrt(vhat) + eps), no decay. */
+static float adamw_first(float w, float g, float lr, float eps) {
+  float b1 = 0.9f, b2 = 0.999f;
+  float m = b1 * 0.0f + (1.0f - b1) * g, v = b2 * 0.0f + (1.0f - b2) * g * g;
+  float c1 = 1.0f / (1.0f - powf(b1, 1.0f)), c2 = 1.0f / (1.0f - powf(b2, 1.0f));
+  float mhat = m * c1, vhat = v * c2;
+  return w - lr * (mhat / (sqrtf(vhat) + eps) + 0.0f * w);
+}
+
+static void test_adamw_overflow(void **state) {
+  (void)state;
+  model m;
+  const float zero[4] = {0};
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1.0f};
+  open_model(&m, opt, zero);
+  feed(&m, 1e30f); /* v = 1e-3 g^2 = Inf */
+  expect_error(remat_step(m.g, NULL), REMAT_ERR_NUMERIC,
+               "remat_step: the update would make parameter 'w' or its AdamW "
+               "moments NaN or Inf (learning rate 1, gradient norm 1e+30); no "
+               "parameter or moment was changed");
+  expect_w(&m, zero);
+  /* The moments and the step count are as they were: this is step 1. */
+  feed(&m, 1.0f);
+  assert_int_equal(remat_step(m.g, NULL), REMAT_OK);
+  const float w1[4] = {adamw_first(0.0f, 1.0f, 1.0f, 1e-8f), 0, 0, 0};
+  expect_w(&m, w1);
+  close_model(&m);
+
+  /* The weight itself: -3e38 - 3e38 (mhat / sqrt(vhat) = 1). */
+  const float big[4] = {-3e38f, 0, 0, 0};
+  opt = (remat_optimizer){.kind = REMAT_OPT_ADAMW, .lr = 3e38f, .eps = 1e-30f};
+  open_model(&m, opt, big);
+  feed(&m, 1e-20f);
+  expect_error(remat_step(m.g, NULL), REMAT_ERR_NUMERIC,
+               "remat_step: the update would make parameter 'w' or its AdamW "
+               "moments NaN or Inf (learning rate 3e+38, gradient norm "
+               "1e-20); no parameter or moment was changed");
+  expect_w(&m, big);
+  close_model(&m);
+}
+
+/* A bound of lr mhat / eps = 1e40 cannot clear the update, the dry run
+ * does: w moves by lr mhat / (sqrt(vhat) + eps) = 1e10. */
+static void test_adamw_bound_too_coarse(void **state) {
+  (void)state;
+  model m;
+  const float zero[4] = {0};
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e10f, .eps = 1e-30f};
+  open_model(&m, opt, zero);
+  feed(&m, 1.0f);
+  assert_int_equal(remat_step(m.g, NULL), REMAT_OK);
+  const float w1[4] = {adamw_first(0.0f, 1.0f, 1e10f, 1e-30f), 0, 0, 0};
+  assert_true(w1[0] < -9e9f);
+  expect_w(&m, w1);
+  close_model(&m);
+}
+
+static void test_accumulate_overflow(void **state) {
+  (void)state;
+  model m;
+  const float zero[4] = {0};
+  open_model(&m, (remat_optimizer){.kind = REMAT_OPT_SGD, .lr = 1.0f}, zero);
+  feed(&m, 3e38f);
+  assert_int_equal(remat_accumulate(m.g, NULL), REMAT_OK);
+  expect_error(remat_accumulate(m.g, NULL), REMAT_ERR_NUMERIC,
+               "remat_accumulate: adding this micro-step's gradient of 'w' "
+               "to the sum of the earlier ones would overflow to Inf; no sum "
+               "was changed");
+  /* One micro-step summed, holding 3e38: the mean with 0 is 1.5e38. */
+  feed(&m, 0.0f);
+  assert_int_equal(remat_step(m.g, NULL), REMAT_OK);
+  float grad[4];
+  assert_int_equal(remat_read_grad(m.g, m.w, grad, sizeof grad), REMAT_OK);
+  assert_true(grad[0] == (3e38f + 0.0f) * (1.0f / 2.0f));
+  const float w1[4] = {0.0f - 1.0f * grad[0], 0, 0, 0};
+  expect_w(&m, w1);
+  close_model(&m);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sgd_overflow),
+      cmocka_unit_test(test_sgd_overflow_near_max),
+      cmocka_unit_test(test_adamw_overflow),
+      cmocka_unit_test(test_adamw_bound_too_coarse),
+      cmocka_unit_test(test_accumulate_overflow),
+  };
+  return cmocka_run_group_tests(tests, make_dir, remove_dir);
+}
