@@ -544,9 +544,11 @@ REMAT_API remat_status remat_save_safetensors(remat_graph *g, const char *path);
  * read before any parameter changes, so a load costs the header plus the
  * model's size in memory whatever the file's size. A truncated file, a bad
  * or oversized header, a wrong dtype, a missing, unknown or repeated
- * tensor, a shape mismatch or data offsets that are not whole numbers, out
- * of range or overlapping fail with REMAT_ERR_IO or REMAT_ERR_SHAPE and
- * leave every parameter as it was. */
+ * tensor, a shape mismatch, data offsets that are not whole numbers, out
+ * of range or overlapping, or a value that is NaN or Inf (or, in a
+ * checkpoint, a negative AdamW second moment), named with its tensor, fail
+ * with REMAT_ERR_IO or REMAT_ERR_SHAPE and leave every parameter as it
+ * was. */
 REMAT_API remat_status remat_load_safetensors(remat_graph *g, const char *path);
 /* Writes the gradients of the last step, one F32 tensor per parameter
  * under the parameter's name, in the same format and the same way as

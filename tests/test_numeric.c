@@ -201,6 +201,122 @@ static void test_accumulate_overflow(void **state) {
   close_model(&m);
 }
 
+/* ---- values that files bring ---- */
+
+static char *path_in_dir(const char *name) {
+  static char buf[8][160];
+  static int next;
+  char *p = buf[next++ % 8];
+  snprintf(p, 160, "%s/%s", dir, name);
+  return p;
+}
+
+static unsigned char *read_all(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  *len = (size_t)ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char *buf = malloc(*len + 1);
+  assert_int_equal(fread(buf, 1, *len, f), *len);
+  fclose(f);
+  return buf;
+}
+
+static void write_all(const char *path, const void *data, size_t len) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(data, 1, len, f), len);
+  fclose(f);
+}
+
+static uint64_t header_len(const unsigned char *buf) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--)
+    n = n << 8 | buf[i];
+  return n;
+}
+
+/* A copy of safetensors file src with element `elem` of tensor `name` set
+ * to v. */
+static void patch_value(const char *src, const char *dst, const char *name,
+                        int elem, float v) {
+  size_t n;
+  unsigned char *buf = read_all(src, &n);
+  uint64_t hlen = header_len(buf);
+  char *header = malloc(hlen + 1), key[80];
+  memcpy(header, buf + 8, hlen);
+  header[hlen] = '\0';
+  snprintf(key, sizeof key, "\"%s\":", name);
+  char *at = strstr(header, key);
+  assert_non_null(at);
+  at = strstr(at, "\"data_offsets\":[");
+  assert_non_null(at);
+  unsigned long long begin = 0;
+  assert_int_equal(sscanf(at, "\"data_offsets\":[%llu", &begin), 1);
+  memcpy(buf + 8 + hlen + begin + (size_t)elem * sizeof v, &v, sizeof v);
+  write_all(dst, buf, n);
+  free(header);
+  free(buf);
+}
+
+static const char *const keys[] = {"pos"};
+
+/* Loading `path` fails with `status` and a message that ends in `tail`;
+ * the weights and the caller's value are as they were. */
+static void expect_load_refused(model *m, const char *path, bool checkpoint,
+                                remat_status status, const char *tail) {
+  float before[4], after[4];
+  assert_int_equal(remat_read(m->g, m->w, before, sizeof before), REMAT_OK);
+  uint64_t value = 77;
+  remat_status s = checkpoint
+                       ? remat_load_checkpoint(m->g, path, keys, &value, 1)
+                       : remat_load_safetensors(m->g, path);
+  assert_int_equal(s, status);
+  const char *msg = remat_last_error();
+  assert_true(strlen(msg) >= strlen(tail));
+  assert_string_equal(msg + strlen(msg) - strlen(tail), tail);
+  assert_int_equal(value, 77);
+  assert_int_equal(remat_read(m->g, m->w, after, sizeof after), REMAT_OK);
+  assert_memory_equal(before, after, sizeof before);
+}
+
+static void test_load_nonfinite(void **state) {
+  (void)state;
+  model m;
+  const float w0[4] = {1, 2, 3, 4};
+  open_model(&m, (remat_optimizer){.kind = REMAT_OPT_ADAMW, .lr = 0.01f}, w0);
+  feed(&m, 1.0f);
+  assert_int_equal(remat_step(m.g, NULL), REMAT_OK);
+  const char *good = path_in_dir("good.ckpt"), *bad = path_in_dir("bad.ckpt");
+  uint64_t pos = 5;
+  assert_int_equal(remat_save_checkpoint(m.g, good, keys, &pos, 1), REMAT_OK);
+  const float other[4] = {9, 9, 9, 9};
+  assert_int_equal(remat_write(m.g, m.w, other, sizeof other), REMAT_OK);
+  patch_value(good, bad, "adam_v:w", 1, -1.0f);
+  expect_load_refused(&m, bad, true, REMAT_ERR_IO,
+                      "tensor 'adam_v:w' holds -1 at element 1: a second "
+                      "moment must be finite and >= 0");
+  patch_value(good, bad, "adam_m:w", 2, NAN);
+  expect_load_refused(&m, bad, true, REMAT_ERR_IO,
+                      "tensor 'adam_m:w' holds nan at element 2: every value "
+                      "must be finite");
+  patch_value(good, bad, "w", 3, -INFINITY);
+  expect_load_refused(&m, bad, true, REMAT_ERR_IO,
+                      "tensor 'w' holds -inf at element 3: every value must "
+                      "be finite");
+  expect_load_refused(&m, bad, false, REMAT_ERR_IO,
+                      "tensor 'w' holds -inf at element 3: every value must "
+                      "be finite");
+  /* The good file loads, and a negative first moment is fine. */
+  patch_value(good, bad, "adam_m:w", 0, -2.0f);
+  uint64_t value = 0;
+  assert_int_equal(remat_load_checkpoint(m.g, bad, keys, &value, 1), REMAT_OK);
+  assert_int_equal(value, 5);
+  expect_w(&m, (const float[4]){1.0f - 0.01f * (1.0f / (1.0f + 1e-8f)), 2, 3, 4});
+  close_model(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sgd_overflow),
@@ -208,6 +324,7 @@ int main(void) {
       cmocka_unit_test(test_adamw_overflow),
       cmocka_unit_test(test_adamw_bound_too_coarse),
       cmocka_unit_test(test_accumulate_overflow),
+      cmocka_unit_test(test_load_nonfinite),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
