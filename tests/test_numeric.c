@@ -163,6 +163,31 @@ static void test_adamw_overflow(void **state) {
   close_model(&m);
 }
 
+/* The first moment that an update recorded is what bounds the next one:
+ * with b2 = 0 the second moment forgets a gradient at once and the first
+ * (b1 = 0.99) does not, so a zero gradient after a unit one moves w by
+ * lr mhat / eps = 1e31 * 0.4975 / 1e-8, past FLT_MAX. */
+static void test_adamw_overflow_from_moments(void **state) {
+  (void)state;
+  model m;
+  const float zero[4] = {0};
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e31f, .beta1 = 0.99f,
+                         .beta2 = 0.0f};
+  open_model(&m, opt, zero);
+  feed(&m, 1.0f);
+  assert_int_equal(remat_step(m.g, NULL), REMAT_OK);
+  float w1[4];
+  assert_int_equal(remat_read(m.g, m.w, w1, sizeof w1), REMAT_OK);
+  assert_true(w1[0] < -9e30f && isfinite(w1[0]));
+  feed(&m, 0.0f);
+  expect_error(remat_step(m.g, NULL), REMAT_ERR_NUMERIC,
+               "remat_step: the update would make parameter 'w' or its AdamW "
+               "moments NaN or Inf (learning rate 1e+31, gradient norm 0); no "
+               "parameter or moment was changed");
+  expect_w(&m, w1);
+  close_model(&m);
+}
+
 /* A bound of lr mhat / eps = 1e40 cannot clear the update, the dry run
  * does: w moves by lr mhat / (sqrt(vhat) + eps) = 1e10. */
 static void test_adamw_bound_too_coarse(void **state) {
@@ -322,6 +347,7 @@ int main(void) {
       cmocka_unit_test(test_sgd_overflow),
       cmocka_unit_test(test_sgd_overflow_near_max),
       cmocka_unit_test(test_adamw_overflow),
+      cmocka_unit_test(test_adamw_overflow_from_moments),
       cmocka_unit_test(test_adamw_bound_too_coarse),
       cmocka_unit_test(test_accumulate_overflow),
       cmocka_unit_test(test_load_nonfinite),
