@@ -190,7 +190,11 @@ REMAT_API remat_status remat_graph_seed(remat_graph *g, uint64_t seed);
 REMAT_API remat_tensor *remat_input(remat_graph *g, const char *name,
                                     remat_dtype dtype, int ndim,
                                     const int64_t *dims);
-/* A trained parameter, initialized at compile from the graph's seed. */
+/* A trained parameter, initialized at compile from the graph's seed:
+ * zeros, ones, or normal with standard deviation `scale`, which must be
+ * finite and at most REMAT_MAX_INIT_SCALE in magnitude (every initial value
+ * is then finite). */
+#define REMAT_MAX_INIT_SCALE 1e30f
 REMAT_API remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
                                     const int64_t *dims, remat_init init,
                                     float scale);
@@ -217,7 +221,7 @@ typedef enum remat_gelu_form {
 REMAT_API remat_tensor *remat_gelu(remat_graph *g, const remat_tensor *x,
                                    remat_gelu_form form);
 /* Layer norm over the last dim with scale gamma[C] and shift beta[C];
- * eps <= 0 means 1e-5. */
+ * eps <= 0 means 1e-5; a NaN or infinite eps is refused. */
 REMAT_API remat_tensor *remat_layernorm(remat_graph *g, const remat_tensor *x,
                                         const remat_tensor *gamma,
                                         const remat_tensor *beta, float eps);

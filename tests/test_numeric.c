@@ -342,6 +342,46 @@ static void test_load_nonfinite(void **state) {
   close_model(&m);
 }
 
+/* ---- attributes that are not finite ---- */
+
+static void test_builders_refuse_nonfinite(void **state) {
+  (void)state;
+  const float scales[] = {NAN, INFINITY, -INFINITY, 1e31f};
+  const char *shown[] = {"nan", "inf", "-inf", "1e+31"};
+  for (int i = 0; i < 4; i++) {
+    model m;
+    build(&m);
+    int64_t d[1] = {4};
+    assert_null(remat_param(m.g, "v", 1, d, REMAT_INIT_NORMAL, scales[i]));
+    char want[256];
+    snprintf(want, sizeof want, "param 'v': scale %s is not valid: expected "
+             "a finite scale of at most 1e+30 in magnitude (a normal init "
+             "draws values of up to 9 scales)", shown[i]);
+    assert_int_equal(remat_graph_status(m.g), REMAT_ERR_INVALID_ARG);
+    assert_string_equal(remat_graph_error(m.g), want);
+    close_model(&m);
+  }
+  const float eps[] = {NAN, INFINITY};
+  for (int i = 0; i < 2; i++) {
+    model m;
+    build(&m);
+    int64_t d[1] = {4};
+    remat_tensor *gamma = remat_param(m.g, "g", 1, d, REMAT_INIT_ONES, 0.0f);
+    remat_tensor *beta = remat_param(m.g, "b", 1, d, REMAT_INIT_ZEROS, 0.0f);
+    assert_null(remat_layernorm(m.g, m.x, gamma, beta, eps[i]));
+    char want[256];
+    snprintf(want, sizeof want, "layernorm: eps %s is not valid: expected a "
+             "finite eps (> 0, or <= 0 for 1e-5)", shown[i]);
+    assert_string_equal(remat_graph_error(m.g), want);
+    close_model(&m);
+  }
+  model m;
+  build(&m);
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 0.1f, .eps = INFINITY};
+  assert_int_equal(remat_compile(m.g, m.loss, &opt), REMAT_ERR_INVALID_ARG);
+  close_model(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sgd_overflow),
@@ -351,6 +391,7 @@ int main(void) {
       cmocka_unit_test(test_adamw_bound_too_coarse),
       cmocka_unit_test(test_accumulate_overflow),
       cmocka_unit_test(test_load_nonfinite),
+      cmocka_unit_test(test_builders_refuse_nonfinite),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
