@@ -563,6 +563,12 @@ REMAT_API remat_status remat_save_grads_safetensors(remat_graph *g,
 
 /* ---- training checkpoints: resuming exactly ---- */
 
+/* The most updates a graph counts: 2^53 (exact in a double). A checkpoint
+ * whose "remat.step" is larger is refused, and a step, or a forward run,
+ * of a graph at the limit fails with REMAT_ERR_LIMIT, so every checkpoint
+ * saved can be loaded and no counter overflows. */
+#define REMAT_MAX_STEPS (INT64_C(1) << 53)
+
 /* The most caller values a checkpoint holds. */
 #define REMAT_CHECKPOINT_MAX_VALUES 64
 

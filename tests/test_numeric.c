@@ -382,6 +382,76 @@ static void test_builders_refuse_nonfinite(void **state) {
   close_model(&m);
 }
 
+/* ---- counters that files bring ---- */
+
+/* A copy of src whose header has `from` replaced by `to` (of any length). */
+static void patch_header(const char *src, const char *dst, const char *from,
+                         const char *to) {
+  size_t n;
+  unsigned char *buf = read_all(src, &n);
+  uint64_t hlen = header_len(buf);
+  char *header = malloc(hlen + 1);
+  memcpy(header, buf + 8, hlen);
+  header[hlen] = '\0';
+  char *at = strstr(header, from);
+  assert_non_null(at);
+  size_t nlen = hlen - strlen(from) + strlen(to);
+  unsigned char *out = malloc(8 + nlen + (n - 8 - hlen));
+  for (int i = 0; i < 8; i++)
+    out[i] = (unsigned char)((uint64_t)nlen >> (8 * i));
+  size_t pre = (size_t)(at - header);
+  memcpy(out + 8, header, pre);
+  memcpy(out + 8 + pre, to, strlen(to));
+  memcpy(out + 8 + pre + strlen(to), at + strlen(from), hlen - pre - strlen(from));
+  memcpy(out + 8 + nlen, buf + 8 + hlen, n - 8 - hlen);
+  write_all(dst, out, 8 + nlen + (n - 8 - hlen));
+  free(out);
+  free(header);
+  free(buf);
+}
+
+static void test_step_counter(void **state) {
+  (void)state;
+  model m;
+  const float w0[4] = {1, 2, 3, 4};
+  open_model(&m, (remat_optimizer){.kind = REMAT_OPT_SGD, .lr = 0.5f}, w0);
+  feed(&m, 1.0f);
+  assert_int_equal(remat_step(m.g, NULL), REMAT_OK);
+  const char *one = path_in_dir("one.ckpt"), *bad = path_in_dir("big.ckpt");
+  const char *last = path_in_dir("last.ckpt"), *at = path_in_dir("at.ckpt");
+  uint64_t pos = 1;
+  assert_int_equal(remat_save_checkpoint(m.g, one, keys, &pos, 1), REMAT_OK);
+  patch_header(one, bad, "\"remat.step\":\"1\"",
+               "\"remat.step\":\"9223372036854775807\"");
+  char want[512];
+  snprintf(want, sizeof want, "remat_load_checkpoint: '%s': 'remat.step' is "
+           "9223372036854775807, more than REMAT_MAX_STEPS (2^53), the most "
+           "updates a graph counts", bad);
+  expect_load_refused(&m, bad, true, REMAT_ERR_IO, want);
+  patch_header(one, bad, "\"remat.step\":\"1\"",
+               "\"remat.step\":\"9007199254740993\"");
+  assert_int_equal(remat_load_checkpoint(m.g, bad, keys, &pos, 1),
+                   REMAT_ERR_IO);
+  /* 2^53 - 1: one more step, whose checkpoint loads; then no more. */
+  patch_header(one, last, "\"remat.step\":\"1\"",
+               "\"remat.step\":\"9007199254740991\"");
+  assert_int_equal(remat_load_checkpoint(m.g, last, keys, &pos, 1), REMAT_OK);
+  assert_int_equal(remat_step(m.g, NULL), REMAT_OK);
+  assert_int_equal(remat_save_checkpoint(m.g, at, keys, &pos, 1), REMAT_OK);
+  size_t n;
+  unsigned char *buf = read_all(at, &n);
+  assert_non_null(memmem(buf, n, "\"remat.step\":\"9007199254740992\"", 31));
+  free(buf);
+  assert_int_equal(remat_load_checkpoint(m.g, at, keys, &pos, 1), REMAT_OK);
+  float w[4];
+  assert_int_equal(remat_read(m.g, m.w, w, sizeof w), REMAT_OK);
+  expect_error(remat_step(m.g, NULL), REMAT_ERR_LIMIT,
+               "remat_step: the graph has counted 9007199254740992 updates, "
+               "the most it counts (REMAT_MAX_STEPS, 2^53)");
+  expect_w(&m, w);
+  close_model(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sgd_overflow),
@@ -392,6 +462,7 @@ int main(void) {
       cmocka_unit_test(test_accumulate_overflow),
       cmocka_unit_test(test_load_nonfinite),
       cmocka_unit_test(test_builders_refuse_nonfinite),
+      cmocka_unit_test(test_step_counter),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

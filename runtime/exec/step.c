@@ -363,6 +363,11 @@ static remat_status run_step(graph_step *gs, run_mode mode,
   step_state *st = &gs->state;
   if (step_stats_check(stats, what) != REMAT_OK)
     return REMAT_ERR_INVALID_ARG;
+  if (mode != RUN_ACCUMULATE && st->opt_step >= REMAT_MAX_STEPS)
+    return remat__fail(REMAT_ERR_LIMIT,
+                       "%s: the graph has counted %lld updates, the most it "
+                       "counts (REMAT_MAX_STEPS, 2^53)",
+                       what, (long long)st->opt_step);
   step_run run = {c, st, mode, st->opt_step + 1};
   reset_counters(c, st);
   sched_run_opts opts = {.context = &run};
