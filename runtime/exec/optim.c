@@ -1,8 +1,9 @@
 /* The optimizer's arithmetic (optim.h): the seed task that starts backward
  * with d(loss) = 1, sums of squares of a gradient tile (finite check and
- * global norm), gradient accumulation, the clip factor, and SGD and AdamW
- * updates of a parameter tile. Plans and gates live in the tasks that call
- * these. */
+ * global norm), gradient accumulation, the clip factor, SGD and AdamW
+ * updates of a parameter tile, and the bound and exact dry run that tell
+ * whether an update would write a NaN or Inf. Plans and gates live in the
+ * tasks that call these. */
 #include <math.h>
 #include <string.h>
 

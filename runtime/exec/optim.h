@@ -1,5 +1,6 @@
 /* The optimizer's arithmetic on one tile of a parameter: the seed of
- * backward, the finite check of a gradient and the SGD and AdamW updates.
+ * backward, the finite check of a gradient, the SGD and AdamW updates,
+ * and whether an update stays finite (a bound, then a dry run).
  * It knows nothing of plans or tasks: callers pass the element range. */
 #ifndef REMAT_RUNTIME_OPTIM_H
 #define REMAT_RUNTIME_OPTIM_H
