@@ -20,9 +20,9 @@ double optim_sum_squares(const float *x, int64_t n) {
 
 /* On the bits: |x| of a float without its sign bit orders as an unsigned
  * integer (Inf and NaN above every finite value), and an integer maximum
- * vectorizes where a float one does not. */
-REMAT_SIMD_CLONES
-float optim_max_abs(const float *x, int64_t n) {
+ * vectorizes where a float one does not. Static: a clone's resolver is a
+ * global symbol otherwise, outside the remat_ namespace. */
+REMAT_SIMD_CLONES static float max_abs(const float *x, int64_t n) {
   int32_t mx = 0;
   for (int64_t i = 0; i < n; i++) {
     int32_t u;
@@ -37,10 +37,12 @@ float optim_max_abs(const float *x, int64_t n) {
   return f;
 }
 
+float optim_max_abs(const float *x, int64_t n) { return max_abs(x, n); }
+
 float optim_accumulate(float *acc, const float *g, int64_t n, bool first) {
   for (int64_t i = 0; i < n; i++)
     acc[i] = first ? g[i] : acc[i] + g[i];
-  return optim_max_abs(acc, n);
+  return max_abs(acc, n);
 }
 
 bool optim_accumulate_bounded(double acc_max, double g_max) {
@@ -119,10 +121,10 @@ void optim_update(const remat_optimizer *opt, const optim_tile_args *a) {
     } else {
       for (int64_t i = lo; i < hi; i++)
         adamw_elem(&k, g[i], &w[i], &m[i], &v[i]);
-      mmax = max2(mmax, optim_max_abs(m + lo, hi - lo));
-      vmax = max2(vmax, optim_max_abs(v + lo, hi - lo));
+      mmax = max2(mmax, max_abs(m + lo, hi - lo));
+      vmax = max2(vmax, max_abs(v + lo, hi - lo));
     }
-    wmax = max2(wmax, optim_max_abs(w + lo, hi - lo));
+    wmax = max2(wmax, max_abs(w + lo, hi - lo));
   }
   a->max[OPTIM_MAX_W] = wmax;
   a->max[OPTIM_MAX_M] = mmax;
