@@ -48,7 +48,8 @@ typedef enum remat_status {
   REMAT_ERR_STATE = 7,      /* a call at the wrong time (step before compile) */
   REMAT_ERR_BACKEND = 8,    /* oneDNN or hwloc failed */
   REMAT_ERR_IO = 9,         /* a file could not be read or written */
-  REMAT_ERR_NUMERIC = 10,   /* NaN or Inf in the loss or gradients */
+  REMAT_ERR_NUMERIC = 10,   /* NaN or Inf in the loss or gradients, or in
+                               what an update would write */
   REMAT_ERR_BUDGET = 11,    /* no remat plan fits the memory budget */
   REMAT_ERR_POLICY = 12     /* a bad remat policy */
 } remat_status;
@@ -189,7 +190,11 @@ REMAT_API remat_status remat_graph_seed(remat_graph *g, uint64_t seed);
 REMAT_API remat_tensor *remat_input(remat_graph *g, const char *name,
                                     remat_dtype dtype, int ndim,
                                     const int64_t *dims);
-/* A trained parameter, initialized at compile from the graph's seed. */
+/* A trained parameter, initialized at compile from the graph's seed:
+ * zeros, ones, or normal with standard deviation `scale`, which must be
+ * finite and at most REMAT_MAX_INIT_SCALE in magnitude (every initial value
+ * is then finite). */
+#define REMAT_MAX_INIT_SCALE 1e30f
 REMAT_API remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
                                     const int64_t *dims, remat_init init,
                                     float scale);
@@ -216,7 +221,7 @@ typedef enum remat_gelu_form {
 REMAT_API remat_tensor *remat_gelu(remat_graph *g, const remat_tensor *x,
                                    remat_gelu_form form);
 /* Layer norm over the last dim with scale gamma[C] and shift beta[C];
- * eps <= 0 means 1e-5. */
+ * eps <= 0 means 1e-5; a NaN or infinite eps is refused. */
 REMAT_API remat_tensor *remat_layernorm(remat_graph *g, const remat_tensor *x,
                                         const remat_tensor *gamma,
                                         const remat_tensor *beta, float eps);
@@ -422,8 +427,10 @@ typedef struct remat_step_stats {
 } remat_step_stats;
 
 /* Forward, backward and update. On REMAT_ERR_NUMERIC (NaN/Inf in the loss or
- * a gradient) no parameter is updated. `stats` may be NULL; else its
- * `size` must be set (see remat_step_stats). */
+ * a gradient, or an update that would make a parameter or an AdamW moment
+ * NaN or Inf, or a gradient sum of remat_accumulate overflow; the message
+ * names the parameter) no parameter, moment or sum is updated. `stats` may
+ * be NULL; else its `size` must be set (see remat_step_stats). */
 REMAT_API remat_status remat_step(remat_graph *g, remat_step_stats *stats);
 /* Gradient accumulation: forward and backward of the fed micro-batch, whose
  * parameter gradients are added to per-parameter sums (allocated at the
@@ -541,9 +548,11 @@ REMAT_API remat_status remat_save_safetensors(remat_graph *g, const char *path);
  * read before any parameter changes, so a load costs the header plus the
  * model's size in memory whatever the file's size. A truncated file, a bad
  * or oversized header, a wrong dtype, a missing, unknown or repeated
- * tensor, a shape mismatch or data offsets that are not whole numbers, out
- * of range or overlapping fail with REMAT_ERR_IO or REMAT_ERR_SHAPE and
- * leave every parameter as it was. */
+ * tensor, a shape mismatch, data offsets that are not whole numbers, out
+ * of range or overlapping, or a value that is NaN or Inf (or, in a
+ * checkpoint, a negative AdamW second moment), named with its tensor, fail
+ * with REMAT_ERR_IO or REMAT_ERR_SHAPE and leave every parameter as it
+ * was. */
 REMAT_API remat_status remat_load_safetensors(remat_graph *g, const char *path);
 /* Writes the gradients of the last step, one F32 tensor per parameter
  * under the parameter's name, in the same format and the same way as
@@ -553,6 +562,12 @@ REMAT_API remat_status remat_save_grads_safetensors(remat_graph *g,
                                                     const char *path);
 
 /* ---- training checkpoints: resuming exactly ---- */
+
+/* The most updates a graph counts: 2^53 (exact in a double). A checkpoint
+ * whose "remat.step" is larger is refused, and a step, or a forward run,
+ * of a graph at the limit fails with REMAT_ERR_LIMIT, so every checkpoint
+ * saved can be loaded and no counter overflows. */
+#define REMAT_MAX_STEPS (INT64_C(1) << 53)
 
 /* The most caller values a checkpoint holds. */
 #define REMAT_CHECKPOINT_MAX_VALUES 64

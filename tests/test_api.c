@@ -635,8 +635,9 @@ static void test_bad_compile_arguments(void **state) {
   remat_optimizer bad = {.kind = REMAT_OPT_SGD, .lr = -1.0f};
   assert_fails(remat_compile(m.g, m.loss, &bad), REMAT_ERR_INVALID_ARG,
                "remat_compile: optimizer is not valid: expected kind "
-               "REMAT_OPT_SGD or REMAT_OPT_ADAMW, lr > 0, betas in [0,1), "
-               "eps >= 0, weight_decay >= 0");
+               "REMAT_OPT_SGD or REMAT_OPT_ADAMW, a finite lr > 0, betas "
+               "in [0,1), a finite eps >= 0 and a finite weight_decay >= "
+               "0");
   remat_graph_destroy(m.g);
   remat_runtime_destroy(rt);
 }

@@ -381,6 +381,7 @@ static remat_status emit_updates(lower_ctx *p) {
         return REMAT_ERR_OUT_OF_MEMORY;
       continue;
     }
+    int64_t tile0 = 0; /* the same numbering for checks and updates */
     for (int32_t t = 0; t < g->ntensors; t++) {
       const remat_tensor *x = g->tensors[t];
       if (x->kind != TENSOR_PARAM || p->l->grad_buf[t] < 0)
@@ -391,8 +392,9 @@ static remat_status emit_updates(lower_ctx *p) {
       kn->optim.param_tensor = t;
       kn->tiles = optim_tiles(op_numel(&x->shape));
       kn->optim.grad = p->l->grad_buf[t];
+      kn->optim.check_tile0 = tile0;
+      tile0 += kn->tiles;
       if (kind == KNODE_CHECK) {
-        kn->optim.check_tile0 = p->l->ncheck_tiles;
         p->l->ncheck_tiles += kn->tiles;
         continue;
       }

@@ -57,8 +57,9 @@ typedef struct knode_optim_bufs {
   int32_t param, grad;       /* check reads grad; update writes param */
   int32_t param_copy;        /* update: the bf16 copy it refreshes, -1 none */
   int32_t adam_m, adam_v;    /* AdamW's moments, written by the update */
-  int64_t check_tile0;       /* check: its first tile's index among the
-                                step's check tiles (their sums of squares) */
+  int64_t check_tile0;       /* its first tile's index among the step's
+                                check tiles (their sums of squares), the
+                                same for a parameter's check and update */
 } knode_optim_bufs;
 
 /* One kernel of one op (or a seed, check, gate or update), lowered to a

@@ -13,8 +13,8 @@ static bool optimizer_ok(const remat_optimizer *opt) {
   return (opt->kind == REMAT_OPT_SGD || opt->kind == REMAT_OPT_ADAMW) &&
          isfinite(opt->lr) && opt->lr > 0.0f && opt->beta1 >= 0.0f &&
          opt->beta1 < 1.0f && opt->beta2 >= 0.0f && opt->beta2 < 1.0f &&
-         opt->eps >= 0.0f && opt->weight_decay >= 0.0f &&
-         isfinite(opt->weight_decay);
+         opt->eps >= 0.0f && isfinite(opt->eps) &&
+         opt->weight_decay >= 0.0f && isfinite(opt->weight_decay);
 }
 
 static remat_status check_compile_args(remat_graph *g,
@@ -44,8 +44,9 @@ static remat_status check_compile_args(remat_graph *g,
   if (opt != NULL && !optimizer_ok(opt))
     return graph_fail(g, REMAT_ERR_INVALID_ARG,
                       "remat_compile: optimizer is not valid: expected kind "
-                      "REMAT_OPT_SGD or REMAT_OPT_ADAMW, lr > 0, betas in "
-                      "[0,1), eps >= 0, weight_decay >= 0");
+                      "REMAT_OPT_SGD or REMAT_OPT_ADAMW, a finite lr > 0, "
+                      "betas in [0,1), a finite eps >= 0 and a finite "
+                      "weight_decay >= 0");
   return REMAT_OK;
 }
 remat_status remat_compile(remat_graph *g, const remat_tensor *loss,

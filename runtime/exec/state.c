@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "runtime/exec/optim.h"
 #include "runtime/exec/step_state.h"
 
 static uint64_t splitmix64(uint64_t *state) {
@@ -72,9 +73,11 @@ static remat_status alloc_arrays(const compiled_step *c, step_state *s) {
       remat__calloc(nw * 8, sizeof *s->worker_recompute_flops);
   s->check_sumsq =
       remat__calloc((size_t)c->low.ncheck_tiles + 1, sizeof *s->check_sumsq);
+  s->tile_max = remat__calloc(((size_t)c->low.ncheck_tiles + 1) * OPTIM_NMAX,
+                              sizeof *s->tile_max);
   if (s->data == NULL || s->users_left == NULL || s->bufs == NULL ||
       s->workers == NULL || s->worker_recompute_flops == NULL ||
-      s->check_sumsq == NULL)
+      s->check_sumsq == NULL || s->tile_max == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   return REMAT_OK;
 }
@@ -215,6 +218,7 @@ void step_state_free(const compiled_step *c, step_state *s) {
   free(s->workers);
   free(s->worker_recompute_flops);
   free(s->check_sumsq);
+  free(s->tile_max);
   memset(s, 0, sizeof *s);
 }
 

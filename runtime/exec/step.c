@@ -19,6 +19,7 @@
 #include "runtime/exec/node_copies.h"
 #include "runtime/exec/precision.h"
 #include "runtime/exec/step_stats.h"
+#include "runtime/exec/tasks.h"
 
 static double now_seconds(void) {
   struct timespec ts;
@@ -291,6 +292,7 @@ static void reset_counters(const compiled_step *c, step_state *st) {
   for (int32_t b = 0; b < c->low.nbufs; b++)
     atomic_store(&st->users_left[b], c->low.bufs[b].users);
   atomic_store(&st->nonfinite, 0);
+  st->overflow_tensor = -1;
   memset(st->worker_recompute_flops, 0,
          (size_t)c->nworkers * 8 * sizeof *st->worker_recompute_flops);
   mem_reset_peaks(&st->arena);
@@ -306,6 +308,8 @@ static remat_status prepare_run(const compiled_step *c, step_state *st,
   remat_status s = dp_step_begin(c, st); /* data parallel: dp.h */
   if (s != REMAT_OK)
     return s;
+  if (st->params_written) /* the update's bound: its maxima (tasks.h) */
+    tasks_scan_maxima(c, st);
   precision_refresh_copies(c, st); /* after writes, loads and the broadcast */
   if (step_trace_begin(c, &st->trace, &st->arena, what,
                        c->g->rt->config.trace_path, &opts->records) != REMAT_OK) {
@@ -322,6 +326,34 @@ static remat_status prepare_run(const compiled_step *c, step_state *st,
   return REMAT_OK;
 }
 
+/* Why no update was applied: a NaN or Inf in the loss or a gradient, or
+ * an update that would have made one (tasks.c's gate). */
+static remat_status numeric_failure(const compiled_step *c,
+                                    const step_state *st, run_mode mode,
+                                    const char *what) {
+  if (st->overflow_tensor < 0)
+    return remat__fail(REMAT_ERR_NUMERIC,
+                       "%s: the loss or a gradient is NaN or Inf; the updates "
+                       "were skipped",
+                       what);
+  const char *name = c->g->tensors[st->overflow_tensor]->name;
+  if (mode == RUN_ACCUMULATE)
+    return remat__fail(REMAT_ERR_NUMERIC,
+                       "%s: adding this micro-step's gradient of '%s' to the "
+                       "sum of the earlier ones would overflow to Inf; no sum "
+                       "was changed",
+                       what, name);
+  return remat__fail(REMAT_ERR_NUMERIC,
+                     "%s: the update would make parameter '%s'%s NaN or Inf "
+                     "(learning rate %g, gradient norm %g%s); no parameter "
+                     "or moment was changed",
+                     what, name,
+                     c->opt.kind == REMAT_OPT_ADAMW ? " or its AdamW moments"
+                                                    : "",
+                     (double)st->lr, st->grad_norm,
+                     st->grad_scale < 1.0f ? ", clipped" : "");
+}
+
 /* Runs the DAG in `mode`. The counters move only after a run that
  * succeeded: the update counter after a step or a forward run, the
  * micro-steps after an accumulation. */
@@ -331,6 +363,11 @@ static remat_status run_step(graph_step *gs, run_mode mode,
   step_state *st = &gs->state;
   if (step_stats_check(stats, what) != REMAT_OK)
     return REMAT_ERR_INVALID_ARG;
+  if (mode != RUN_ACCUMULATE && st->opt_step >= REMAT_MAX_STEPS)
+    return remat__fail(REMAT_ERR_LIMIT,
+                       "%s: the graph has counted %lld updates, the most it "
+                       "counts (REMAT_MAX_STEPS, 2^53)",
+                       what, (long long)st->opt_step);
   step_run run = {c, st, mode, st->opt_step + 1};
   reset_counters(c, st);
   sched_run_opts opts = {.context = &run};
@@ -353,10 +390,7 @@ static remat_status run_step(graph_step *gs, run_mode mode,
   fill_stats(c, st, &st->last, secs);
   if (st->last.nonfinite) { /* no update was applied */
     step_trace_cancel(&st->trace);
-    s = remat__fail(REMAT_ERR_NUMERIC,
-                    "%s: the loss or a gradient is NaN or Inf; the updates "
-                    "were skipped",
-                    what);
+    s = numeric_failure(c, st, mode, what);
   } else if (mode == RUN_ACCUMULATE) {
     st->accum_count++;
   } else {

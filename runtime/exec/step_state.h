@@ -42,6 +42,13 @@ typedef struct step_state {
   double *check_sumsq;         /* [low.ncheck_tiles] */
   double grad_norm;
   float grad_scale;
+  /* The update's bound (optim.h): per check tile, OPTIM_NMAX floats, the
+   * largest |w|, |m|, v the last update wrote and the largest |sum| of the
+   * last micro-step; rescanned before a run when params_written. The gate
+   * sets overflow_tensor (else -1) to the parameter whose update would
+   * make a value NaN or Inf, and nonfinite, so that no update runs. */
+  float *tile_max;
+  int32_t overflow_tensor;
   float **accum;               /* [ntensors]: per parameter the sum of its
                                   gradients over the micro-steps, allocated
                                   at the first remat_accumulate */

@@ -90,8 +90,70 @@ static int check_tile(const step_run *r, const plan_knode *kn, int64_t tile) {
   return REMAT_OK;
 }
 
+/* Tile `tile` of update node kn as the update sees it, with the copy of
+ * the parameter on `node` and the tile's recorded maxima. */
+static optim_tile_args tile_args(const step_run *r, const plan_knode *kn,
+                                 int64_t tile, int node) {
+  const compiled_step *c = r->c;
+  step_state *s = r->s;
+  const remat_tensor *t = c->g->tensors[kn->optim.param_tensor];
+  int64_t lo, hi;
+  optim_tile_range(param_numel(c, kn), tile, &lo, &hi);
+  float *m = buf_data(s, kn->optim.adam_m), *v = buf_data(s, kn->optim.adam_v);
+  return (optim_tile_args){
+      .param = node_copy(c, s, kn->optim.param, node) + lo,
+      .grad = buf_data(s, kn->optim.grad) + lo,
+      .adam_m = m != NULL ? m + lo : NULL,
+      .adam_v = v != NULL ? v + lo : NULL,
+      .n = hi - lo,
+      .step = r->opt_step,
+      .decay = t->shape.ndim >= 2 ? c->opt.weight_decay : 0.0f,
+      .grad_scale = s->grad_scale,
+      .max = s->tile_max + (kn->optim.check_tile0 + tile) * OPTIM_NMAX};
+}
+
+/* Whether tile `tile` of update node kn can be applied without making a
+ * value NaN or Inf: the bound from the maxima its last update recorded and
+ * the gradient's sum of squares that its check computed (optim.h), and
+ * only when that fails, a dry run. The sums of a first micro-step are its
+ * gradients, finite once checked. */
+static bool tile_safe(const step_run *r, const plan_knode *kn, int64_t tile) {
+  step_state *s = r->s;
+  double g_max = sqrt(s->check_sumsq[kn->optim.check_tile0 + tile]);
+  optim_tile_args a = tile_args(r, kn, tile, 0);
+  int64_t lo, hi;
+  optim_tile_range(param_numel(r->c, kn), tile, &lo, &hi);
+  if (r->mode == RUN_ACCUMULATE)
+    return s->accum_count == 0 ||
+           optim_accumulate_bounded(a.max[OPTIM_MAX_ACC], g_max) ||
+           optim_accumulate_finite(s->accum[kn->optim.param_tensor] + lo,
+                                   a.grad, a.n);
+  remat_optimizer opt = r->c->opt;
+  opt.lr = s->lr;
+  return optim_update_bounded(&opt, &a, g_max) ||
+         optim_update_finite(&opt, &a, kn->optim.param_copy >= 0);
+}
+
+/* The all-or-nothing promise for what the updates write: when any tile's
+ * update would make a parameter, a moment or a gradient sum NaN or Inf,
+ * no update runs and the step names the parameter. */
+static void check_updates(const step_run *r) {
+  const compiled_step *c = r->c;
+  step_state *s = r->s;
+  for (int32_t i = 0; i < c->low.nknodes; i++) {
+    const plan_knode *kn = &c->low.knodes[i];
+    for (int64_t t = 0; kn->kind == KNODE_UPDATE && t < kn->tiles; t++)
+      if (!tile_safe(r, kn, t)) {
+        s->overflow_tensor = kn->optim.param_tensor;
+        atomic_store(&s->nonfinite, 1);
+        return;
+      }
+  }
+}
+
 /* After every check: the global gradient norm, summed over the check tiles
- * in their fixed order, and the clip factor of the updates. */
+ * in their fixed order, the clip factor of the updates, and whether the
+ * updates can be applied. */
 static int gate_tile(const step_run *r) {
   step_state *s = r->s;
   double total = 0.0;
@@ -101,7 +163,22 @@ static int gate_tile(const step_run *r) {
   s->grad_scale = r->mode == RUN_ACCUMULATE
                       ? 1.0f
                       : optim_clip_scale(s->grad_norm, s->clip);
+  if (atomic_load(&s->nonfinite) == 0)
+    check_updates(r);
   return REMAT_OK;
+}
+
+void tasks_scan_maxima(const compiled_step *c, step_state *s) {
+  step_run r = {c, s, RUN_STEP, 0};
+  for (int32_t i = 0; i < c->low.nknodes; i++) {
+    const plan_knode *kn = &c->low.knodes[i];
+    for (int64_t t = 0; kn->kind == KNODE_UPDATE && t < kn->tiles; t++) {
+      optim_tile_args a = tile_args(&r, kn, t, 0);
+      a.max[OPTIM_MAX_W] = optim_max_abs(a.param, a.n);
+      a.max[OPTIM_MAX_M] = a.adam_m ? optim_max_abs(a.adam_m, a.n) : 0.0f;
+      a.max[OPTIM_MAX_V] = a.adam_v ? optim_max_abs(a.adam_v, a.n) : 0.0f;
+    }
+  }
 }
 
 /* Runs after the gate: nothing is written when any check failed. The
@@ -113,25 +190,15 @@ static int update_tile(const step_run *r, const plan_knode *kn, int64_t tile,
   step_state *s = r->s;
   if (atomic_load(&s->nonfinite))
     return REMAT_OK;
-  const remat_tensor *t = c->g->tensors[kn->optim.param_tensor];
+  optim_tile_args a = tile_args(r, kn, tile, node);
   int64_t lo, hi;
   optim_tile_range(param_numel(c, kn), tile, &lo, &hi);
   if (r->mode == RUN_ACCUMULATE) {
-    optim_accumulate(s->accum[kn->optim.param_tensor] + lo,
-                     buf_data(s, kn->optim.grad) + lo, hi - lo,
-                     s->accum_count == 0);
+    a.max[OPTIM_MAX_ACC] =
+        optim_accumulate(s->accum[kn->optim.param_tensor] + lo, a.grad, a.n,
+                         s->accum_count == 0);
     return REMAT_OK;
   }
-  float *m = buf_data(s, kn->optim.adam_m), *v = buf_data(s, kn->optim.adam_v);
-  optim_tile_args a = {
-      .param = node_copy(c, s, kn->optim.param, node) + lo,
-      .grad = buf_data(s, kn->optim.grad) + lo,
-      .adam_m = m != NULL ? m + lo : NULL,
-      .adam_v = v != NULL ? v + lo : NULL,
-      .n = hi - lo,
-      .step = r->opt_step,
-      .decay = t->shape.ndim >= 2 ? c->opt.weight_decay : 0.0f,
-      .grad_scale = s->grad_scale};
   remat_optimizer opt = c->opt;
   opt.lr = s->lr;
   optim_update(&opt, &a);

@@ -14,6 +14,10 @@ extern const task_bodies remat__task_bodies;
 /* Points knode k's op_bufs (s->bufs[k]) at its buffers' memory, as its
  * start task does (also for tiles run outside a step: the simulator). */
 void tasks_bind(const compiled_step *c, step_state *s, int32_t k);
+/* The maxima of every update tile (step_state.tile_max) from the
+ * parameters and moments as they are, after something else than an update
+ * wrote them (creation, remat_write, a load, the broadcast). */
+void tasks_scan_maxima(const compiled_step *c, step_state *s);
 
 /* arg: the plan_knode. */
 int tasks_start(void *run, void *arg, int worker);

@@ -1,5 +1,7 @@
 /* The public op builders: each checks its arguments and adds one op node
  * (or a few, for composite ops) through graph_add_op. */
+#include <math.h>
+
 #include "runtime/internal.h"
 
 remat_tensor *remat_linear(remat_graph *g, const remat_tensor *x,
@@ -48,6 +50,13 @@ remat_tensor *remat_layernorm(remat_graph *g, const remat_tensor *x,
                               const remat_tensor *gamma,
                               const remat_tensor *beta, float eps) {
   const remat_tensor *in[3] = {x, gamma, beta};
+  if (g != NULL && g->status == REMAT_OK && !isfinite(eps)) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "layernorm: eps %g is not valid: expected a finite eps (> 0, "
+               "or <= 0 for 1e-5)",
+               (double)eps);
+    return NULL;
+  }
   op_attrs attrs = {.eps = eps > 0.0f ? eps : 1e-5f};
   return graph_add_op(g, OP_LAYERNORM, in, 3, &attrs);
 }

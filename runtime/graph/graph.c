@@ -1,6 +1,7 @@
 /* Graph building: inputs, parameters and op nodes, with shape inference
  * through the op table and a sticky error (the first failure is kept, later
  * calls return NULL and do nothing). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,6 +187,14 @@ remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
                "param '%s': init %d is not valid: expected REMAT_INIT_ZEROS, "
                "REMAT_INIT_ONES or REMAT_INIT_NORMAL",
                name, (int)init);
+    return NULL;
+  }
+  if (!isfinite(scale) || fabsf(scale) > REMAT_MAX_INIT_SCALE) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "param '%s': scale %g is not valid: expected a finite scale "
+               "of at most %g in magnitude (a normal init draws values of "
+               "up to 9 scales)",
+               name, (double)scale, (double)REMAT_MAX_INIT_SCALE);
     return NULL;
   }
   for (int32_t i = 0; i < g->ntensors; i++)

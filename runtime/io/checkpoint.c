@@ -217,9 +217,10 @@ static remat_status check_meta(restore *r, const cJSON *meta,
   uint64_t step = 0;
   if (s == REMAT_OK)
     s = meta_value(meta, KEY_STEP, path, &step);
-  if (s == REMAT_OK && step > (uint64_t)INT64_MAX)
+  if (s == REMAT_OK && step > (uint64_t)REMAT_MAX_STEPS)
     s = remat__fail(REMAT_ERR_IO, "remat_load_checkpoint: '%s': '%s' is "
-                    "%llu, more than 2^63-1", path, KEY_STEP,
+                    "%llu, more than REMAT_MAX_STEPS (2^53), the most "
+                    "updates a graph counts", path, KEY_STEP,
                     (unsigned long long)step);
   for (int i = 0; i < r->count && s == REMAT_OK; i++)
     s = meta_value(meta, r->keys[i], path, &r->parsed[i]);

@@ -651,7 +651,26 @@ static remat_status check_entries(const safet_load_req *req, source *src,
   return s;
 }
 
-/* Reads every tensor's data into one buffer, then writes the items: a read
+/* The values a tensor brings: every one finite, and AdamW's second moments
+ * (sums of squares) also >= 0, so that no step starts from a NaN, an Inf
+ * or the square root of a negative number. */
+static remat_status check_values(const source *src, const char *name,
+                                 const unsigned char *data, size_t bytes) {
+  bool second = strncmp(name, SAFET_ADAM_V, strlen(SAFET_ADAM_V)) == 0;
+  for (size_t i = 0; i < bytes / sizeof(float); i++) {
+    float v;
+    memcpy(&v, data + i * sizeof v, sizeof v);
+    if (!isfinite(v) || (second && v < 0.0f))
+      return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' holds %g at element %zu: "
+                       "%s", src->what, src->path, name, (double)v, i,
+                       second ? "a second moment must be finite and >= 0"
+                              : "every value must be finite");
+  }
+  return REMAT_OK;
+}
+
+/* Reads every tensor's data into one buffer, checks its values, then
+ * writes the items: a read
  * that fails (the file changed since it was checked) leaves every tensor
  * as it was. The buffer is the model's size, whatever the file's. */
 static remat_status read_items(const safet_load_req *req, const source *src,
@@ -672,6 +691,12 @@ static remat_status read_items(const safet_load_req *req, const source *src,
   for (int i = 0; i < n && s == REMAT_OK; i++) {
     size_t bytes = (size_t)(entries[i].end - entries[i].begin);
     s = read_at(src, buf + at, bytes, src->data_start + entries[i].begin);
+    at += bytes;
+  }
+  at = 0;
+  for (int i = 0; i < n && s == REMAT_OK; i++) {
+    size_t bytes = (size_t)(entries[i].end - entries[i].begin);
+    s = check_values(src, entries[i].item->name, buf + at, bytes);
     at += bytes;
   }
   at = 0;

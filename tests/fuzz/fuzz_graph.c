@@ -5,9 +5,14 @@
  * fed zeros and run once. Nothing may crash; every failure must leave a
  * status and a message, and a graph that failed to build must fail to
  * compile with the same status. Huge and wrapping dims must fail when
- * built (REMAT_ERR_LIMIT or REMAT_ERR_SHAPE), never reach compile. Two
+ * built (REMAT_ERR_LIMIT or REMAT_ERR_SHAPE), never reach compile. NaN,
+ * Inf and huge scales, layernorm epsilons and learning rates are drawn:
+ * builders and compile refuse the non-finite ones, and a step that
+ * succeeds leaves every parameter finite, one that fails on numbers
+ * changes none. Two
  * runtimes (one worker each) serve every input: f32, and bf16 when the
  * input's last byte is odd. */
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -40,6 +45,12 @@ static remat_runtime *shared_runtime(bool bf16) {
   }
   return rt[bf16];
 }
+
+/* Scales, epsilons and learning rates that builders and compile must
+ * refuse (NaN, +-Inf, past REMAT_MAX_INIT_SCALE) or that updates must not
+ * let overflow (1e30, 3e38). */
+static const float hostile_floats[8] = {NAN, INFINITY, -INFINITY, 1e31f,
+                                        1e30f, 3e38f, -0.5f, 1e-30f};
 
 /* An existing tensor, or NULL one time in (n + 1). */
 static remat_tensor *pick(builder *b) {
@@ -116,11 +127,18 @@ static void build_one(builder *b, unsigned op) {
     push(b, remat_input(g, name, REMAT_I32, nd, dims));
     break;
   }
-  case 2: {
+  case 2: { /* the init byte's values 224 to 255 pick a hostile scale */
     int nd = read_dims(b, dims);
     name[0] = 'p';
-    push(b, remat_param(g, name, nd, dims,
-                        (remat_init)(fuzz_byte(&b->in) % 4), 0.1f));
+    unsigned ib = fuzz_byte(&b->in);
+    float scale = ib >= 224 ? hostile_floats[(ib >> 2) & 7] : 0.1f;
+    remat_status before = remat_graph_status(g);
+    remat_tensor *t = remat_param(g, name, nd, dims, (remat_init)(ib % 4),
+                                  scale);
+    if (!isfinite(scale) || fabsf(scale) > REMAT_MAX_INIT_SCALE)
+      FUZZ_CHECK(t == NULL && (before != REMAT_OK ||
+                               remat_graph_status(g) == REMAT_ERR_INVALID_ARG));
+    push(b, t);
     break;
   }
   case 3: {
@@ -138,8 +156,13 @@ static void build_one(builder *b, unsigned op) {
     break;
   case 9: {
     remat_tensor *x = pick(b), *gamma = pick(b), *beta = pick(b);
-    push(b, remat_layernorm(g, x, gamma, beta,
-                            (float)(fuzz_byte(&b->in) % 3) * 1e-3f));
+    unsigned eb = fuzz_byte(&b->in); /* 224 to 255: a hostile eps */
+    float eps = eb >= 224 ? hostile_floats[(eb >> 2) & 7]
+                          : (float)(eb % 3) * 1e-3f;
+    remat_tensor *y = remat_layernorm(g, x, gamma, beta, eps);
+    if (!isfinite(eps))
+      FUZZ_CHECK(y == NULL);
+    push(b, y);
     break;
   }
   case 10: push(b, remat_softmax(g, pick(b))); break;
@@ -201,6 +224,26 @@ static void build_one(builder *b, unsigned op) {
   }
 }
 
+static size_t params_numel(remat_graph *g) {
+  size_t n = 0;
+  for (int i = 0; i < remat_num_params(g); i++)
+    n += (size_t)remat_tensor_numel(remat_param_at(g, i));
+  return n;
+}
+
+/* Every parameter's values, one after the other. */
+static float *params_snapshot(remat_graph *g) {
+  float *all = malloc(params_numel(g) * sizeof *all + 1), *at = all;
+  FUZZ_CHECK(all != NULL);
+  for (int i = 0; i < remat_num_params(g); i++) {
+    const remat_tensor *p = remat_param_at(g, i);
+    size_t bytes = (size_t)remat_tensor_numel(p) * sizeof *all;
+    FUZZ_CHECK(remat_read(g, p, at, bytes) == REMAT_OK);
+    at += bytes / sizeof *all;
+  }
+  return all;
+}
+
 /* Feeds zeros to every input (valid token ids) and runs the graph once. */
 static void run_once(builder *b, bool forward_only) {
   for (int i = 0; i < b->n; i++) {
@@ -211,24 +254,37 @@ static void run_once(builder *b, bool forward_only) {
     FUZZ_CHECK(s == REMAT_OK || s == REMAT_ERR_INVALID_ARG);
     free(zeros);
   }
+  float *before = params_snapshot(b->g);
   remat_step_stats st = {.size = sizeof st};
   remat_status s = forward_only ? remat_forward(b->g, &st)
                                 : remat_step(b->g, &st);
   FUZZ_CHECK(s == REMAT_OK || s == REMAT_ERR_NUMERIC ||
              s == REMAT_ERR_OUT_OF_MEMORY);
   FUZZ_CHECK(s != REMAT_ERR_NUMERIC || st.nonfinite == 1);
+  /* A step that succeeds leaves every parameter finite (they start
+   * finite); one that fails on numbers changes none. */
+  float *after = params_snapshot(b->g);
+  size_t n = params_numel(b->g);
+  for (size_t i = 0; s == REMAT_OK && i < n; i++)
+    FUZZ_CHECK(isfinite(after[i]));
+  FUZZ_CHECK(s != REMAT_ERR_NUMERIC ||
+             memcmp(before, after, n * sizeof *after) == 0);
+  free(before);
+  free(after);
 }
 
 static void compile_and_run(builder *b) {
-  unsigned how = fuzz_byte(&b->in) % 4;
+  unsigned hb = fuzz_byte(&b->in), how = hb % 4;
   remat_tensor *loss = NULL;
   if (how != 3 && b->n > 0) {
     loss = b->t[b->n - 1];
     if (remat_tensor_numel(loss) != 1 || fuzz_byte(&b->in) & 1)
       loss = remat_sum(b->g, loss);
   }
+  /* the how byte's values 224 to 255 pick a hostile learning rate */
   remat_optimizer opt = {.kind = how == 1 ? REMAT_OPT_SGD : REMAT_OPT_ADAMW,
-                         .lr = 1e-3f};
+                         .lr = hb >= 224 ? hostile_floats[(hb >> 2) & 7]
+                                         : 1e-3f};
   remat_status before = remat_graph_status(b->g);
   remat_status s = remat_compile(b->g, loss, how == 0 ? NULL : &opt);
   if (before != REMAT_OK)

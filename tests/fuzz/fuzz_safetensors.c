@@ -6,7 +6,12 @@
  * for the next input. The seeds include offsets of 2^62 and 1e300,
  * negative and fractional offsets, header lengths of 100 MiB + 1 and
  * 2^64 - 1 in a file of 335 bytes, a header of NUL bytes and a tensor
- * named twice. */
+ * named twice; a load that succeeds must bring only finite values (the
+ * regressions hold a NaN, an Inf and a -Inf in a valid file). Every
+ * input is also loaded as a training checkpoint: one that loads must
+ * step (or reach REMAT_MAX_STEPS) and save a checkpoint that loads again
+ * (the regressions hold remat.step 2^63-1, 2^53 and 2^53+1). */
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -63,6 +68,32 @@ static bool params_equal_initial(target_graph *tg) {
   return true;
 }
 
+/* The same input as a checkpoint: a load that succeeds brings a step
+ * count that the next step can add to (REMAT_OK, or REMAT_ERR_LIMIT at
+ * REMAT_MAX_STEPS) and a checkpoint saved after it loads again; a load
+ * that fails changes nothing. */
+static void checkpoint_round_trip(target_graph *tg, const char *path) {
+  static char saved[64];
+  if (saved[0] == '\0')
+    snprintf(saved, sizeof saved, "/tmp/fuzz-ckpt-%d.safetensors",
+             (int)getpid());
+  remat_status s = remat_load_checkpoint(tg->g, path, NULL, NULL, 0);
+  if (s != REMAT_OK) {
+    FUZZ_CHECK(s == REMAT_ERR_IO || s == REMAT_ERR_SHAPE);
+    FUZZ_CHECK(params_equal_initial(tg));
+    return;
+  }
+  s = remat_step(tg->g, NULL);
+  FUZZ_CHECK(s == REMAT_OK || s == REMAT_ERR_LIMIT || s == REMAT_ERR_NUMERIC);
+  FUZZ_CHECK(remat_save_checkpoint(tg->g, saved, NULL, NULL, 0) == REMAT_OK);
+  FUZZ_CHECK(remat_load_checkpoint(tg->g, saved, NULL, NULL, 0) == REMAT_OK);
+  unlink(saved);
+  for (int i = 0; i < NPARAMS; i++)
+    FUZZ_CHECK(remat_write(tg->g, tg->params[i], tg->initial[i],
+                           (size_t)remat_tensor_numel(tg->params[i]) * 4) ==
+               REMAT_OK);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   target_graph *tg = shared_graph();
   int fd = memfd_create("fuzz.safetensors", 0);
@@ -76,6 +107,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
   remat_status s = remat_load_safetensors(tg->g, path);
   if (s == REMAT_OK) {
+    for (int i = 0; i < NPARAMS; i++) { /* a load brings finite values */
+      float now[MAX_NUMEL];
+      int64_t n = remat_tensor_numel(tg->params[i]);
+      FUZZ_CHECK(remat_read(tg->g, tg->params[i], now, (size_t)n * 4) ==
+                 REMAT_OK);
+      for (int64_t k = 0; k < n; k++)
+        FUZZ_CHECK(isfinite(now[k]));
+    }
     for (int i = 0; i < NPARAMS; i++)
       FUZZ_CHECK(remat_write(tg->g, tg->params[i], tg->initial[i],
                              (size_t)remat_tensor_numel(tg->params[i]) * 4) ==
@@ -87,6 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(strchr(msg, '\n') == NULL);
     FUZZ_CHECK(params_equal_initial(tg));
   }
+  checkpoint_round_trip(tg, path);
   close(fd);
   return 0;
 }
