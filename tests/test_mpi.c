@@ -170,11 +170,12 @@ static void test_matches_one_process(void **state) {
   assert_int_equal(st.steps, 3);
   assert_true(st.buckets >= 1);
   /* Every gradient float once per step, and the agreement (a double and
-   * two ints: NaN/Inf, and the failure as one status-and-rank key). */
+   * twelve int64s: NaN/Inf, the failure as one status-and-rank key, and
+   * five values the update uses, each with its negation). */
   int64_t floats = 0;
   for (int i = 0; i < remat_num_params(dp.g); i++)
     floats += remat_tensor_numel(remat_param_at(dp.g, i));
-  assert_int_equal(st.comm_bytes, 3 * (floats * 4 + 8 + 8));
+  assert_int_equal(st.comm_bytes, 3 * (floats * 4 + 8 + 12 * 8));
   assert_true(st.comm_s > 0.0 && st.exposed_comm_s >= 0.0);
   model_close(&dp);
   model_close(&ref);

@@ -24,10 +24,31 @@ static void set_broken(comm_thread *c, const char *what, int rc) {
   c->broken = true;
   char mpi_err[MPI_MAX_ERROR_STRING] = "";
   int len = 0;
-  if (rc != MPI_SUCCESS)
+  bool mpi_error = rc != MPI_SUCCESS && rc != COMM_TIMED_OUT;
+  if (mpi_error)
     MPI_Error_string(rc, mpi_err, &len);
   snprintf(c->errmsg, sizeof c->errmsg, "%s%s%s", what,
-           rc != MPI_SUCCESS ? ": " : "", mpi_err);
+           mpi_error ? ": " : "", mpi_err);
+}
+
+void comm_break(comm_thread *c, const char *what, int rc) {
+  pthread_mutex_lock(&c->mu);
+  set_broken(c, what, rc);
+  pthread_mutex_unlock(&c->mu);
+}
+
+int comm_wait(MPI_Request *req, int n, double timeout_s) {
+  double start = comm_now();
+  for (;;) {
+    int flag = 0;
+    int rc = MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS || flag)
+      return rc;
+    if (comm_now() - start > timeout_s)
+      return COMM_TIMED_OUT;
+    struct timespec ts = {0, POLL_NS};
+    nanosleep(&ts, NULL);
+  }
 }
 
 static int start_item(comm_thread *c, comm_item *it) {
@@ -90,7 +111,7 @@ static int poll_items(comm_thread *c) {
           comm_now() - it->t_start > c->timeout_s) {
         char what[128];
         snprintf(what, sizeof what,
-                 "an allreduce did not complete within %.0f s: a rank died "
+                 "an allreduce did not complete within %g s: a rank died "
                  "or stopped stepping",
                  c->timeout_s);
         pthread_mutex_lock(&c->mu);

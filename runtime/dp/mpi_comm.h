@@ -71,4 +71,18 @@ bool comm_finish_step(comm_thread *c);
 /* Seconds of the monotonic clock. */
 double comm_now(void);
 
+/* What comm_wait returns when the timeout passed first (no MPI error code
+ * is negative). */
+#define COMM_TIMED_OUT (-1)
+/* Waits for n requests of collectives started on the calling thread
+ * (outside the thread's steps: the first step's check and broadcast),
+ * polling as the thread does, at most timeout_s seconds: MPI_SUCCESS, the
+ * error code of a failed MPI call, or COMM_TIMED_OUT (the requests are then
+ * left in flight: a collective cannot be cancelled). */
+int comm_wait(MPI_Request *req, int n, double timeout_s);
+/* Marks c broken with `what` (and MPI's words for rc when it is an MPI
+ * error code), as a failure on the thread does: every later item
+ * completes unsent. Any thread, between steps. */
+void comm_break(comm_thread *c, const char *what, int rc);
+
 #endif

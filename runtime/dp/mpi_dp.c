@@ -13,6 +13,7 @@
 #include "base/alloc.h"
 #include "remat_mpi.h"
 #include "runtime/dp/dp.h"
+#include "runtime/dp/dp_check.h"
 #include "runtime/dp/dp_failure.h"
 #include "runtime/dp/mpi_comm.h"
 #include "runtime/exec/node_copies.h"
@@ -62,10 +63,12 @@ static remat_status read_env(dp_graph *d, const remat_runtime *rt) {
   return REMAT_OK;
 }
 
-/* The agreement: loss summed, flags maxed over ranks. */
-/* Reduced with MPI_MAX: any rank's NaN/Inf, and the failure to report
- * (dp_failure.h: a status paired with the rank that had it). */
-enum { FLAG_NONFINITE, FLAG_FAILURE, NFLAGS };
+/* The agreement: loss summed, flags maxed over ranks. Reduced with
+ * MPI_MAX: any rank's NaN/Inf, the failure to report (dp_failure.h: a
+ * status paired with the rank that had it), and the values the update
+ * uses, each with its negation (dp_check.h: their smallest and largest). */
+enum { FLAG_NONFINITE, FLAG_FAILURE, FLAG_SHARED,
+       NFLAGS = FLAG_SHARED + DP_SHARED_SLOTS };
 
 typedef struct dp_plan {
   const compiled_step *c; /* the step whose gradients it averages */
@@ -74,9 +77,13 @@ typedef struct dp_plan {
   dp_graph *cfg;
   float **data;           /* [layout->nbuckets]: each bucket's floats */
   double loss;            /* agreement item buffers */
-  int flags[NFLAGS];
+  int64_t flags[NFLAGS];
+  bool shared_differ;     /* the agreement found the values apart: */
+  char shared_msg[COMM_ERRMSG_MAX]; /* which, with the two values */
   comm_thread comm;
-  bool synced;           /* parameters broadcast */
+  dp_text desc;           /* the step's description (dp_check.h) */
+  uint64_t desc_hash;
+  bool synced;           /* checked alike and parameters broadcast */
   int64_t steps, bytes;
   double comm_s, exposed_s;
 } dp_plan;
@@ -112,11 +119,22 @@ remat_status remat_graph_data_parallel(remat_graph *g, MPI_Comm comm) {
     free(d);
     return s;
   }
-  int rc = MPI_Comm_dup(comm, &d->comm);
+  /* Collective like every later call: within the timeout. */
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Comm_idup(comm, &d->comm, &req);
+  if (rc == MPI_SUCCESS)
+    rc = comm_wait(&req, 1, d->timeout_s);
+  if (rc == COMM_TIMED_OUT) /* d is left allocated: nothing cancels the
+                              duplication, which may still write d->comm */
+    return remat__fail(REMAT_ERR_BACKEND,
+                       "remat_graph_data_parallel: duplicating the "
+                       "communicator did not complete within %g s: a rank "
+                       "died or has not called remat_graph_data_parallel",
+                       d->timeout_s);
   if (rc != MPI_SUCCESS) {
     free(d);
     return remat__fail(REMAT_ERR_BACKEND,
-                       "remat_graph_data_parallel: MPI_Comm_dup failed");
+                       "remat_graph_data_parallel: MPI_Comm_idup failed");
   }
   MPI_Comm_set_errhandler(d->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(d->comm, &d->rank);
@@ -213,12 +231,16 @@ static float local_loss(const dp_plan *d) {
   return precision_get1(&d->c->low.bufs[b], d->s->data[b]);
 }
 
-/* The agreement's local values: this rank's loss, NaN/Inf, failure. */
-static void agree_fill(dp_plan *d, int status) {
+/* The agreement's local values: this rank's loss, NaN/Inf, failure, and
+ * the values its update would use. */
+static void agree_fill(dp_plan *d, int status, bool accumulate) {
   float loss = local_loss(d);
+  const step_state *s = d->s;
   d->loss = (double)loss;
-  d->flags[FLAG_NONFINITE] = atomic_load(&d->s->nonfinite) || !isfinite(loss);
+  d->flags[FLAG_NONFINITE] = atomic_load(&s->nonfinite) || !isfinite(loss);
   d->flags[FLAG_FAILURE] = dp_failure_key(status, d->cfg->rank, d->cfg->size);
+  dp_shared_pack(d->flags + FLAG_SHARED, s->lr, s->clip, accumulate,
+                 s->accum_count, s->opt_step);
 }
 
 /* Runs on a worker after every other node but the gate and the updates. */
@@ -227,7 +249,8 @@ int dp_agree_task(void *run, void *arg, int worker) {
   (void)worker;
   const step_run *r = run;
   dp_plan *d = r->s->dp;
-  agree_fill(d, sched_run_failure(d->c->g->rt->pool));
+  agree_fill(d, sched_run_failure(d->c->g->rt->pool),
+             r->mode == RUN_ACCUMULATE);
   comm_ready(&d->comm, d->layout->nbuckets, true);
   return 0;
 }
@@ -256,8 +279,10 @@ static void item_done(void *ctx, int i) {
       precision_set1(&c->low.bufs[lb], d->s->data[lb],
                      (float)(d->loss / (double)d->cfg->size));
     }
+    d->shared_differ = dp_shared_differ(d->flags + FLAG_SHARED,
+                                        d->shared_msg, sizeof d->shared_msg);
     if (d->flags[FLAG_NONFINITE] || d->flags[FLAG_FAILURE] >= 0 ||
-        d->comm.broken)
+        d->shared_differ || d->comm.broken)
       atomic_store(&d->s->nonfinite, 1); /* no rank updates */
   }
   if (it->by_task)
@@ -284,7 +309,7 @@ static remat_status make_items(dp_plan *d) {
   c->items[nb] =
       (comm_item){.buf = &d->loss, .count = 1, .type = MPI_DOUBLE,
                   .op = MPI_SUM, .buf2 = d->flags, .count2 = NFLAGS,
-                  .type2 = MPI_INT, .op2 = MPI_MAX,
+                  .type2 = MPI_INT64_T, .op2 = MPI_MAX,
                   .bytes = sizeof d->loss + sizeof d->flags};
   c->comm = d->cfg->comm;
   c->done = item_done;
@@ -326,6 +351,15 @@ remat_status dp_state_create(const compiled_step *c, step_state *state,
     return remat__fail(s, "remat_compile: out of memory for the "
                           "data-parallel buckets");
   }
+  s = dp_describe_step(c, &d->desc);
+  if (s != REMAT_OK) {
+    dp_plan_free(d);
+    return remat__fail(s, "remat_compile: %s the description of the step "
+                          "that the ranks compare",
+                       s == REMAT_ERR_LIMIT ? "more than 1 GiB in"
+                                            : "out of memory for");
+  }
+  d->desc_hash = dp_text_hash(d->desc.text, d->desc.len);
   if (!comm_start(&d->comm)) {
     remat_status e = remat__fail(REMAT_ERR_BACKEND, "remat_compile: %s",
                                  d->comm.errmsg);
@@ -344,34 +378,131 @@ void dp_plan_free(struct dp_plan *d) {
     free(d->data[i]);
   free(d->data);
   free(d->comm.items);
+  dp_text_free(&d->desc);
   free(d);
 }
 
 /* ---- steps ---- */
 
-/* Rank 0's parameters and optimizer moments to every rank. */
+/* A collective of the first step that failed or timed out: from now on
+ * every step fails at once (the others may still wait on it). */
+static remat_status first_step_failed(dp_plan *d, const char *what, int rc) {
+  char msg[COMM_ERRMSG_MAX];
+  if (rc == COMM_TIMED_OUT)
+    snprintf(msg, sizeof msg,
+             "%s did not complete within %g s: a rank died, stopped "
+             "stepping or has not started its first step",
+             what, d->cfg->timeout_s);
+  else
+    snprintf(msg, sizeof msg, "%s failed", what);
+  comm_break(&d->comm, msg, rc);
+  return remat__fail(REMAT_ERR_BACKEND, "remat_step: %s", d->comm.errmsg);
+}
+
+/* Waits for the n collectives just started (rc: how their start went). */
+static int finish(dp_plan *d, MPI_Request *req, int n, int rc) {
+  return rc == MPI_SUCCESS ? comm_wait(req, n, d->cfg->timeout_s) : rc;
+}
+
+#define CHECK_WHAT "the first step's check that every rank built the same step"
+
+/* The ranks built different steps: rank 0's description and that of the
+ * first rank whose description differs go to every rank, so that every
+ * rank names the same first difference. */
+static remat_status name_difference(dp_plan *d) {
+  MPI_Comm comm = d->cfg->comm;
+  uint64_t first[2] = {d->desc_hash, d->desc.len};
+  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  int rc = finish(d, req, 1,
+                  MPI_Ibcast(first, 2, MPI_UINT64_T, 0, comm, &req[0]));
+  int differs = first[0] != d->desc_hash || first[1] != d->desc.len
+                    ? d->cfg->rank
+                    : INT_MAX;
+  if (rc == MPI_SUCCESS)
+    rc = finish(d, req, 1, MPI_Iallreduce(MPI_IN_PLACE, &differs, 1, MPI_INT,
+                                          MPI_MIN, comm, &req[0]));
+  uint64_t other_len = d->desc.len; /* the differing rank's, learned next */
+  if (rc == MPI_SUCCESS && differs != INT_MAX)
+    rc = finish(d, req, 1, MPI_Ibcast(&other_len, 1, MPI_UINT64_T, differs,
+                                      comm, &req[0]));
+  if (rc != MPI_SUCCESS)
+    return first_step_failed(d, CHECK_WHAT, rc);
+  if (differs == INT_MAX) /* equal hashes and lengths after all */
+    return REMAT_OK;
+  /* Every length is at most DP_MAX_DESCRIPTION (dp_describe_step). */
+  bool mine0 = d->cfg->rank == 0, mine1 = d->cfg->rank == differs;
+  char *text0 = mine0 ? d->desc.text : remat__malloc((size_t)first[1] + 1);
+  char *text1 = mine1 ? d->desc.text : remat__malloc((size_t)other_len + 1);
+  int ok = text0 != NULL && text1 != NULL;
+  rc = finish(d, req, 1, MPI_Iallreduce(MPI_IN_PLACE, &ok, 1, MPI_INT,
+                                        MPI_MIN, comm, &req[0]));
+  if (rc == MPI_SUCCESS && ok) {
+    rc = MPI_Ibcast(text0, (int)first[1], MPI_CHAR, 0, comm, &req[0]);
+    if (rc == MPI_SUCCESS)
+      rc = finish(d, req, 2, MPI_Ibcast(text1, (int)other_len, MPI_CHAR,
+                                        differs, comm, &req[1]));
+  }
+  char diff[REMAT__ERRMSG_MAX] = "";
+  if (rc == MPI_SUCCESS && ok)
+    dp_first_difference(text1, (size_t)other_len, differs, text0,
+                        (size_t)first[1], 0, diff, sizeof diff);
+  if (!mine0)
+    free(text0);
+  if (!mine1)
+    free(text1);
+  if (rc != MPI_SUCCESS)
+    return first_step_failed(d, CHECK_WHAT, rc);
+  if (!ok)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_step: the ranks built different steps (rank "
+                       "%d's differs from rank 0's; out of memory for "
+                       "naming the difference); no rank stepped",
+                       differs);
+  return remat__fail(REMAT_ERR_INVALID_ARG,
+                     "remat_step: the ranks built different steps: %s; no "
+                     "rank stepped",
+                     diff);
+}
+
+/* Before the first broadcast: the largest and smallest of every rank's
+ * description hash and length, fixed-size, so that ranks that built
+ * different steps learn it without sending anything sized by their
+ * step. */
+static remat_status check_same_step(dp_plan *d) {
+  uint64_t mine[2] = {d->desc_hash, d->desc.len}, hi[2], lo[2];
+  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  int rc = MPI_Iallreduce(mine, hi, 2, MPI_UINT64_T, MPI_MAX, d->cfg->comm,
+                          &req[0]);
+  if (rc == MPI_SUCCESS)
+    rc = MPI_Iallreduce(mine, lo, 2, MPI_UINT64_T, MPI_MIN, d->cfg->comm,
+                        &req[1]);
+  rc = finish(d, req, 2, rc);
+  if (rc != MPI_SUCCESS)
+    return first_step_failed(d, CHECK_WHAT, rc);
+  if (hi[0] == lo[0] && hi[1] == lo[1])
+    return REMAT_OK;
+  return name_difference(d);
+}
+
+/* Rank 0's parameters and optimizer moments to every rank, each
+ * broadcast within the timeout. */
 static remat_status broadcast_params(dp_plan *d) {
   const compiled_step *c = d->c;
   for (int32_t b = 0; b < c->low.nbufs; b++) {
     const plan_buffer *buf = &c->low.bufs[b];
     float *data = d->s->data[b];
-    bool param = buf->tensor >= 0 && c->low.value_buf[buf->tensor] == b &&
-                 c->g->tensors[buf->tensor]->kind == TENSOR_PARAM;
-    if (!param && buf->cat != REMAT_MEM_OPTIMIZER)
-      continue;
-    if (!buf->persistent || data == NULL)
+    if (!dp_broadcast_buffer(c, b) || data == NULL)
       continue;
     int64_t n = buf->bytes / (int64_t)sizeof(float);
     for (int64_t off = 0; off < n; off += MAX_COUNT) {
       int count = (int)(n - off < MAX_COUNT ? n - off : MAX_COUNT);
-      int rc = MPI_Bcast(data + off, count, MPI_FLOAT, 0, d->cfg->comm);
+      MPI_Request req = MPI_REQUEST_NULL;
+      int rc = finish(d, &req, 1, MPI_Ibcast(data + off, count, MPI_FLOAT, 0,
+                                             d->cfg->comm, &req));
       if (rc != MPI_SUCCESS)
-        return remat__fail(REMAT_ERR_BACKEND,
-                           "remat_step: broadcasting rank 0's parameters "
-                           "failed (MPI error %d)",
-                           rc);
+        return first_step_failed(d, "broadcasting rank 0's parameters", rc);
     }
-    if (param)
+    if (buf->cat != REMAT_MEM_OPTIMIZER)
       node_copies_refresh(c, d->s, b, 0, 0, n);
   }
   return REMAT_OK;
@@ -388,7 +519,9 @@ remat_status dp_step_begin(const compiled_step *c, step_state *state) {
                        "failure: %s",
                        d->comm.errmsg);
   if (!d->synced) {
-    remat_status s = broadcast_params(d);
+    remat_status s = check_same_step(d);
+    if (s == REMAT_OK)
+      s = broadcast_params(d);
     if (s != REMAT_OK)
       return s;
     d->synced = true;
@@ -426,8 +559,9 @@ remat_status dp_step_end(const compiled_step *c, step_state *state,
   pthread_mutex_lock(&d->comm.mu);
   agree_pending = !d->comm.items[d->layout->nbuckets].ready;
   pthread_mutex_unlock(&d->comm.mu);
-  if (agree_pending) /* the DAG did not run: join with this failure */
-    agree_fill(d, s != REMAT_OK ? (int)s : REMAT_ERR_STATE);
+  if (agree_pending) /* the DAG did not run: join with this failure (which
+                       every rank reports before comparing the values) */
+    agree_fill(d, s != REMAT_OK ? (int)s : REMAT_ERR_STATE, false);
   bool ok = comm_finish_step(&d->comm);
   add_step_stats(d);
   if (s != REMAT_OK)
@@ -437,11 +571,17 @@ remat_status dp_step_end(const compiled_step *c, step_state *state,
     return REMAT_ERR_BACKEND;
   }
   int other, failed;
-  if (dp_failure_of(d->flags[FLAG_FAILURE], d->cfg->size, &other, &failed)) {
+  if (dp_failure_of((int)d->flags[FLAG_FAILURE], d->cfg->size, &other,
+                    &failed)) {
     snprintf(err, err_size,
              "rank %d of %d failed (%s); no rank applied the update", failed,
              d->cfg->size, remat_status_string((remat_status)other));
     return (remat_status)other;
+  }
+  if (d->shared_differ) {
+    snprintf(err, err_size, "%s; no rank applied the update",
+             d->shared_msg);
+    return REMAT_ERR_INVALID_ARG;
   }
   return REMAT_OK;
 }
