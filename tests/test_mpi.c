@@ -390,6 +390,158 @@ static void test_bucket_size(void **state) {
   assert_true(h[0] == h[1]);
 }
 
+/* What the last rank builds differently from the others in
+ * test_different_steps. */
+typedef enum variant {
+  WIDER,           /* d_model 64 */
+  DEEPER,          /* 3 layers */
+  SGD_OPTIMIZER,   /* SGD instead of AdamW */
+  WEIGHT_DECAY,    /* AdamW with weight decay 0.1 */
+  SMALL_BUCKETS,   /* buckets of 1 KiB */
+  NVARIANTS
+} variant;
+
+/* The model of test_different_steps: the last rank builds variant v. */
+static void open_variant(model *md, variant v) {
+  bool odd = rank == world - 1;
+  remat_gpt_config c = micro;
+  remat_optimizer opt = adamw;
+  if (odd && v == WIDER)
+    c.d_model = 64;
+  if (odd && v == DEEPER)
+    c.layers = 3;
+  if (odd && v == SGD_OPTIMIZER)
+    opt = sgd;
+  if (odd && v == WEIGHT_DECAY)
+    opt.weight_decay = 0.1f;
+  memset(md, 0, sizeof *md);
+  md->cfg = c;
+  remat_config rc = one_thread();
+  assert_int_equal(remat_runtime_create(&rc, &md->rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(md->rt, &md->g), REMAT_OK);
+  assert_int_equal(remat_graph_seed(md->g, 7 + (uint64_t)rank), REMAT_OK);
+  assert_int_equal(remat_gpt_build(md->g, &c, &md->m), REMAT_OK);
+  assert_int_equal(remat_graph_data_parallel(md->g, MPI_COMM_WORLD),
+                   REMAT_OK);
+  if (odd && v == SMALL_BUCKETS)
+    assert_int_equal(remat_graph_dp_bucket_bytes(md->g, 1024), REMAT_OK);
+  assert_int_equal(remat_compile(md->g, md->m.loss, &opt), REMAT_OK);
+}
+
+/* The last rank built a different step (wider, deeper, another optimizer
+ * or weight decay, other buckets): every rank's first step fails with
+ * REMAT_ERR_INVALID_ARG and the same message naming the first difference
+ * with both values, before anything is sent that is sized by the step
+ * (a wider rank wrote past a buffer in the broadcast before); no
+ * parameter changes, and a second try fails alike. */
+static void test_different_steps(void **state) {
+  (void)state;
+  char want[NVARIANTS][200];
+  snprintf(want[WIDER], sizeof want[WIDER],
+           "parameter 0 is 'wte' f32 [48,64] on rank %d and 'wte' f32 "
+           "[48,32] on rank 0", world - 1);
+  snprintf(want[DEEPER], sizeof want[DEEPER],
+           "parameter count is 41 on rank %d and 29 on rank 0", world - 1);
+  snprintf(want[SGD_OPTIMIZER], sizeof want[SGD_OPTIMIZER],
+           "optimizer is sgd on rank %d and adamw on rank 0", world - 1);
+  snprintf(want[WEIGHT_DECAY], sizeof want[WEIGHT_DECAY],
+           "weight decay is 0.100000001 on rank %d and 0 on rank 0",
+           world - 1);
+  for (int v = 0; v < NVARIANTS; v++) {
+    model md;
+    open_variant(&md, (variant)v);
+    if (v == SMALL_BUCKETS) { /* the last rank's count, as its stats say */
+      remat_dp_stats st;
+      assert_int_equal(remat_graph_dp_stats(md.g, &st), REMAT_OK);
+      int most = 0;
+      MPI_Allreduce(&st.buckets, &most, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      assert_true(most > 1);
+      snprintf(want[v], sizeof want[v],
+               "allreduce buckets is %d on rank %d and 1 on rank 0", most,
+               world - 1);
+    }
+    size_t count, again;
+    float *before = fixture_snapshot(md.g, &count);
+    assert_non_null(before);
+    char msg[300];
+    snprintf(msg, sizeof msg,
+             "remat_step: the ranks built different steps: %.200s; no rank "
+             "stepped",
+             want[v]);
+    for (int attempt = 0; attempt < 2; attempt++) {
+      model_feed(&md, md.cfg.batch * world, rank * md.cfg.batch, 21);
+      assert_int_equal(remat_step(md.g, NULL), REMAT_ERR_INVALID_ARG);
+      assert_string_equal(remat_last_error(), msg);
+    }
+    float *after = fixture_snapshot(md.g, &again);
+    assert_non_null(after);
+    assert_int_equal(again, count);
+    assert_memory_equal(before, after, count * sizeof *before);
+    free(before);
+    free(after);
+    model_close(&md);
+  }
+}
+
+/* After a first step that worked, the last rank sets another learning
+ * rate, a clipping norm, or accumulates while the others step: every rank
+ * fails with REMAT_ERR_INVALID_ARG naming the value and its smallest and
+ * largest, no parameter changes (they went apart silently before), and
+ * with the value the same again the next step works everywhere alike. */
+static void test_different_step_values(void **state) {
+  (void)state;
+  model md;
+  model_open(&md, &micro, true);
+  model_feed(&md, micro.batch * world, rank * micro.batch, 31);
+  assert_int_equal(remat_step(md.g, NULL), REMAT_OK);
+  bool odd = rank == world - 1;
+  const char *want[] = {
+      "remat_step: the learning rate is not the same on every rank "
+      "(smallest 0.01, largest 0.02); no rank applied the update",
+      "remat_step: the clipping norm (remat_set_clip) is not the same on "
+      "every rank (smallest 0, largest 0.5); no rank applied the update",
+      "remat_step: some ranks called remat_step and others "
+      "remat_accumulate; no rank applied the update",
+  };
+  for (int k = 0; k < 3; k++) {
+    if (odd && k == 0)
+      assert_int_equal(remat_set_lr(md.g, 0.02f), REMAT_OK);
+    if (odd && k == 1)
+      assert_int_equal(remat_set_clip(md.g, 0.5f), REMAT_OK);
+    size_t count, again;
+    float *before = fixture_snapshot(md.g, &count);
+    assert_non_null(before);
+    model_feed(&md, micro.batch * world, rank * micro.batch,
+               32 + (uint32_t)k);
+    remat_status s = k == 2 && odd ? remat_accumulate(md.g, NULL)
+                                   : remat_step(md.g, NULL);
+    assert_int_equal(s, REMAT_ERR_INVALID_ARG);
+    if (k == 2 && odd) /* the same words, from remat_accumulate */
+      assert_string_equal(remat_last_error(),
+                          "remat_accumulate: some ranks called remat_step "
+                          "and others remat_accumulate; no rank applied the "
+                          "update");
+    else
+      assert_string_equal(remat_last_error(), want[k]);
+    float *after = fixture_snapshot(md.g, &again);
+    assert_non_null(after);
+    assert_memory_equal(before, after, count * sizeof *before);
+    if (odd && k == 0)
+      assert_int_equal(remat_set_lr(md.g, adamw.lr), REMAT_OK);
+    if (odd && k == 1)
+      assert_int_equal(remat_set_clip(md.g, 0.0f), REMAT_OK);
+    assert_int_equal(remat_step(md.g, NULL), REMAT_OK);
+    float *updated = fixture_snapshot(md.g, &again);
+    assert_non_null(updated);
+    assert_true(memcmp(before, updated, count * sizeof *before) != 0);
+    assert_same_on_all_ranks(param_hash(md.g));
+    free(before);
+    free(after);
+    free(updated);
+  }
+  model_close(&md);
+}
+
 /* The API's refusals. */
 static void test_api_errors(void **state) {
   (void)state;
@@ -484,6 +636,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_nan_on_one_rank),
       cmocka_unit_test(test_oom_on_one_rank),
       cmocka_unit_test(test_bucket_size),
+      cmocka_unit_test(test_different_steps),
+      cmocka_unit_test(test_different_step_values),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   MPI_Finalize();

@@ -80,7 +80,7 @@ static bool describe_params(const compiled_step *c, dp_text *t) {
   int n = 0;
   for (int32_t i = 0; i < g->ntensors; i++)
     n += g->tensors[i]->kind == TENSOR_PARAM;
-  bool ok = add_line(t, "parameters: %d", n);
+  bool ok = add_line(t, "parameter count: %d", n);
   for (int32_t i = 0, k = 0; ok && i < g->ntensors; i++) {
     const remat_tensor *p = g->tensors[i];
     char shape[8 + OP_MAX_DIMS * 21];
