@@ -1,8 +1,10 @@
 #!/bin/sh
-# A rank that dies or stalls mid-run: mpi_failure_test.sh HAVE_MPI PROGRAM
-# --kill|--stall. The job must end non-zero within 60 s (--kill), and with
-# --stall rank 0's step must fail on the allreduce timeout (5 s here) with
-# its message. Exits 77 (skipped) only when remat was built without MPI.
+# A rank that dies or stalls mid-run, or is late for its first step:
+# mpi_failure_test.sh HAVE_MPI PROGRAM --kill|--stall|--late. The job must
+# end non-zero within 60 s; with --stall rank 0's step must fail on the
+# allreduce timeout (5 s here) with its message, and with --late rank 0's
+# first step on the first step's check timing out. Exits 77 (skipped) only
+# when remat was built without MPI.
 have_mpi=$1
 prog=$2
 mode=$3
@@ -29,6 +31,10 @@ ok=1
 [ "$rc" -ne 124 ] && [ "$elapsed" -lt 60 ] || { echo "FAIL: not ended within 60 s"; ok=0; }
 if [ "$mode" = --stall ] && ! grep -q "OK: stall detected" "$log"; then
   echo "FAIL: rank 0 did not report the allreduce timeout"
+  ok=0
+fi
+if [ "$mode" = --late ] && ! grep -q "OK: late rank detected" "$log"; then
+  echo "FAIL: rank 0's first step did not fail on the timeout, or not in time"
   ok=0
 fi
 rm -f "$log"

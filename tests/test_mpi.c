@@ -581,14 +581,59 @@ static void test_api_errors(void **state) {
   remat_runtime_destroy(rt);
 }
 
+/* --late: the last rank sleeps past the timeout before its first step; rank
+ * 0's first step must fail within the timeout (and 5 s to spare) with the
+ * first step's check timing out, and its next step at once, then the job
+ * is aborted (the late rank cannot finalize with us). */
+static int run_late_mode(model *md) {
+  model_feed(md, micro.batch * world, rank * micro.batch, 3);
+  if (rank == world - 1) {
+    sleep(8);
+    remat_status s = remat_step(md->g, NULL); /* the broadcast times out */
+    fprintf(stderr, "rank %d: %s\n", rank, remat_last_error());
+    fflush(stderr);
+    if (s != REMAT_OK) /* should rank 0's abort not have ended us yet */
+      MPI_Abort(MPI_COMM_WORLD, 4);
+    return 1;
+  }
+  double t0 = MPI_Wtime();
+  remat_status s = remat_step(md->g, NULL);
+  double waited = MPI_Wtime() - t0;
+  fprintf(stderr, "rank %d: %s after %.1f s: %s\n", rank,
+          remat_status_string(s), waited, remat_last_error());
+  bool ok = s == REMAT_ERR_BACKEND && waited >= 5.0 && waited < 10.0 &&
+            strcmp(remat_last_error(),
+                   "remat_step: the first step's check that every rank "
+                   "built the same step did not complete within 5 s: a rank "
+                   "died, stopped stepping or has not started its first "
+                   "step") == 0;
+  t0 = MPI_Wtime();
+  s = remat_step(md->g, NULL);
+  waited = MPI_Wtime() - t0;
+  fprintf(stderr, "rank %d: then %s after %.1f s: %s\n", rank,
+          remat_status_string(s), waited, remat_last_error());
+  ok = ok && s == REMAT_ERR_BACKEND && waited < 1.0 &&
+       strstr(remat_last_error(), "remat_step: data parallel stopped after "
+                                  "an earlier failure: the first step's "
+                                  "check") == remat_last_error();
+  if (ok)
+    fprintf(stderr, "OK: late rank detected\n");
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  return 1;
+}
+
 /* --kill: the last rank dies (SIGKILL) after its first step; the others
  * step on until remat_step fails or mpirun ends them (tests/mpi_test.sh
  * checks that the job ends non-zero within 60 s). --stall: the last rank
  * stops stepping; rank 0's step must fail with the timeout's message
- * (REMAT_DP_TIMEOUT is set short), then the job is aborted. */
+ * (REMAT_DP_TIMEOUT is set short), then the job is aborted. --late:
+ * run_late_mode. */
 static int run_failure_mode(const char *mode) {
   model md;
   model_open(&md, &micro, true);
+  if (strcmp(mode, "--late") == 0)
+    return run_late_mode(&md);
   model_feed(&md, micro.batch * world, rank * micro.batch, 3);
   if (remat_step(md.g, NULL) != REMAT_OK)
     return 2;
