@@ -10,7 +10,13 @@
  * buckets whose allreduce starts as soon as their gradients are final (on
  * a communication thread, while backward goes on). A failure on one rank
  * (NaN/Inf, out of memory) makes every rank skip the update and return the
- * same status. remat never calls MPI_Init or MPI_Finalize: the caller
+ * same status. Ranks that built different steps (parameters, shapes,
+ * precision, optimizer, buckets) fail the first step on every rank with
+ * REMAT_ERR_INVALID_ARG naming the first difference, and a step whose
+ * learning rate, clipping or kind (remat_step or remat_accumulate)
+ * differs between ranks fails alike before any update; every collective
+ * fails after REMAT_DP_TIMEOUT seconds (default 60) with
+ * REMAT_ERR_BACKEND. remat never calls MPI_Init or MPI_Finalize: the caller
  * initializes MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) and
  * finalizes it after destroying the graphs. */
 #ifndef REMAT_MPI_H

@@ -2,7 +2,7 @@
 """remat-train and bench_train under mpirun -np 2: rank 0 alone prints,
 world_size is 2, param_checksums holds both ranks' checksums, equal to each
 other and to param_checksum, and bench_train reports the communication
-figures (comm_bytes: every gradient byte once a step, plus the 16-byte
+figures (comm_bytes: every gradient byte once a step, plus the 104-byte
 agreement). Usage: mpi_tools_test.py HAVE_MPI REMAT_TRAIN BENCH_TRAIN; exits
 77 (skipped) only when remat was built without MPI."""
 import json
@@ -62,9 +62,12 @@ check_checksums(b, "bench_train")
 d, v, L = 64, 64, 2
 # wte, wpe, per block (ln1, qkv, proj, ln2, fc, proj), ln_f, head (no bias)
 params = v * d + 32 * d + L * (12 * d * d + 13 * d) + 2 * d + d * v
-if b["comm_bytes"] != 4 * params + 16 or b["buckets"] < 1:
+# The agreement: the loss (a double) and 12 int64s (NaN/Inf, the failure,
+# and five values the update uses with their negations).
+agreement = 8 + 12 * 8
+if b["comm_bytes"] != 4 * params + agreement or b["buckets"] < 1:
     sys.exit("bench_train: comm_bytes %d, expected %d (params %d)" %
-             (b["comm_bytes"], 4 * params + 16, params))
+             (b["comm_bytes"], 4 * params + agreement, params))
 if not (b["comm_s"] > 0 and 0 <= b["exposed_comm_s"]):
     sys.exit("bench_train: comm_s %s, exposed_comm_s %s" %
              (b["comm_s"], b["exposed_comm_s"]))
