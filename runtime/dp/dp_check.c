@@ -86,8 +86,8 @@ static bool describe_params(const compiled_step *c, dp_text *t) {
     char shape[8 + OP_MAX_DIMS * 21];
     if (p->kind == TENSOR_PARAM)
       ok = add_line(t, "parameter %d: '%s' %s %s", k++, p->name,
-                    op_dtype_name(p->dtype), dims(&p->shape, shape,
-                                                  sizeof shape));
+                    op_dtype_name(p->dtype),
+                    dims(&p->shape, shape, sizeof shape));
   }
   return ok;
 }
@@ -112,12 +112,12 @@ static bool describe_collectives(const compiled_step *c, dp_text *t) {
 
 remat_status dp_describe_step(const compiled_step *c, dp_text *out) {
   memset(out, 0, sizeof *out);
-  bool ok = add_line(out, "precision: %s",
-                     c->g->rt->config.precision == REMAT_PRECISION_BF16
-                         ? "bf16"
-                         : "f32") &&
-            describe_optimizer(c, out) && describe_params(c, out) &&
-            describe_collectives(c, out);
+  bool ok =
+      add_line(out, "precision: %s",
+               c->g->rt->config.precision == REMAT_PRECISION_BF16 ? "bf16"
+                                                                  : "f32") &&
+      describe_optimizer(c, out) && describe_params(c, out) &&
+      describe_collectives(c, out);
   if (ok)
     return REMAT_OK;
   remat_status s = (int64_t)out->len > DP_MAX_DESCRIPTION
@@ -160,9 +160,8 @@ static size_t key_length(const char *line, size_t n) {
   return n;
 }
 
-bool dp_first_difference(const char *a, size_t alen, int rank_a,
-                         const char *b, size_t blen, int rank_b, char *out,
-                         size_t size) {
+bool dp_first_difference(const char *a, size_t alen, int rank_a, const char *b,
+                         size_t blen, int rank_b, char *out, size_t size) {
   size_t pa = 0, pb = 0;
   while (pa < alen || pb < blen) {
     size_t na, nb;
@@ -201,12 +200,11 @@ static float bits_float(int64_t bits) {
 
 void dp_shared_pack(int64_t *slots, float lr, float clip, bool accumulate,
                     int64_t micro_steps, int64_t updates) {
-  int64_t v[DP_NSHARED] = {
-      [DP_SHARED_LR] = float_bits(lr),
-      [DP_SHARED_CLIP] = float_bits(clip),
-      [DP_SHARED_ACCUMULATE] = accumulate,
-      [DP_SHARED_MICRO_STEPS] = micro_steps,
-      [DP_SHARED_UPDATES] = updates};
+  int64_t v[DP_NSHARED] = {[DP_SHARED_LR] = float_bits(lr),
+                           [DP_SHARED_CLIP] = float_bits(clip),
+                           [DP_SHARED_ACCUMULATE] = accumulate,
+                           [DP_SHARED_MICRO_STEPS] = micro_steps,
+                           [DP_SHARED_UPDATES] = updates};
   for (int k = 0; k < DP_NSHARED; k++) {
     slots[2 * k] = v[k];
     slots[2 * k + 1] = -v[k];
@@ -237,8 +235,9 @@ bool dp_shared_differ(const int64_t *slots, char *out, size_t size) {
       continue;
     char a[32], b[32];
     if (k == DP_SHARED_ACCUMULATE) {
-      snprintf(out, size, "some ranks called remat_step and others "
-                          "remat_accumulate");
+      snprintf(out, size,
+               "some ranks called remat_step and others "
+               "remat_accumulate");
       return true;
     }
     if (k == DP_SHARED_LR || k == DP_SHARED_CLIP)

@@ -44,9 +44,8 @@ uint64_t dp_text_hash(const char *s, size_t len);
  * as "KEY is VALUE_A on rank A and VALUE_B on rank B" into out (cut to
  * size); a line one lacks reads "nothing". Returns false when the two are
  * the same. */
-bool dp_first_difference(const char *a, size_t alen, int rank_a,
-                         const char *b, size_t blen, int rank_b, char *out,
-                         size_t size);
+bool dp_first_difference(const char *a, size_t alen, int rank_a, const char *b,
+                         size_t blen, int rank_b, char *out, size_t size);
 
 /* ---- the values each step shares ---- */
 
