@@ -2,9 +2,10 @@
  * x[b,t] = wte[tokens[b,t]] without wpe (no learned positions: the op has
  * two inputs). The forward tiles row blocks of the B*T rows; the backward
  * sums rows into dwte and dwpe deterministically: each tile owns a block
- * of columns (dwte) or of positions (dwpe) and walks all rows in order. In bf16 precision the
- * tables and their gradients stay f32; x and dx are bf16: a row is summed in
- * f32 in the op's temporary and rounded once, and dx is read as f32. */
+ * of columns (dwte) or of positions (dwpe) and walks all rows in order.
+ * In bf16 precision the tables and their gradients stay f32; x and dx are
+ * bf16: a row is summed in f32 in the op's temporary and rounded once, and
+ * dx is read as f32. */
 #include <string.h>
 
 #include "base/bf16.h"
