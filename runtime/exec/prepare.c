@@ -22,9 +22,11 @@ static bool optimizer_ok(const remat_optimizer *opt) {
  * are not. */
 static remat_status check_trainable(remat_graph *g, const remat_tensor *loss,
                                     const remat_optimizer *opt) {
-  int nparams = remat_num_params(g), nfrozen = 0;
-  for (int i = 0; i < nparams; i++)
-    nfrozen += remat_param_at(g, i)->frozen;
+  int nparams = 0, nfrozen = 0;
+  for (int32_t t = 0; t < g->ntensors; t++) {
+    nparams += g->tensors[t]->kind == TENSOR_PARAM;
+    nfrozen += g->tensors[t]->frozen;
+  }
   if (opt != NULL && loss != NULL && nparams > 0 && nfrozen == nparams)
     return graph_fail(g, REMAT_ERR_INVALID_ARG,
                       "remat_compile: all %d parameters are frozen "
