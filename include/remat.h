@@ -573,8 +573,8 @@ REMAT_API remat_status remat_save_safetensors(remat_graph *g, const char *path);
  * with REMAT_ERR_IO or REMAT_ERR_SHAPE and leave every parameter as it
  * was. */
 REMAT_API remat_status remat_load_safetensors(remat_graph *g, const char *path);
-/* Writes the gradients of the last step, one F32 tensor per parameter
- * under the parameter's name, in the same format and the same way as
+/* Writes the gradients of the last step, one F32 tensor per trainable
+ * parameter (a frozen one has none) under the parameter's name, in the same format and the same way as
  * remat_save_safetensors (for checking gradients against another
  * framework). */
 REMAT_API remat_status remat_save_grads_safetensors(remat_graph *g,
