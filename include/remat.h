@@ -198,6 +198,22 @@ REMAT_API remat_tensor *remat_input(remat_graph *g, const char *name,
 REMAT_API remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
                                     const int64_t *dims, remat_init init,
                                     float scale);
+/* Freezes parameter t (before remat_compile): it keeps its value, which
+ * remat_write and the loads still set, but is never trained. It has no
+ * gradient (remat_read_grad fails with REMAT_ERR_INVALID_ARG, gradient
+ * files leave it out), no optimizer state, no update and no data-parallel
+ * allreduce; a linear whose weight is frozen computes only the gradient of
+ * its input. Its bytes count as REMAT_MEM_PARAMS. In bf16 precision a
+ * frozen parameter that every op reads in bf16 (linear and matmul
+ * operands, not embedding tables, layer-norm scales or biases) is stored
+ * once, in bf16: remat_read returns its bf16 values widened and remat_write
+ * and the loads round into it. A graph whose every parameter is frozen
+ * cannot be compiled with an optimizer (nothing to update): compile it with
+ * loss NULL for remat_forward, or with a loss and no optimizer to evaluate
+ * the loss with remat_step. Freezing twice is allowed. A tensor that is not
+ * a parameter, or a compiled graph, fail with a message on the graph's
+ * sticky error. */
+REMAT_API remat_status remat_param_freeze(remat_graph *g, remat_tensor *t);
 
 /* Ops. They take const handles of their inputs (an op never changes them)
  * and return a new tensor. Shapes: leading dims (..) are flattened into
@@ -245,7 +261,10 @@ remat_causal_self_attention(remat_graph *g, const remat_tensor *qkv, int heads);
  * "attn_scores" or "attn_probs" tensors. Tags: dot, batched. */
 REMAT_API remat_tensor *
 remat_fused_attention(remat_graph *g, const remat_tensor *qkv, int heads);
-/* x[B,T,D] = wte[tokens] + wpe[0..T); tokens[B,T] int32. */
+/* x[B,T,D] = wte[tokens] + wpe[0..T); tokens[B,T] int32. wpe may be NULL
+ * (no learned positions): x[B,T,D] = wte[tokens]. A table may also be read
+ * by other ops (an LM head tied to wte): its gradient is the sum of theirs,
+ * in a fixed order. */
 REMAT_API remat_tensor *remat_embed(remat_graph *g, const remat_tensor *tokens,
                                     const remat_tensor *wte,
                                     const remat_tensor *wpe);
@@ -554,8 +573,8 @@ REMAT_API remat_status remat_save_safetensors(remat_graph *g, const char *path);
  * with REMAT_ERR_IO or REMAT_ERR_SHAPE and leave every parameter as it
  * was. */
 REMAT_API remat_status remat_load_safetensors(remat_graph *g, const char *path);
-/* Writes the gradients of the last step, one F32 tensor per parameter
- * under the parameter's name, in the same format and the same way as
+/* Writes the gradients of the last step, one F32 tensor per trainable
+ * parameter (a frozen one has none) under the parameter's name, in the same format and the same way as
  * remat_save_safetensors (for checking gradients against another
  * framework). */
 REMAT_API remat_status remat_save_grads_safetensors(remat_graph *g,

@@ -1,9 +1,11 @@
-/* Token and position embedding: x[b,t] = wte[tokens[b,t]] + wpe[t]. The
- * forward tiles row blocks of the B*T rows; the backward sums rows into
- * dwte and dwpe deterministically: each tile owns a block of columns (dwte)
- * or of positions (dwpe) and walks all rows in order. In bf16 precision the
- * tables and their gradients stay f32; x and dx are bf16: a row is summed in
- * f32 in the op's temporary and rounded once, and dx is read as f32. */
+/* Token and position embedding: x[b,t] = wte[tokens[b,t]] + wpe[t], or
+ * x[b,t] = wte[tokens[b,t]] without wpe (no learned positions: the op has
+ * two inputs). The forward tiles row blocks of the B*T rows; the backward
+ * sums rows into dwte and dwpe deterministically: each tile owns a block
+ * of columns (dwte) or of positions (dwpe) and walks all rows in order.
+ * In bf16 precision the tables and their gradients stay f32; x and dx are
+ * bf16: a row is summed in f32 in the op's temporary and rounded once, and
+ * dx is read as f32. */
 #include <string.h>
 
 #include "base/bf16.h"
@@ -21,15 +23,21 @@ typedef struct embed_state {
 remat_status op_embed_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
   static const char *const names[] = {"tokens", "wte", "wpe"};
   static const op_dtype types[] = {OP_I32, OP_F32, OP_F32};
-  remat_status rs = op_check_inputs(d, 3, 3, names, types, err);
+  remat_status rs = op_check_inputs(d, 2, 3, names, types, err);
   if (rs != REMAT_OK) return rs;
   const op_shape *tok = &d->in[0], *wte = &d->in[1], *wpe = &d->in[2];
   char bt[OP_SHAPE_STR_MAX], be[OP_SHAPE_STR_MAX], bp[OP_SHAPE_STR_MAX];
   op_shape_str(tok, bt);
   op_shape_str(wte, be);
-  op_shape_str(wpe, bp);
   if (tok->ndim != 2)
     return op_shape_err(err, d, "tokens %s must be [B,T]", bt);
+  if (d->nin == 2) {
+    if (wte->ndim != 2)
+      return op_shape_err(err, d, "wte %s must be [V,D]", be);
+    d->out = (op_shape){3, {tok->dim[0], tok->dim[1], wte->dim[1]}};
+    return REMAT_OK;
+  }
+  op_shape_str(wpe, bp);
   if (wte->ndim != 2 || wpe->ndim != 2 || wte->dim[1] != wpe->dim[1])
     return op_shape_err(err, d,
                         "wte %s and wpe %s: must be [V,D] and [Tmax,D] with "
@@ -46,8 +54,8 @@ remat_status op_embed_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
   return REMAT_OK;
 }
 
-// tokens is (B,T), wte is (V,D), wpe is (Tmax,D), x is (B,T,D):
-// x[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+// tokens is (B,T), wte is (V,D), wpe is (Tmax,D) or none, x is (B,T,D):
+// x[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] (+ 0 without wpe)
 static int embed_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const embed_state *s = op->state;
@@ -59,10 +67,14 @@ static int embed_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
   bool half = op->desc.out_dtype == OP_BF16;
   for (int64_t r = r0; r < r1; r++) {
     const float *restrict e = b->in[1] + (int64_t)tokens[r] * D;
-    const float *restrict p = b->in[2] + (r % s->T) * D;
     /* bf16: the row in f32 in the temporary, then rounded */
     float *restrict x = half ? op_temp(&s->base, w) : b->out + r * D;
-    for (int64_t c = 0; c < D; c++) x[c] = e[c] + p[c];
+    if (s->Tmax == 0) {
+      memcpy(x, e, (size_t)D * sizeof *x);
+    } else {
+      const float *restrict p = b->in[2] + (r % s->T) * D;
+      for (int64_t c = 0; c < D; c++) x[c] = e[c] + p[c];
+    }
     if (half) bf16_from_f32_row((uint16_t *)b->out + r * D, x, D);
   }
   return REMAT_OK;
@@ -123,7 +135,7 @@ static int embed_dwpe(const op_instance *op, const op_bufs *b, int64_t tile,
 remat_status op_embed_plan(op_instance *inst, dnnl_engine_t engine,
                            char err[OP_ERRMSG_MAX]) {
   const op_desc *d = &inst->desc;
-  for (int i = 1; i < 3; i++)
+  for (int i = 1; i < d->nin; i++)
     if (d->in_dtype[i] != OP_F32 || d->din_dtype[i] != OP_F32)
       return op_shape_err(err, d,
                           "%s is %s and its gradient %s: the tables and "
@@ -138,7 +150,7 @@ remat_status op_embed_plan(op_instance *inst, dnnl_engine_t engine,
   s->T = d->in[0].dim[1];
   s->V = d->in[1].dim[0];
   s->D = d->in[1].dim[1];
-  s->Tmax = d->in[2].dim[0];
+  s->Tmax = d->nin == 3 ? d->in[2].dim[0] : 0; /* 0: no wpe */
   s->row_block = op_row_block(s->D);
   s->pos_block = op_max64(1, op_row_block(s->D) / s->B);
   if (d->out_dtype == OP_BF16)
@@ -146,18 +158,21 @@ remat_status op_embed_plan(op_instance *inst, dnnl_engine_t engine,
   double n = (double)s->B * s->T * s->D;
   inst->fwd[inst->nfwd++] = op_make_kernel(
       "embed.fwd", embed_fwd, op_div_up(s->B * s->T, s->row_block), n,
-      OP_SLOT_IN(0) | OP_SLOT_IN(1) | OP_SLOT_IN(2), OP_SLOT_OUT);
+      OP_SLOT_IN(0) | OP_SLOT_IN(1) | (s->Tmax > 0 ? OP_SLOT_IN(2) : 0),
+      OP_SLOT_OUT);
   inst->bwd[inst->nbwd++] =
       op_make_kernel("embed.dwte", embed_dwte, op_div_up(s->D, OP_EMBED_COLS),
                      n, OP_SLOT_IN(0) | OP_SLOT_DOUT, OP_SLOT_DIN(1));
-  inst->bwd[inst->nbwd++] = op_make_kernel(
-      "embed.dwpe", embed_dwpe, op_div_up(s->Tmax, s->pos_block), n,
-      OP_SLOT_DOUT, OP_SLOT_DIN(2));
   inst->fwd[0].span = op_span_rows(s->B * s->T, s->row_block,
                                    OP_SLOT_IN(0) | OP_SLOT_OUT);
-  inst->fwd[0].span.spread_slots = OP_SLOT_IN(1) | OP_SLOT_IN(2);
+  inst->fwd[0].span.spread_slots = inst->fwd[0].reads & ~OP_SLOT_IN(0);
   inst->bwd[0].span = op_span_cols(0, OP_SLOT_DOUT | OP_SLOT_DIN(1));
-  inst->bwd[1].span = op_span_cols(OP_SLOT_DIN(2), OP_SLOT_DOUT);
+  if (s->Tmax > 0) {
+    inst->bwd[inst->nbwd++] = op_make_kernel(
+        "embed.dwpe", embed_dwpe, op_div_up(s->Tmax, s->pos_block), n,
+        OP_SLOT_DOUT, OP_SLOT_DIN(2));
+    inst->bwd[1].span = op_span_cols(OP_SLOT_DIN(2), OP_SLOT_DOUT);
+  }
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }

@@ -128,7 +128,9 @@ struct remat_tensor {
   op_dtype dtype;   /* as the API sees it: f32 or int32 */
   op_dtype store;   /* its buffers' element type (tensor_store_bytes): bf16
                        for float inputs and activations in bf16 precision
-                       (graph_store_dtype), else dtype */
+                       (graph_store_dtype), and for a frozen parameter that
+                       every op reads in bf16 (graph_param_store), else
+                       dtype */
   int32_t producer; /* op index, -1 for inputs and params */
   int32_t region;   /* innermost region at creation, -1 none */
   char name[REMAT__NAME_MAX];
@@ -136,6 +138,7 @@ struct remat_tensor {
   float init_scale;
   bool keep;  /* readable after a step */
   bool named; /* carries a checkpoint name */
+  bool frozen; /* a parameter that is never trained (remat_param_freeze) */
 };
 
 typedef struct graph_op {
@@ -215,5 +218,15 @@ int64_t tensor_store_bytes(const remat_tensor *t);
  * f32 master weights. */
 op_dtype graph_store_dtype(const remat_graph *g, bool param, op_dtype dtype,
                            const op_shape *shape);
+/* The element type op `type` reads its input i in when that input is a
+ * parameter of `shape`: f32 where the op keeps f32 (op_input_keeps_f32),
+ * else the activations' type. */
+op_dtype graph_param_read_dtype(const remat_graph *g, op_type type, int i,
+                                const op_shape *shape);
+/* The storage type of parameter t as the ops added so far read it: a
+ * frozen parameter is never updated, so in bf16 precision it is stored
+ * once, in bf16, when every op reads it in bf16 (and needs no f32 master);
+ * every other parameter is an f32 master. */
+op_dtype graph_param_store(const remat_graph *g, const remat_tensor *t);
 
 #endif

@@ -79,15 +79,19 @@ static plan_knode *add_knode(lower_ctx *p, knode_kind kind, int32_t op,
 
 /* ---- autodiff: which tensors carry a gradient ---- */
 
-/* A tensor gets a gradient buffer when it depends on a parameter and the
- * loss depends on it. */
+/* A tensor gets a gradient buffer when it depends on a trainable (not
+ * frozen) parameter and the loss depends on it: a frozen parameter gets
+ * none, and so no kernel that only computes its gradient is lowered (a
+ * linear whose weight is frozen keeps only its dX kernel). */
 static remat_status mark_gradients(lower_ctx *p, bool *has_grad) {
   const remat_graph *g = p->g;
   bool *depends = remat__calloc((size_t)g->ntensors, sizeof *depends);
   if (depends == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
-  for (int32_t t = 0; t < g->ntensors; t++)
-    depends[t] = g->tensors[t]->kind == TENSOR_PARAM;
+  for (int32_t t = 0; t < g->ntensors; t++) {
+    const remat_tensor *x = g->tensors[t];
+    depends[t] = x->kind == TENSOR_PARAM && !x->frozen;
+  }
   for (int32_t o = 0; o < g->nops; o++)
     for (int i = 0; i < g->ops[o].desc.nin; i++)
       depends[g->ops[o].out] |= depends[g->ops[o].in[i]];
@@ -118,18 +122,20 @@ static remat_mem_category value_category(const remat_tensor *t) {
 
 /* Value buffers (of the tensor's storage type), gradients (f32 for
  * parameters, the storage type for activations), and the bf16 copies of
- * parameters (persistent, counted as parameters, replicated per node as
- * parameters are). */
+ * parameters stored in f32 (persistent, counted as parameters, replicated
+ * per node as parameters are; a frozen parameter stored in bf16 is read
+ * as it is). */
 static remat_status make_tensor_buffers(lower_ctx *p,
                                         const bool *has_grad) {
   const remat_graph *g = p->g;
-  /* copy_buf[t] is first 1 for a parameter some op reads in bf16 */
+  /* copy_buf[t] is first 1 for an f32 parameter some op reads in bf16 */
   for (int32_t t = 0; t < g->ntensors; t++)
     p->l->copy_buf[t] = 0;
   for (int32_t o = 0; o < g->nops; o++)
     for (int i = 0; i < g->ops[o].desc.nin; i++)
       if (g->ops[o].desc.in_dtype[i] == OP_BF16 &&
-          g->tensors[g->ops[o].in[i]]->kind == TENSOR_PARAM)
+          g->tensors[g->ops[o].in[i]]->kind == TENSOR_PARAM &&
+          g->tensors[g->ops[o].in[i]]->store == OP_F32)
         p->l->copy_buf[g->ops[o].in[i]] = 1;
   for (int32_t t = 0; t < g->ntensors; t++) {
     const remat_tensor *x = g->tensors[t];

@@ -490,14 +490,16 @@ static remat_status broadcast_params(dp_plan *d) {
   const compiled_step *c = d->c;
   for (int32_t b = 0; b < c->low.nbufs; b++) {
     const plan_buffer *buf = &c->low.bufs[b];
-    float *data = d->s->data[b];
+    char *data = (char *)d->s->data[b];
     if (!dp_broadcast_buffer(c, b) || data == NULL)
       continue;
-    int64_t n = buf->bytes / (int64_t)sizeof(float);
+    /* a frozen parameter may be stored in bf16 */
+    int64_t size = op_dtype_size(buf->dtype), n = buf->bytes / size;
+    MPI_Datatype type = buf->dtype == OP_BF16 ? MPI_UINT16_T : MPI_FLOAT;
     for (int64_t off = 0; off < n; off += MAX_COUNT) {
       int count = (int)(n - off < MAX_COUNT ? n - off : MAX_COUNT);
       MPI_Request req = MPI_REQUEST_NULL;
-      int rc = finish(d, &req, 1, MPI_Ibcast(data + off, count, MPI_FLOAT, 0,
+      int rc = finish(d, &req, 1, MPI_Ibcast(data + off * size, count, type, 0,
                                              d->cfg->comm, &req));
       if (rc != MPI_SUCCESS)
         return first_step_failed(d, "broadcasting rank 0's parameters", rc);

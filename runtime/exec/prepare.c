@@ -17,6 +17,27 @@ static bool optimizer_ok(const remat_optimizer *opt) {
          opt->weight_decay >= 0.0f && isfinite(opt->weight_decay);
 }
 
+/* A graph whose every parameter is frozen has nothing to train: an
+ * optimizer is refused, a loss alone (evaluation) and no loss (forward)
+ * are not. */
+static remat_status check_trainable(remat_graph *g, const remat_tensor *loss,
+                                    const remat_optimizer *opt) {
+  int nparams = 0, nfrozen = 0;
+  for (int32_t t = 0; t < g->ntensors; t++) {
+    nparams += g->tensors[t]->kind == TENSOR_PARAM;
+    nfrozen += g->tensors[t]->frozen;
+  }
+  if (opt != NULL && loss != NULL && nparams > 0 && nfrozen == nparams)
+    return graph_fail(g, REMAT_ERR_INVALID_ARG,
+                      "remat_compile: all %d parameters are frozen "
+                      "(remat_param_freeze), so the optimizer has nothing to "
+                      "update: compile with loss NULL for remat_forward, or "
+                      "with a loss and no optimizer to evaluate the loss "
+                      "with remat_step",
+                      nparams);
+  return REMAT_OK;
+}
+
 static remat_status check_compile_args(remat_graph *g,
                                        const remat_tensor *loss,
                                        const remat_optimizer *opt) {
@@ -47,7 +68,7 @@ static remat_status check_compile_args(remat_graph *g,
                       "REMAT_OPT_SGD or REMAT_OPT_ADAMW, a finite lr > 0, "
                       "betas in [0,1), a finite eps >= 0 and a finite "
                       "weight_decay >= 0");
-  return REMAT_OK;
+  return check_trainable(g, loss, opt);
 }
 remat_status remat_compile(remat_graph *g, const remat_tensor *loss,
                            const remat_optimizer *opt) {

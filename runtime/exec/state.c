@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/bf16.h"
 #include "runtime/exec/optim.h"
 #include "runtime/exec/step_state.h"
 
@@ -24,19 +25,30 @@ static double uniform01(uint64_t *state) {
   return ((double)(splitmix64(state) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
-static void init_param(const remat_graph *g, const remat_tensor *t, float *x) {
+/* Fills parameter t's value buffer x from the graph's seed: f32 values,
+ * rounded to bf16 in chunks for a parameter stored in bf16 (a frozen one),
+ * so that both storages draw the same values. */
+static void init_param(const remat_graph *g, const remat_tensor *t, void *x) {
+  enum { CHUNK = 1024 };
+  float chunk[CHUNK];
   int64_t n = op_numel(&t->shape);
   uint64_t state = g->seed * 0x100000001B3ull + (uint64_t)t->id * 0x9E37ull + 1;
-  for (int64_t i = 0; i < n; i++) {
-    switch (t->init) {
-    case REMAT_INIT_ZEROS: x[i] = 0.0f; break;
-    case REMAT_INIT_ONES: x[i] = 1.0f; break;
-    default: {
-      double u1 = uniform01(&state), u2 = uniform01(&state);
-      x[i] = (float)(t->init_scale * sqrt(-2.0 * log(u1)) *
-                     cos(6.283185307179586 * u2));
+  for (int64_t lo = 0; lo < n; lo += CHUNK) {
+    int64_t len = n - lo < CHUNK ? n - lo : CHUNK;
+    float *dst = t->store == OP_BF16 ? chunk : (float *)x + lo;
+    for (int64_t i = 0; i < len; i++) {
+      switch (t->init) {
+      case REMAT_INIT_ZEROS: dst[i] = 0.0f; break;
+      case REMAT_INIT_ONES: dst[i] = 1.0f; break;
+      default: {
+        double u1 = uniform01(&state), u2 = uniform01(&state);
+        dst[i] = (float)(t->init_scale * sqrt(-2.0 * log(u1)) *
+                         cos(6.283185307179586 * u2));
+      }
+      }
     }
-    }
+    if (t->store == OP_BF16)
+      bf16_from_f32_row((uint16_t *)x + lo, chunk, len);
   }
 }
 

@@ -139,6 +139,12 @@ static remat_status do_read_grad(remat_graph *g, const remat_tensor *param, floa
   int32_t b = param->kind == TENSOR_PARAM
                   ? g->step->compiled.low.grad_buf[param->id]
                   : -1;
+  if (b < 0 && param->frozen)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_read_grad: parameter '%s' is frozen "
+                       "(remat_param_freeze), so it has no gradient: read "
+                       "the gradient of a trainable parameter",
+                       param->name);
   if (b < 0)
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_read_grad: '%s' is not a parameter with a "
@@ -163,7 +169,8 @@ static remat_status do_write(remat_graph *g, const remat_tensor *param, const fl
   const compiled_step *c = &g->step->compiled;
   step_state *st = &g->step->state;
   int32_t b = c->low.value_buf[param->id];
-  memcpy(st->data[b], src, bytes);
+  precision_store(&c->low.bufs[b], st->data[b], src,
+                  (int64_t)(bytes / sizeof *src)); /* bf16: a frozen one */
   node_copies_refresh(c, st, b, 0, 0, (int64_t)(bytes / sizeof *src));
   st->params_written = true; /* bf16 copies: before the next step */
   return REMAT_OK;

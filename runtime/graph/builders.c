@@ -98,7 +98,7 @@ remat_tensor *remat_fused_attention(remat_graph *g, const remat_tensor *qkv,
 remat_tensor *remat_embed(remat_graph *g, const remat_tensor *tokens,
                           const remat_tensor *wte, const remat_tensor *wpe) {
   const remat_tensor *in[3] = {tokens, wte, wpe};
-  return graph_add_op(g, OP_EMBED, in, 3, NULL);
+  return graph_add_op(g, OP_EMBED, in, wpe == NULL ? 2 : 3, NULL);
 }
 
 remat_tensor *remat_cross_entropy(remat_graph *g, const remat_tensor *logits,

@@ -215,6 +215,30 @@ remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
   return t;
 }
 
+remat_status remat_param_freeze(remat_graph *g, remat_tensor *t) {
+  const char *what = "remat_param_freeze";
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG, "%s: graph is NULL", what);
+  if (g->status != REMAT_OK)
+    return g->status;
+  if (g->compiled)
+    return graph_fail(g, REMAT_ERR_STATE,
+                      "%s: the graph is already compiled: freeze parameters "
+                      "before remat_compile",
+                      what);
+  if (!graph_tensor_ok(g, t, what))
+    return g->status;
+  if (t->kind != TENSOR_PARAM)
+    return graph_fail(g, REMAT_ERR_INVALID_ARG,
+                      "%s: '%s' is %s: only a parameter (made by remat_param) "
+                      "can be frozen",
+                      what, t->name,
+                      t->kind == TENSOR_INPUT ? "an input" : "an op result");
+  t->frozen = true;
+  t->store = graph_param_store(g, t);
+  return REMAT_OK;
+}
+
 /* Adds an op node after shape inference; returns its output tensor. */
 remat_tensor *graph_add_op(remat_graph *g, op_type type,
                            const remat_tensor *const *in,
@@ -229,13 +253,13 @@ remat_tensor *graph_add_op(remat_graph *g, op_type type,
     if (!graph_tensor_ok(g, in[i], what))
       return NULL;
     desc.in[i] = in[i]->shape;
-    /* in bf16 precision a parameter is read through its bf16 copy unless
-     * the op reads it as f32; parameter gradients are f32 */
+    /* in bf16 precision a parameter is read in bf16 (its bf16 copy, or a
+     * frozen one's bf16 storage) unless the op reads it as f32; parameter
+     * gradients are f32 */
     bool param = in[i]->kind == TENSOR_PARAM;
-    desc.in_dtype[i] = in[i]->store;
-    if (param && in[i]->store == OP_F32 && !op_input_keeps_f32(type, i) &&
-        graph_store_dtype(g, false, OP_F32, &in[i]->shape) == OP_BF16)
-      desc.in_dtype[i] = OP_BF16;
+    desc.in_dtype[i] = param ? graph_param_read_dtype(g, type, i,
+                                                      &in[i]->shape)
+                             : in[i]->store;
     desc.din_dtype[i] = param || in[i]->store == OP_I32 ? OP_F32 : in[i]->store;
   }
   char err[OP_ERRMSG_MAX];
@@ -270,6 +294,9 @@ remat_tensor *graph_add_op(remat_graph *g, op_type type,
   op->out = out->id;
   op->region = out->region;
   out->producer = g->nops++;
+  for (int i = 0; i < nin; i++) /* an op that reads a frozen one in f32 */
+    if (in[i]->kind == TENSOR_PARAM)
+      g->tensors[in[i]->id]->store = graph_param_store(g, in[i]);
   return out;
 }
 

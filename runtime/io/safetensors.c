@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/bf16.h"
 #include "base/files.h"
 #include "base/checked.h"
 #include "runtime/io/safetensors.h"
@@ -51,22 +52,26 @@ void safet_release(remat_graph *g) { graph_leave(g); }
 remat_status safet_params(remat_graph *g, bool grads, int extra,
                           safet_item **items, int *n, const char *what) {
   const plan_lowering *l = &g->step->compiled.low;
-  *n = remat_num_params(g);
-  *items = remat__calloc((size_t)(*n + extra > 0 ? *n + extra : 1),
+  int nparams = remat_num_params(g);
+  *n = 0;
+  *items = remat__calloc((size_t)(nparams + extra > 0 ? nparams + extra : 1),
                          sizeof **items);
   if (*items == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-  for (int i = 0; i < *n; i++) {
-    safet_item *it = &(*items)[i];
-    it->param = remat_param_at(g, i);
-    snprintf(it->name, sizeof it->name, "%s", it->param->name);
-    int32_t b = grads ? l->grad_buf[it->param->id]
-                      : l->value_buf[it->param->id];
+  for (int i = 0; i < nparams; i++) {
+    const remat_tensor *p = remat_param_at(g, i);
+    if (grads && p->frozen)
+      continue; /* no gradient to write */
+    safet_item *it = &(*items)[(*n)++];
+    it->param = p;
+    snprintf(it->name, sizeof it->name, "%s", p->name);
+    int32_t b = grads ? l->grad_buf[p->id] : l->value_buf[p->id];
     if (b < 0)
       return remat__fail(REMAT_ERR_INVALID_ARG,
                          "%s: parameter '%s' has no gradient (it does not "
                          "reach the loss)", what, it->name);
     it->data = g->step->state.data[b];
+    it->store = l->bufs[b].dtype;
   }
   return REMAT_OK;
 }
@@ -198,6 +203,20 @@ static int write_all(int fd, const void *buf, size_t len) {
   return 0;
 }
 
+/* n bf16 values written as F32, a chunk at a time; 0, or -1 with errno
+ * set. */
+static int write_widened(int fd, const uint16_t *src, size_t n) {
+  enum { CHUNK = 1024 };
+  float chunk[CHUNK];
+  for (size_t lo = 0; lo < n; lo += CHUNK) {
+    size_t len = n - lo < CHUNK ? n - lo : CHUNK;
+    bf16_to_f32_row(chunk, src + lo, (int64_t)len);
+    if (write_all(fd, chunk, len * sizeof *chunk) != 0)
+      return -1;
+  }
+  return 0;
+}
+
 /* What a save writes: the header text and the items. */
 typedef struct save_body {
   const char *json;
@@ -227,7 +246,9 @@ static remat_status write_body(int fd, const save_body *body, const char *what,
     size_t bytes = 0;
     if (!param_bytes(body->items[i].param, &bytes))
       return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-    bad = write_all(fd, body->items[i].data, bytes);
+    bad = body->items[i].store == OP_BF16
+              ? write_widened(fd, body->items[i].data, bytes / sizeof(float))
+              : write_all(fd, body->items[i].data, bytes);
   }
   if (bad)
     return remat__fail(REMAT_ERR_IO, "%s: cannot write '%s': %s", what,
@@ -653,10 +674,13 @@ static remat_status check_entries(const safet_load_req *req, source *src,
 
 /* The values a tensor brings: every one finite, and AdamW's second moments
  * (sums of squares) also >= 0, so that no step starts from a NaN, an Inf
- * or the square root of a negative number. */
-static remat_status check_values(const source *src, const char *name,
+ * or the square root of a negative number; for a parameter stored in bf16,
+ * finite once rounded to bf16 too. */
+static remat_status check_values(const source *src, const safet_item *item,
                                  const unsigned char *data, size_t bytes) {
+  const char *name = item->name;
   bool second = strncmp(name, SAFET_ADAM_V, strlen(SAFET_ADAM_V)) == 0;
+  bool half = item->store == OP_BF16;
   for (size_t i = 0; i < bytes / sizeof(float); i++) {
     float v;
     memcpy(&v, data + i * sizeof v, sizeof v);
@@ -665,6 +689,11 @@ static remat_status check_values(const source *src, const char *name,
                        "%s", src->what, src->path, name, (double)v, i,
                        second ? "a second moment must be finite and >= 0"
                               : "every value must be finite");
+    if (half && !isfinite(bf16_to_f32(bf16_from_f32(v))))
+      return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' holds %g at element %zu: "
+                       "the frozen parameter is stored in bf16, where it "
+                       "would be Inf: every value must be finite in bf16",
+                       src->what, src->path, name, (double)v, i);
   }
   return REMAT_OK;
 }
@@ -696,13 +725,17 @@ static remat_status read_items(const safet_load_req *req, const source *src,
   at = 0;
   for (int i = 0; i < n && s == REMAT_OK; i++) {
     size_t bytes = (size_t)(entries[i].end - entries[i].begin);
-    s = check_values(src, entries[i].item->name, buf + at, bytes);
+    s = check_values(src, entries[i].item, buf + at, bytes);
     at += bytes;
   }
   at = 0;
   for (int i = 0; i < n && s == REMAT_OK; i++) {
     size_t bytes = (size_t)(entries[i].end - entries[i].begin);
-    memcpy(entries[i].item->data, buf + at, bytes);
+    if (entries[i].item->store == OP_BF16) /* a frozen one: rounded */
+      bf16_from_f32_row(entries[i].item->data, (const float *)(buf + at),
+                        (int64_t)(bytes / sizeof(float)));
+    else
+      memcpy(entries[i].item->data, buf + at, bytes);
     at += bytes;
   }
   free(buf);

@@ -17,11 +17,14 @@
 #define SAFET_CHECKPOINT_KEY "remat.checkpoint"
 
 /* One tensor of a file: its name, the parameter whose shape it has, and
- * its values in the compiled step. */
+ * its values in the compiled step, of element type `store`: f32 (0, the
+ * default), or bf16 for a frozen parameter stored in bf16, which a save
+ * widens to F32 and a load rounds into. */
 typedef struct safet_item {
   char name[REMAT__NAME_MAX + 8];
   const remat_tensor *param;
-  float *data;
+  void *data;
+  op_dtype store;
 } safet_item;
 
 /* One __metadata__ entry (safetensors metadata values are strings). */
@@ -46,9 +49,9 @@ typedef struct safet_loading safet_loading;
  * writes); safet_release leaves it. */
 remat_status safet_hold(remat_graph *g, const char *path, const char *what);
 void safet_release(remat_graph *g);
-/* The parameters in creation order (their values, or their gradients),
- * in a new array with room for `extra` more items; *n is set to the
- * number of parameters. */
+/* The parameters in creation order (their values), or the trainable ones
+ * (their gradients: a frozen parameter has none), in a new array with room
+ * for `extra` more items; *n is set to the number of items. */
 remat_status safet_params(remat_graph *g, bool grads, int extra,
                           safet_item **items, int *n, const char *what);
 /* Writes the items (names unique and not "__metadata__", checked first)
