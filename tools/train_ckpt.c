@@ -390,6 +390,16 @@ static int change_schedule(const source *f, train_options *o,
   return 0;
 }
 
+/* The step of --resume against --steps. */
+static int check_step(const source *f, const train_options *o) {
+  if (f->v[M_STEP] <= (uint64_t)o->steps)
+    return 0;
+  fprintf(stderr, "remat-train: --resume '%s' is at step %llu, past --steps "
+          "%d (the total, not steps to add)\n", f->path,
+          (unsigned long long)f->v[M_STEP], o->steps);
+  return EXIT_RUNTIME;
+}
+
 /* --steps (the file's schedule's end unless given), the schedule (each
  * option the file's unless given), and the segment: the file's, when the
  * schedule is the file's, else a new one. */
@@ -397,6 +407,9 @@ static int take_schedule(const source *f, train_options *o) {
   train_options was = file_schedule(f);
   if (!option_given(o, "steps"))
     o->steps = train_horizon(&was);
+  int rc = check_step(f, o);
+  if (rc != 0)
+    return rc;
   if (!option_given(o, "schedule"))
     o->schedule = was.schedule;
   if (!option_given(o, "warmup"))
@@ -444,25 +457,19 @@ static int check_horizon(const train_options *o) {
   return EXIT_USAGE;
 }
 
-/* Reads the values of `f` (found[i] 0 where the file has none). */
+/* Reads the values of `f` (found[i] 0 where the file has none). A file
+ * whose header cannot be read has none: the load that follows reports
+ * why, as it would for a weights file. */
 static int read_values(source *f) {
   const char *keys[M_COUNT];
   for (int i = 0; i < M_COUNT; i++)
     keys[i] = fields[i].key;
-  if (remat_checkpoint_values(f->path, keys, f->v, f->found, M_COUNT) ==
-      REMAT_OK)
+  if (remat_checkpoint_values(f->path, keys, f->v, f->found, 0) !=
+          REMAT_OK ||
+      remat_checkpoint_values(f->path, keys, f->v, f->found, M_COUNT) ==
+          REMAT_OK)
     return 0;
   fprintf(stderr, "remat-train: %s: %s\n", f->option, remat_last_error());
-  return EXIT_RUNTIME;
-}
-
-/* The step of --resume against --steps. */
-static int check_step(const source *f, const train_options *o) {
-  if (f->v[M_STEP] <= (uint64_t)o->steps)
-    return 0;
-  fprintf(stderr, "remat-train: --resume '%s' is at step %llu, past --steps "
-          "%d (the total, not steps to add)\n", f->path,
-          (unsigned long long)f->v[M_STEP], o->steps);
   return EXIT_RUNTIME;
 }
 
@@ -481,10 +488,11 @@ int checkpoint_options(train_options *o) {
     rc = take_model(&f, o);
   if (rc == 0 && f.found[M_VERSION] && o->resume_path != NULL)
     rc = take_run(&f, o);
-  if (rc == 0 && o->resume_path != NULL && f.found[M_STEP]) {
-    rc = check_step(&f, o);
+  if (rc == 0 && o->resume_path != NULL && f.found[M_STEP] &&
+      !f.found[M_VERSION])
+    rc = check_step(&f, o); /* take_schedule checks the others */
+  if (rc == 0 && o->resume_path != NULL)
     o->resume_step = (int)f.v[M_STEP];
-  }
   return rc == 0 ? check_horizon(o) : rc;
 }
 
