@@ -13,12 +13,12 @@ int train_horizon(const train_options *o) {
 }
 
 int train_warmup(const train_options *o) {
-  int horizon = train_horizon(o);
   if (o->warmup >= 0)
     return o->warmup;
   if (o->schedule == SCHEDULE_CONSTANT)
     return 0;
-  return horizon / 10 < 100 ? horizon / 10 : 100;
+  int tenth = train_horizon(o) / 10;
+  return tenth < 100 ? tenth : 100;
 }
 
 /* The decay factor at `progress` (0 to 1) of the schedule. */

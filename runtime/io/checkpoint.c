@@ -294,8 +294,7 @@ remat_status remat_checkpoint_values(const char *path,
     s = meta_value(meta, keys[i], path, what, &parsed[i], &there[i]);
   for (int i = 0; i < count && s == REMAT_OK; i++) {
     found[i] = there[i];
-    if (there[i])
-      values[i] = parsed[i];
+    values[i] = there[i] ? parsed[i] : values[i];
   }
   cJSON_Delete(root);
   return s;
