@@ -217,7 +217,8 @@ static int check_consistent(const source *f) {
     return file_error(f, M_VOCAB, why);
   }
   if (v[M_FORMAT] == DATA_ADDITION && v[M_SEQ] < ADD_LEN)
-    return file_error(f, M_SEQ, "at least 13, the tokens of an addition problem");
+    return file_error(f, M_SEQ,
+                      "at least 13, the tokens of an addition problem");
   if (!lr_ok(v[M_LR], 0, 0))
     return file_error(f, M_LR, "the bits of a finite float32 > 0");
   if (!lr_ok(v[M_LR_MIN], 1, 1) ||
