@@ -766,6 +766,17 @@ static void test_resume_changed_schedule(void **state) {
                          "0.02 (the new --lr) to 0.002 at step 8 by cosine,"));
   lr_list(r.out, got, sizeof got);
   assert_string_equal(got, "0.02 0.017364 0.011 0.00463604");
+  /* --lr-min is checked against the file's --lr (0.01), not the default */
+  run(&r, "--threads", "2", "--lr-min", "0.005", "--resume", four, "--json",
+      NULL);
+  assert_int_equal(r.code, 0);
+  assert_non_null(strstr(r.err, ": from step 4 the learning rate goes from "
+                         "0.00882843 (the checkpoint's current rate) to "
+                         "0.005 at step 10 by cosine,"));
+  run(&r, "--threads", "2", "--lr-min", "0.02", "--resume", four, NULL);
+  snprintf(want, sizeof want, "--lr-min 0.02 is above --lr 0.01 (one of "
+           "them from --resume '%s')", four);
+  expect(&r, 2, want);
 }
 #undef CHANGE_ARGS
 

@@ -382,8 +382,8 @@ static int check_training(const train_options *o) {
           "weights too";
   else if (o->save_every > 0 && o->save_path == NULL)
     why = "--save-every needs --save FILE";
-  else if (o->lr_min > o->lr)
-    why = "--lr-min is above --lr";
+  else if (o->lr_min > o->lr && o->resume_path == NULL)
+    why = "--lr-min is above --lr"; /* with --resume, once the file's known */
   else if (o->strict_resume && o->resume_path == NULL)
     why = "--strict-resume needs --resume FILE";
   if (why != NULL)
