@@ -619,6 +619,19 @@ REMAT_API remat_status remat_save_checkpoint(remat_graph *g, const char *path,
 REMAT_API remat_status remat_load_checkpoint(remat_graph *g, const char *path,
                                              const char *const *keys,
                                              uint64_t *values, int count);
+/* Reads the caller values of the checkpoint (or any safetensors file) at
+ * PATH without a graph, for what a program must know before it builds
+ * one (the model's shape, say): found[i] is set to 1 and values[i] to the
+ * value saved under keys[i] (keys as remat_save_checkpoint takes them),
+ * or found[i] to 0 and values[i] left alone when the file has no such
+ * key (a file written before the key existed). The header is checked as
+ * remat_load_safetensors checks it; a header that is not one, or a value
+ * present but not a whole number (REMAT_ERR_IO, naming the key), fails
+ * and leaves `values` and `found` as they were. Reads no tensor data. */
+REMAT_API remat_status remat_checkpoint_values(const char *path,
+                                               const char *const *keys,
+                                               uint64_t *values, int *found,
+                                               int count);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,8 @@
  * checkpoints (AdamW and SGD, 1 and 2 threads); the file's layout; a
  * weights-only load of a checkpoint; and every failed load, with its exact
  * message, leaving the parameters, the moments, the step count and the
- * caller's values as they were. Also the token ids that remat_feed checks
+ * caller's values as they were; the values read without a graph
+ * (remat_checkpoint_values). Also the token ids that remat_feed checks
  * before a step could read outside a table (which resuming data relies
  * on). */
 #include <setjmp.h>
@@ -278,6 +279,54 @@ static void test_failed_loads(void **state) {
   fixture_close(&s);
 }
 
+/* remat_checkpoint_values reads a checkpoint's values without a graph:
+ * found[i] says which keys are there; a bad value or a file that is not
+ * safetensors fails and changes neither values nor found. */
+static void test_values_without_graph(void **state) {
+  (void)state;
+  fixture a;
+  open_fixture(&a, REMAT_OPT_ADAMW, 1);
+  train(&a, 0, 1);
+  const char *good = path_in_dir("values.ckpt");
+  const char *bad = path_in_dir("values-bad.ckpt");
+  const char *weights = path_in_dir("values.safetensors");
+  save(&a, good, 7);
+  assert_int_equal(remat_save_safetensors(a.g, weights), REMAT_OK);
+  fixture_close(&a);
+  const char *const asked[] = {"rng", "absent", "pos"};
+  uint64_t v[3] = {1, 2, 3};
+  int found[3] = {-1, -1, -1};
+  assert_int_equal(remat_checkpoint_values(good, asked, v, found, 3),
+                   REMAT_OK);
+  assert_true(v[0] == 0xfedcba9876543210ull);
+  assert_int_equal(v[1], 2); /* left alone */
+  assert_int_equal(v[2], 7);
+  assert_int_equal(found[0] * 100 + found[1] * 10 + found[2], 101);
+  /* a weights file has none of them */
+  assert_int_equal(remat_checkpoint_values(weights, asked, v, found, 3),
+                   REMAT_OK);
+  assert_int_equal(found[0] + found[1] + found[2], 0);
+  found[0] = found[1] = found[2] = -1;
+  patch_file(good, bad, "\"pos\":\"7\"", "\"pos\":\"-\"");
+  char want[512];
+  snprintf(want, sizeof want, "remat_checkpoint_values: '%s': __metadata__ "
+           "'pos' is not a whole number from 0 to 2^64-1 written as a "
+           "string", bad);
+  assert_int_equal(remat_checkpoint_values(bad, asked, v, found, 3),
+                   REMAT_ERR_IO);
+  assert_string_equal(remat_last_error(), want);
+  assert_int_equal(found[0] + found[1] + found[2], -3);
+  assert_int_equal(v[2], 7);
+  write_all(bad, "not a safetensors file", 22);
+  assert_int_equal(remat_checkpoint_values(bad, asked, v, found, 3),
+                   REMAT_ERR_IO);
+  assert_int_equal(found[0] + found[1] + found[2], -3);
+  assert_int_equal(remat_checkpoint_values(good, asked, v, NULL, 3),
+                   REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_last_error(), "remat_checkpoint_values: found "
+                      "must not be NULL when count > 0");
+}
+
 static void test_bad_arguments(void **state) {
   (void)state;
   fixture f;
@@ -366,6 +415,7 @@ int main(void) {
       cmocka_unit_test(test_layout),
       cmocka_unit_test(test_weights_only),
       cmocka_unit_test(test_failed_loads),
+      cmocka_unit_test(test_values_without_graph),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_feed_ids),
   };

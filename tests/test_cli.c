@@ -413,9 +413,10 @@ static void test_token_file_trains(void **state) {
   assert_int_equal(*p, '\0');
   run(&b, TINY, "--seq", "32", "--steps", "0", "--data", shifted,
       "--data-format", "u16", "--vocab", "1124", "--load", w, NULL);
-  snprintf(want, sizeof want, "remat_load_safetensors: '%s': tensor 'wte' "
-           "has shape [1123,16] in the file but [1124,16] in the model", w);
-  expect(&b, 1, want);
+  snprintf(want, sizeof want, "--vocab 1124 disagrees with --load '%s', "
+           "whose model has --vocab 1123 (leave --vocab out to take the "
+           "file's)", w);
+  expect(&b, 2, want);
 }
 
 /* --data reads only a regular file of at most 1 GiB, or standard input up
@@ -544,10 +545,10 @@ static void test_save_load(void **state) {
   char want[512];
   run(&r, "--layers", "1", "--d-model", "32", "--heads", "2", "--batch", "8",
       "--threads", "2", "--steps", "0", "--load", weights, NULL);
-  snprintf(want, sizeof want,
-           "remat_load_safetensors: '%s': tensor 'wte' has shape [14,16] in "
-           "the file but [14,32] in the model", weights);
-  expect(&r, 1, want);
+  snprintf(want, sizeof want, "--d-model 32 disagrees with --load '%s', "
+           "whose model has --d-model 16 (leave --d-model out to take the "
+           "file's)", weights);
+  expect(&r, 2, want);
 
   /* The same file cut short by 4 bytes: the checkpoint's last tensor, the
    * optimizer state that a weights-only load skips, is still checked. */
@@ -663,6 +664,242 @@ static void test_checkpoint_errors(void **state) {
   expect(&r, 1, want);
   assert_non_null(strstr(r.out, "{\"step\": 2, "));
   assert_null(strstr(r.out, "{\"step\": 3, "));
+}
+
+/* The "lr" of each JSON step line, joined by ' '. */
+static void lr_list(const char *out, char *buf, size_t len) {
+  buf[0] = '\0';
+  for (const char *p = out; (p = strstr(p, "\"lr\": ")) != NULL; p++) {
+    size_t used = strlen(buf);
+    snprintf(buf + used, len - used, "%s%.*s", used ? " " : "",
+             (int)strcspn(p + 6, ","), p + 6);
+  }
+}
+
+/* PATH_IN(var, "name"): a path in the test folder that outlives the
+ * runs (tmp_path's buffers are reused by each run). */
+#define PATH_IN(var, name) \
+  char var[160];           \
+  snprintf(var, sizeof var, "%s/%s", dir, name)
+
+/* The cosine schedule: 4 steps of a 12-step schedule (--schedule-steps),
+ * a checkpoint and a bare --resume (the model, the batch and --steps from
+ * the file) end in the checkpoint of 12 steps straight, byte for byte. */
+static void test_resume_cosine(void **state) {
+  (void)state;
+  result r;
+  PATH_IN(straight, "cos-straight.ckpt");
+  PATH_IN(half, "cos-half.ckpt");
+  PATH_IN(resumed, "cos-resumed.ckpt");
+  run(&r, TINY, "--steps", "12", "--save", straight, NULL);
+  assert_int_equal(r.code, 0);
+  run(&r, TINY, "--steps", "4", "--schedule-steps", "12", "--save", half,
+      NULL);
+  assert_int_equal(r.code, 0);
+  run(&r, "--threads", "2", "--resume", half, "--save", resumed, "--json",
+      NULL);
+  assert_int_equal(r.code, 0);
+  assert_string_equal(r.err, "");
+  assert_memory_equal(r.out, "{\"step\": 5, ", 12);
+  assert_same_file(straight, resumed);
+  run(&r, TINY, "--steps", "12", "--schedule-steps", "11", NULL);
+  expect(&r, 2, "--schedule-steps 11 is less than --steps 12: the schedule "
+         "would end before the run");
+}
+
+#define CHANGE_ARGS TINY, "--lr", "0.01", "--lr-min", "0.002", "--warmup", \
+    "2", "--json"
+
+/* A --resume that changes the schedule says what it does and does it:
+ * from the checkpoint's rate at step 4 of a 10-step cosine (0.00882843)
+ * down to --lr-min at the new end, step 8; the checkpoint it writes
+ * holds that schedule, so that resuming it goes on bitwise. */
+static void test_resume_changed_schedule(void **state) {
+  (void)state;
+  result r;
+  char want[900], got[256];
+  PATH_IN(four, "four-of-ten.ckpt");
+  PATH_IN(eight, "eight.ckpt");
+  PATH_IN(six, "six.ckpt");
+  PATH_IN(again, "eight-again.ckpt");
+  run(&r, CHANGE_ARGS, "--steps", "4", "--schedule-steps", "10", "--save",
+      four, NULL);
+  assert_int_equal(r.code, 0);
+  run(&r, "--threads", "2", "--steps", "8", "--resume", four, "--json",
+      "--strict-resume", "--save", eight, NULL);
+  snprintf(want, sizeof want, "--resume '%s': the checkpoint's schedule "
+           "ends at step 10 (cosine, warm-up 2, --lr 0.01, --lr-min 0.002); "
+           "this run's ends at step 8 (cosine, warm-up 2, --lr 0.01, --lr-min "
+           "0.002): --strict-resume refuses the change (leave out --steps "
+           "and the schedule's options to take the file's)", four);
+  expect(&r, 2, want);
+  assert_int_equal(access(eight, F_OK), -1);
+  run(&r, "--threads", "2", "--steps", "8", "--resume", four, "--json",
+      "--save", eight, NULL);
+  assert_int_equal(r.code, 0);
+  snprintf(want, sizeof want, "remat-train: --resume '%s': the checkpoint's "
+           "schedule ends at step 10 (cosine, warm-up 2, --lr 0.01, --lr-min "
+           "0.002); this run's ends at step 8 (cosine, warm-up 2, --lr 0.01, "
+           "--lr-min 0.002): from step 4 the learning rate goes from "
+           "0.00882843 (the checkpoint's current rate) to 0.002 at step 8 by "
+           "cosine, unlike a run started with this schedule (--strict-resume "
+           "refuses instead)\n", four);
+  assert_string_equal(r.err, want);
+  lr_list(r.out, got, sizeof got);
+  /* 0.002 + 0.00682843 x (1 + cos(pi p)) / 2, p = 0, 1/4, 2/4, 3/4 */
+  assert_string_equal(got, "0.00882843 0.00782843 0.00541421 0.003");
+  /* the same in two runs: the second takes the changed schedule from the
+   * checkpoint of the first, silently */
+  run(&r, "--threads", "2", "--steps", "6", "--schedule-steps", "8",
+      "--resume", four, "--save", six, NULL);
+  assert_int_equal(r.code, 0);
+  run(&r, "--threads", "2", "--resume", six, "--save", again, "--json",
+      NULL);
+  assert_int_equal(r.code, 0);
+  assert_string_equal(r.err, "");
+  assert_same_file(eight, again);
+  /* a new --lr restarts the decay from it */
+  run(&r, "--threads", "2", "--steps", "8", "--lr", "0.02", "--resume", four,
+      "--json", NULL);
+  assert_int_equal(r.code, 0);
+  assert_non_null(strstr(r.err, ": from step 4 the learning rate goes from "
+                         "0.02 (the new --lr) to 0.002 at step 8 by cosine,"));
+  lr_list(r.out, got, sizeof got);
+  assert_string_equal(got, "0.02 0.017364 0.011 0.00463604");
+  /* --lr-min is checked against the file's --lr (0.01), not the default */
+  run(&r, "--threads", "2", "--lr-min", "0.005", "--resume", four, "--json",
+      NULL);
+  assert_int_equal(r.code, 0);
+  assert_non_null(strstr(r.err, ": from step 4 the learning rate goes from "
+                         "0.00882843 (the checkpoint's current rate) to "
+                         "0.005 at step 10 by cosine,"));
+  run(&r, "--threads", "2", "--lr-min", "0.02", "--resume", four, NULL);
+  snprintf(want, sizeof want, "--lr-min 0.02 is above --lr 0.01 (one of "
+           "them from --resume '%s')", four);
+  expect(&r, 2, want);
+}
+#undef CHANGE_ARGS
+
+/* Writes the checkpoint of a TINY model that remat-train wrote before
+ * its checkpoints held the model: the step and the data's state alone. */
+static void write_old_checkpoint(const char *path, uint64_t step) {
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS, .num_threads = 1};
+  remat_gpt_config cfg = {.layers = 1, .d_model = 16, .heads = 2, .seq = 16,
+                          .batch = 8, .vocab = 14};
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-3f};
+  remat_runtime *rt;
+  remat_graph *g;
+  remat_gpt m;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  assert_int_equal(remat_gpt_build(g, &cfg, &m), REMAT_OK);
+  assert_int_equal(remat_compile(g, m.loss, &opt), REMAT_OK);
+  const char *keys[] = {"train.step", "data.rng"};
+  uint64_t values[] = {step, 12345};
+  assert_int_equal(remat_save_checkpoint(g, path, keys, values, 2),
+                   REMAT_OK);
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
+/* Copies `src` to `dst` with the first `from` replaced by `to` (of the
+ * same length). */
+static void patch_copy(const char *src, const char *dst, const char *from,
+                       const char *to) {
+  static char buf[1 << 20];
+  FILE *f = fopen(src, "rb");
+  assert_non_null(f);
+  size_t n = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  assert_int_equal(strlen(from), strlen(to));
+  char *at = memmem(buf, n, from, strlen(from));
+  assert_non_null(at);
+  memcpy(at, to, strlen(to));
+  write_file(dst, buf, n);
+}
+
+/* A checkpoint knows its model: --prompt, --load and --resume take it
+ * from the file, an option that disagrees is an error naming both, and
+ * the file's values are checked; a checkpoint from before (no model in
+ * it) still takes the options given. */
+static void test_checkpoint_model(void **state) {
+  (void)state;
+  result r, full;
+  char want[900];
+  PATH_IN(text, "model.txt");
+  PATH_IN(w, "model.ckpt");
+  static char buf[2000];
+  for (size_t i = 0; i < sizeof buf; i++)
+    buf[i] = "the cat sat on the mat\n"[i % 23];
+  write_file(text, buf, sizeof buf);
+  run(&r, TINY, "--seq", "16", "--data", text, "--attention", "fused",
+      "--steps", "5", "--save", w, NULL);
+  assert_int_equal(r.code, 0);
+  run(&r, "--load", w, "--prompt", "the c", "--tokens", "20",
+      "--temperature", "0", NULL);
+  run(&full, TINY, "--seq", "16", "--data", text, "--attention", "fused",
+      "--load", w, "--prompt", "the c", "--tokens", "20", "--temperature",
+      "0", NULL);
+  assert_int_equal(r.code + full.code, 0);
+  assert_string_equal(r.err, "");
+  assert_string_equal(r.out, full.out);
+  run(&r, "--load", w, "--layers", "2", "--prompt", "the", NULL);
+  snprintf(want, sizeof want, "--layers 2 disagrees with --load '%s', whose "
+           "model has --layers 1 (leave --layers out to take the file's)", w);
+  expect(&r, 2, want);
+  run(&r, "--resume", w, "--data", text, "--attention", "materialized", NULL);
+  snprintf(want, sizeof want, "--attention materialized disagrees with "
+           "--resume '%s', whose model has --attention fused (leave "
+           "--attention out to take the file's)", w);
+  expect(&r, 2, want);
+  run(&r, "--resume", w, "--steps", "6", NULL);
+  snprintf(want, sizeof want, "--resume '%s' holds a model of a text file "
+           "(--data-format bytes): give the --data FILE to train on", w);
+  expect(&r, 2, want);
+  run(&r, "--load", w, NULL);
+  snprintf(want, sizeof want, "--load '%s' holds a model of a text file "
+           "(--data-format bytes): give the --data FILE to train on", w);
+  expect(&r, 2, want);
+  run(&r, "--threads", "2", "--resume", w, "--data", text, "--steps", "6",
+      "--json", NULL);
+  assert_int_equal(r.code, 0);
+  assert_memory_equal(r.out, "{\"step\": 6, ", 12);
+  /* the file's values are untrusted */
+  PATH_IN(bad, "bad-model.ckpt");
+  patch_copy(w, bad, "\"model.layers\":\"1\"", "\"model.layers\":\"0\"");
+  run(&r, "--load", bad, "--prompt", "the", NULL);
+  snprintf(want, sizeof want, "--load '%s': __metadata__ 'model.layers' is "
+           "0: expected 1 to 1000000", bad);
+  expect(&r, 1, want);
+  patch_copy(w, bad, "\"model.heads\":\"2\"", "\"model.heads\":\"3\"");
+  run(&r, "--load", bad, "--prompt", "the", NULL);
+  snprintf(want, sizeof want, "--load '%s': __metadata__ 'model.heads' is "
+           "3: expected a number of heads that divides model.d_model 16",
+           bad);
+  expect(&r, 1, want);
+  patch_copy(w, bad, "\"model.seq\":", "\"model.sex\":");
+  run(&r, "--resume", bad, "--data", text, NULL);
+  snprintf(want, sizeof want, "--resume '%s': __metadata__ has 'train.meta' "
+           "but no 'model.seq'", bad);
+  expect(&r, 1, want);
+  patch_copy(w, bad, "\"model.d_model\":\"16\"", "\"model.d_model\":\"1x\"");
+  run(&r, "--resume", bad, "--data", text, NULL);
+  snprintf(want, sizeof want, "--resume: remat_checkpoint_values: '%s': "
+           "__metadata__ 'model.d_model' is not a whole number from 0 to "
+           "2^64-1 written as a string", bad);
+  expect(&r, 1, want);
+  /* a checkpoint from before: the options as given */
+  PATH_IN(old, "old.ckpt");
+  write_old_checkpoint(old, 4);
+  run(&r, TINY, "--steps", "6", "--resume", old, "--json", NULL);
+  assert_int_equal(r.code, 0);
+  assert_string_equal(r.err, "");
+  assert_memory_equal(r.out, "{\"step\": 5, ", 12);
+  run(&r, "--steps", "6", "--resume", old, NULL);
+  snprintf(want, sizeof want, "--resume: remat_load_checkpoint: '%s': tensor "
+           "'wte' has shape [14,16] in the file but [14,128] in the model",
+           old);
+  expect(&r, 1, want);
 }
 
 /* Starts remat-train with the NULL-terminated arguments, standard output
@@ -1053,18 +1290,23 @@ static void test_sample(void **state) {
   run(&r, TINY, "--seq", "32", "--data", text, "--load", w, "--prompt", "a",
       NULL);
   char shape[512];
-  snprintf(shape, sizeof shape, "remat_load_safetensors: '%s': tensor 'wpe' "
-           "has shape [16,16] in the file but [32,16] in the model; --prompt "
-           "takes the --layers, --d-model, --heads, --seq, --data and --vocab "
-           "that trained the weights", w);
-  expect(&r, 1, shape);
+  snprintf(shape, sizeof shape, "--seq 32 disagrees with --load '%s', whose "
+           "model has --seq 16 (leave --seq out to take the file's)", w);
+  expect(&r, 2, shape);
   run(&r, FOX, "--load", w, "--prompt", "a", "--top-k", "0", NULL);
   expect(&r, 2, "--top-k '0': expected a whole number from 1 to 1000000");
 #undef FOX
-  run(&r, TINY, "--load", w, "--prompt", "12a", NULL);
+  /* the checkpoint knows its data: no --data needed, and the addition
+   * task's tokens only for its model */
+  run(&r, "--load", w, "--prompt", "12a", "--tokens", "3", NULL);
+  assert_int_equal(r.code, 0);
+  assert_memory_equal(r.out, "12a", 3);
+  PATH_IN(add, "add.ckpt");
+  run(&r, TINY, "--steps", "1", "--save", add, NULL);
+  run(&r, "--load", add, "--prompt", "12a", NULL);
   expect(&r, 2, "--prompt: 'a' is not a token of the addition task "
                 "(digits, + and =)");
-  run(&r, TINY, "--load", w, "--prompt", "1\xff", NULL);
+  run(&r, TINY, "--load", add, "--prompt", "1\xff", NULL);
   expect(&r, 2, "--prompt: '\\xff' is not a token of the addition task "
                 "(digits, + and =)");
   char ids[160];
@@ -1073,8 +1315,11 @@ static void test_sample(void **state) {
     fox_ids[i] = (uint16_t)fox[i];
   snprintf(ids, sizeof ids, "%s/fox.bin", dir);
   write_ids(ids, fox_ids, 44, sizeof buf, 0);
+  PATH_IN(u16, "fox-u16.ckpt");
   run(&r, TINY, "--seq", "16", "--data", ids, "--data-format", "u16",
-      "--load", w, "--prompt", "116, 104 x", NULL);
+      "--steps", "1", "--save", u16, NULL);
+  assert_int_equal(r.code, 0);
+  run(&r, "--load", u16, "--prompt", "116, 104 x", NULL);
   expect(&r, 2, "--prompt '116, 104 x': expected token ids 0 to 122 "
                 "separated by spaces or commas");
 }
@@ -1154,18 +1399,8 @@ static void test_sample_out_of_memory(void **state) {
   unlink(big);
 }
 
-/* The "lr" of each JSON step line, joined by ' '. */
-static void lr_list(const char *out, char *buf, size_t len) {
-  buf[0] = '\0';
-  for (const char *p = out; (p = strstr(p, "\"lr\": ")) != NULL; p++) {
-    size_t used = strlen(buf);
-    snprintf(buf + used, len - used, "%s%.*s", used ? " " : "",
-             (int)strcspn(p + 6, ","), p + 6);
-  }
-}
-
-/* Warm-up, then the schedule from --lr to --lr-min; a resumed run gets
- * the learning rates of a straight one. */
+/* Warm-up, then the schedule from --lr to --lr-min; a resumed run of the
+ * same schedule gets the learning rates of a straight one. */
 static void test_schedules(void **state) {
   (void)state;
   result r;
@@ -1187,8 +1422,10 @@ static void test_schedules(void **state) {
                       "0.00230448");
   char ckpt[160];
   snprintf(ckpt, sizeof ckpt, "%s/four-of-ten.ckpt", dir);
-  run(&r, TINY, "--steps", "4", "--save", ckpt, NULL);
+  run(&r, SCHEDULE_ARGS, "cosine", "--steps", "4", "--schedule-steps", "10",
+      "--save", ckpt, NULL);
   run(&r, SCHEDULE_ARGS, "cosine", "--resume", ckpt, NULL);
+  assert_string_equal(r.err, "");
 #undef SCHEDULE_ARGS
   lr_list(r.out, got, sizeof got);
   assert_string_equal(got, "0.00882843 0.00753073 0.006 0.00446927 "
@@ -1298,6 +1535,9 @@ int main(void) {
       cmocka_unit_test(test_resume_adamw),
       cmocka_unit_test(test_resume_sgd),
       cmocka_unit_test(test_checkpoint_errors),
+      cmocka_unit_test(test_resume_cosine),
+      cmocka_unit_test(test_resume_changed_schedule),
+      cmocka_unit_test(test_checkpoint_model),
       cmocka_unit_test(test_signals),
       cmocka_unit_test(test_output_streams),
       cmocka_unit_test(test_progress_terminal),

@@ -202,7 +202,8 @@ static int after_step(trainer *t, int done) {
                    done == o->steps))
     return 0;
   if (o->save_path != NULL && dp_tool_rank() == 0 &&
-      checkpoint_save(t->g, o->save_path, done, t->data) != REMAT_OK)
+      checkpoint_save(t->rt, t->g, o, o->save_path, done, t->data) !=
+          REMAT_OK)
     return fail("");
   if (sig == 0)
     return 0;
@@ -302,6 +303,9 @@ static void close_trainer(trainer *t) {
 static int run(trainer *t) {
   train_options *o = &t->o;
   char err[512];
+  int rc = checkpoint_options(o); /* the model of --load or --resume */
+  if (rc != 0)
+    return rc;
   t->data = dataset_open(o, err, sizeof err);
   if (t->data == NULL) {
     fprintf(stderr, "remat-train: %s\n", err);
@@ -311,7 +315,7 @@ static int run(trainer *t) {
   if (o->prompt != NULL)
     return sample_run(o, t->data);
   double start = now();
-  int rc = open_model(t);
+  rc = open_model(t);
   if (rc == 0 && dataset_shard(t->data, o->cfg.seq, dp_tool_rank(),
                                dp_tool_size(), err, sizeof err) != 0) {
     fprintf(stderr, "remat-train: %s\n", err);
@@ -321,7 +325,8 @@ static int run(trainer *t) {
     rc = train(t);
   /* Saved before evaluating, so that no later error loses the training. */
   if (rc == 0 && o->save_path != NULL && dp_tool_rank() == 0 &&
-      checkpoint_save(t->g, o->save_path, o->steps, t->data) != REMAT_OK)
+      checkpoint_save(t->rt, t->g, o, o->save_path, o->steps, t->data) !=
+          REMAT_OK)
     rc = fail("");
   if (rc == 0)
     rc = report(t, now() - start);

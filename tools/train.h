@@ -22,6 +22,16 @@ typedef enum train_schedule {
   SCHEDULE_CONSTANT = 2
 } train_schedule;
 
+/* The schedule that --resume starts when the options' schedule is not the
+ * checkpoint's (train_ckpt.c): from step decay_from on, the rate goes from
+ * lr_start down to the options' --lr-min at their schedule's end, by their
+ * --schedule (constant: it stays at lr_start); before decay_from, it is the
+ * options' own. decay_from < 0: none, the options' schedule throughout. */
+typedef struct train_segment {
+  int decay_from;
+  float lr_start;
+} train_segment;
+
 typedef struct train_options {
   remat_gpt_config cfg; /* vocab comes from the data source */
   const char *data_path; /* NULL: the built-in addition task */
@@ -45,8 +55,16 @@ typedef struct train_options {
   int precision_set;
   float clip;           /* max global gradient norm; 0: none */
   int trace_steps;      /* training steps (runs) --trace records */
+  int schedule_steps;   /* --schedule-steps: the schedule's end; 0: --steps */
+  train_segment segment; /* a schedule that --resume changed */
   /* checkpoints */
   const char *resume_path;
+  int strict_resume;    /* --strict-resume: refuse a schedule change */
+  int resume_step;      /* the step of --resume, as checkpoint_options read */
+  int64_t resume_data_len; /* the tokens it trained on; -1: not recorded */
+  int tokens_only;      /* --prompt from a file's model without --data: the
+                           data format and vocabulary alone */
+  uint64_t given;       /* bit i: the i-th long option was given */
   int save_every;       /* steps; 0: only at the end */
   int eval_every;       /* steps between held-out evaluations; 0: at the end */
   /* sampling instead of training (--prompt), from the weights of --load */
@@ -62,6 +80,14 @@ typedef struct train_options {
  * follows the same curve. */
 float train_lr_at(const train_options *o, int step);
 
+/* The step at which the options' schedule ends: --schedule-steps, else
+ * --steps. */
+int train_horizon(const train_options *o);
+/* The warm-up steps in force: --warmup, else the schedule's default. */
+int train_warmup(const train_options *o);
+/* 1 when the long option `name` ("layers") was on the command line. */
+int option_given(const train_options *o, const char *name);
+
 /* Fills `o` from argv. Returns 0 on success, -1 after --help (printed to
  * stdout), EXIT_USAGE after printing a one-line error to stderr. */
 int options_parse(int argc, char **argv, train_options *o);
@@ -75,6 +101,7 @@ enum { TOK_PLUS = 10, TOK_EQUALS = 11, TOK_END = 12, TOK_PAD = 13,
 
 typedef struct dataset {
   int addition;          /* 1: the addition task, 0: a file */
+  int u16;               /* a token file's ids (else bytes) */
   uint64_t rng;
   /* a file: bytes (text) or uint16 token ids (ids), one of them set; train
    * on tokens [train_lo, train_len), hold out [heldout_start, len);
@@ -107,7 +134,11 @@ dataset *dataset_u16(const char *path, int seq, int vocab, char *err,
 dataset *dataset_u16_bytes(unsigned char *raw, int64_t bytes,
                            const char *path, int seq, int vocab, char *err,
                            size_t err_len);
-/* The data that the options name (--data, --data-format, --vocab). */
+/* The tokens of a file's data without the data, for --prompt: bytes, or
+ * u16 ids below `vocab`. NULL when out of memory. */
+dataset *dataset_tokens_only(int u16, int vocab);
+/* The data that the options name (--data, --data-format, --vocab), or
+ * dataset_tokens_only with o->tokens_only. */
 dataset *dataset_open(const train_options *o, char *err, size_t err_len);
 void dataset_destroy(dataset *d);
 /* Token `i` of a file's data. */
@@ -131,15 +162,27 @@ int dataset_shard(dataset *d, int seq, int rank, int ranks, char *err,
  * token file's token). */
 const char *dataset_token_text(const dataset *d, int32_t tok, char buf[8]);
 
-/* ---- checkpoints and signals (train_state.c) ---- */
+/* ---- checkpoints (train_ckpt.c) ---- */
 
-/* Writes the checkpoint of `g` after `step` steps with the data's state. */
-remat_status checkpoint_save(remat_graph *g, const char *path, int step,
-                             const dataset *d);
+/* Before anything is built: takes the model (and, for --resume, the batch,
+ * the accumulation and the schedule) from the __metadata__ of --resume or
+ * --load, checking the file's values and the options given against them;
+ * settles the schedule of a resumed run (saying on stderr what changes).
+ * Returns 0, or an exit status after printing the reason. */
+int checkpoint_options(train_options *o);
+/* Writes the checkpoint of `g` after `step` steps with the data's state
+ * and what checkpoint_options reads back (the model of `o` at the
+ * precision of `rt`, the batch, the schedule). */
+remat_status checkpoint_save(remat_runtime *rt, remat_graph *g,
+                             const train_options *o, const char *path,
+                             int step, const dataset *d);
 /* Restores --resume into `g` and `d` and sets *step to the steps done;
  * returns 0, or EXIT_RUNTIME after printing the reason. */
 int checkpoint_resume(remat_graph *g, const train_options *o, dataset *d,
                       int *step);
+
+/* ---- signals (train_state.c) ---- */
+
 /* Catches SIGINT and SIGTERM (on 1) or restores their default (on 0). */
 void signals_catch(int on);
 /* The signal that asked the run to stop, 0 if none. */

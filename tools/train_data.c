@@ -200,7 +200,8 @@ static dataset *file_dataset(unsigned char *text, uint16_t *ids, int64_t len,
   if (d == NULL) {
     snprintf(err, err_len, "out of memory");
   } else {
-    *d = (dataset){.text = text, .ids = ids, .len = len, .vocab = vocab};
+    *d = (dataset){.text = text, .ids = ids, .len = len, .vocab = vocab,
+                   .u16 = ids != NULL};
     if (split(d, path, seq, ids != NULL ? "tokens" : "bytes", err,
               err_len) == 0)
       return d;
@@ -299,9 +300,18 @@ dataset *dataset_u16_bytes(unsigned char *raw, int64_t bytes,
                       seq, err, err_len);
 }
 
+dataset *dataset_tokens_only(int u16, int vocab) {
+  dataset *d = calloc(1, sizeof *d);
+  if (d != NULL)
+    *d = (dataset){.u16 = u16, .vocab = vocab};
+  return d;
+}
+
 dataset *dataset_open(const train_options *o, char *err, size_t err_len) {
   dataset *d;
-  if (o->data_path == NULL)
+  if (o->tokens_only)
+    d = dataset_tokens_only(o->data_u16, o->data_u16 ? o->vocab : 256);
+  else if (o->data_path == NULL)
     d = dataset_addition(o->seed);
   else if (o->data_u16)
     return dataset_u16(o->data_path, o->cfg.seq, o->vocab, err, err_len);
@@ -381,7 +391,7 @@ int dataset_shard(dataset *d, int seq, int rank, int ranks, char *err,
 
 const char *dataset_token_text(const dataset *d, int32_t tok, char buf[8]) {
   static const char *const add_symbols[] = {"+", "=", "", "_"};
-  if (d->ids != NULL) {
+  if (d->u16) {
     snprintf(buf, 8, "%d", (int)tok);
   } else if (d->addition) {
     if (tok >= 0 && tok < 10)

@@ -249,7 +249,7 @@ static remat_status text_sample(eval_model *e, const dataset *d, FILE *out) {
   for (int t = 0; t < len; t++) {
     if (t == prompt)
       fputs(" >>> ", out);
-    else if (t > 0 && d->ids != NULL)
+    else if (t > 0 && d->u16)
       fputc(' ', out); /* token ids */
     fputs(dataset_token_text(d, seqbuf[t], buf), out);
   }

@@ -37,7 +37,11 @@ static void usage(FILE *f) {
 "                   (default: REMAT_PRECISION or f32)\n"
 "  --seq N          sequence length (default 16; 128 with --data)\n"
 "  --batch N        sequences per step (default 64; 16 with --data)\n"
-"  --steps N        training steps; 0 only evaluates (default 2000)\n"
+"  --steps N        training steps; 0 only evaluates (default 2000; with\n"
+"                   --resume, the checkpoint's schedule's end)\n"
+"  --schedule-steps N  the step at which the schedule ends, if not --steps:\n"
+"                   a run of --steps 150 --schedule-steps 300 --save FILE\n"
+"                   then --resume FILE --steps 300 is the 300-step run\n"
 "  --lr X           peak learning rate (default 0.003)\n"
 "  --schedule S     cosine, linear or constant: the learning rate after the\n"
 "                   warm-up, from --lr down to --lr-min (default cosine)\n"
@@ -65,9 +69,17 @@ static void usage(FILE *f) {
 "                   FILE is replaced whole or not at all\n"
 "  --save-every N   also write the --save checkpoint every N steps\n"
 "  --load FILE      start from the weights in FILE (safetensors or a\n"
-"                   checkpoint), with a fresh optimizer\n"
+"                   checkpoint), with a fresh optimizer; a checkpoint\n"
+"                   gives the model's options (--layers, --d-model,\n"
+"                   --heads, --seq, --attention, --precision, the data\n"
+"                   format and vocabulary)\n"
 "  --resume FILE    continue the training saved in checkpoint FILE up to\n"
-"                   --steps (the total), with the same options\n"
+"                   --steps (the total); the model, --batch, --accum and\n"
+"                   the schedule come from FILE (an option that disagrees\n"
+"                   about the model is an error); a schedule changed by\n"
+"                   --steps, --schedule, --warmup, --lr or --lr-min goes on\n"
+"                   from the current rate, as stderr says\n"
+"  --strict-resume  refuse, instead, a --resume that changes the schedule\n"
 "  --trace FILE     write a Chrome trace of the first training steps to\n"
 "                   FILE (Perfetto): tasks by layer and tensor, live bytes\n"
 "                   by category\n"
@@ -78,8 +90,9 @@ static void usage(FILE *f) {
 "  --json           one JSON object per step, one per evaluation\n"
 "                   ({\"eval_step\": ...}) and one at the end, on stdout\n"
 "  --prompt TEXT    sample instead of training: continue TEXT with the\n"
-"                   weights of --load (and the options they were trained\n"
-"                   with) on stdout; TEXT is bytes, token ids separated by\n"
+"                   weights of --load (a checkpoint knows its model; a\n"
+"                   weights file needs the options it was trained with)\n"
+"                   on stdout; TEXT is bytes, token ids separated by\n"
 "                   spaces or commas (u16), or digits, + and = (addition)\n"
 "  --tokens N       tokens to generate (default 100)\n"
 "  --temperature T  0: the most likely token; else drawn from\n"
@@ -192,7 +205,8 @@ enum { OPT_DATA = 256, OPT_LAYERS, OPT_DMODEL, OPT_HEADS, OPT_SEQ, OPT_BATCH,
        OPT_SAVE, OPT_LOAD, OPT_TRACE, OPT_JSON, OPT_HELP, OPT_VERSION,
        OPT_SCHEDULE, OPT_WARMUP, OPT_LR_MIN, OPT_OPTIMIZER, OPT_WD,
        OPT_RESUME, OPT_SAVE_EVERY, OPT_ACCUM, OPT_CLIP, OPT_TRACE_STEPS,
-       OPT_ATTENTION, OPT_PRECISION };
+       OPT_ATTENTION, OPT_PRECISION, OPT_SCHEDULE_STEPS,
+       OPT_STRICT_RESUME };
 /* data, evaluation and sampling (apply_run) */
 enum { OPT_DATA_FORMAT = 512, OPT_VOCAB, OPT_EVAL_EVERY, OPT_PROMPT,
        OPT_TOKENS, OPT_TEMPERATURE, OPT_TOP_K };
@@ -219,7 +233,13 @@ static const struct option longopts[] = {
     {"top-k", 1, 0, OPT_TOP_K},
     {"attention", 1, 0, OPT_ATTENTION},
     {"precision", 1, 0, OPT_PRECISION},
+    {"schedule-steps", 1, 0, OPT_SCHEDULE_STEPS},
+    {"strict-resume", 0, 0, OPT_STRICT_RESUME},
     {0, 0, 0, 0}};
+
+/* train_options.given has a bit for each */
+_Static_assert(sizeof longopts / sizeof *longopts <= 65,
+               "more long options than bits in train_options.given");
 
 static int apply_training(int c, const char *arg, const char *raw,
                           train_options *o);
@@ -331,6 +351,9 @@ static int apply_training(int c, const char *arg, const char *raw,
     return r;
   case OPT_WD: return parse_nonneg("--wd", arg, &o->wd);
   case OPT_RESUME: o->resume_path = arg; return 0;
+  case OPT_STRICT_RESUME: o->strict_resume = 1; return 0;
+  case OPT_SCHEDULE_STEPS:
+    return parse_int("--schedule-steps", arg, 1, &o->schedule_steps);
   case OPT_SAVE_EVERY: return parse_int("--save-every", arg, 1, &o->save_every);
   case OPT_ACCUM: return parse_int("--accum", arg, 1, &o->accum);
   case OPT_CLIP: return parse_float("--clip", arg, &o->clip);
@@ -359,11 +382,20 @@ static int check_training(const train_options *o) {
           "weights too";
   else if (o->save_every > 0 && o->save_path == NULL)
     why = "--save-every needs --save FILE";
-  else if (o->lr_min > o->lr)
-    why = "--lr-min is above --lr";
+  else if (o->lr_min > o->lr && o->resume_path == NULL)
+    why = "--lr-min is above --lr"; /* with --resume, once the file's known */
+  else if (o->strict_resume && o->resume_path == NULL)
+    why = "--strict-resume needs --resume FILE";
   if (why != NULL)
     fprintf(stderr, "remat-train: %s\n", why);
   return why != NULL;
+}
+
+int option_given(const train_options *o, const char *name) {
+  for (int i = 0; longopts[i].name != NULL; i++)
+    if (strcmp(longopts[i].name, name) == 0)
+      return (o->given >> i) & 1;
+  return 0;
 }
 
 int options_parse(int argc, char **argv, train_options *o) {
@@ -372,7 +404,9 @@ int options_parse(int argc, char **argv, train_options *o) {
                        .steps = 2000, .lr = 3e-3f, .seed = 1,
                        .optimizer = REMAT_OPT_ADAMW, .warmup = -1,
                        .lr_min = -1.0f, .wd = 0.01f, .temperature = 1.0f,
-                       .accum = 1, .trace_steps = 1};
+                       .accum = 1, .trace_steps = 1,
+                       .segment = {.decay_from = -1},
+                       .resume_data_len = -1};
   int seq_set = 0, batch_set = 0, c, at = 0;
   const char *trains = NULL; /* the last option that only training takes */
   opterr = 0;
@@ -382,10 +416,11 @@ int options_parse(int argc, char **argv, train_options *o) {
     int r = apply(c, optarg, raw, o, &seq_set, &batch_set);
     if (r != 0)
       return r;
+    o->given |= (uint64_t)1 << at;
     char name[32];
     snprintf(name, sizeof name, " %s ", longopts[at].name);
     if (strstr(" steps save save-every resume eval-every json trace "
-               "trace-steps accum clip ", name))
+               "trace-steps accum clip schedule-steps strict-resume ", name))
       trains = longopts[at].name;
   }
   if (o->sample_tokens == 0)

@@ -58,7 +58,7 @@ static int prompt_tokens(const train_options *o, const dataset *d,
   int n = 0;
   while (*p != '\0') {
     long id;
-    if (d->ids != NULL) {
+    if (d->u16) {
       char *end;
       p += strspn(p, " ,");
       if (*p == '\0')
@@ -99,7 +99,7 @@ static int prompt_tokens(const train_options *o, const dataset *d,
  * "0579+=\n_", a token file's ids separated by spaces; then a newline. */
 static void print_tokens(const dataset *d, const int32_t *tokens, int n) {
   for (int i = 0; i < n; i++) {
-    if (d->ids != NULL)
+    if (d->u16)
       printf(i > 0 ? " %d" : "%d", (int)tokens[i]);
     else if (d->addition)
       putchar("0123456789+=\n_"[tokens[i]]);

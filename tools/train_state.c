@@ -1,7 +1,6 @@
 /* The state of a remat-train run beyond the model: the learning-rate
- * schedule, the checkpoint that --save writes and --resume reads (the
- * library's state plus the step and the data's random state), and the
- * signals that stop a run. */
+ * schedule (and the one that --resume starts when it changes the
+ * schedule: train_ckpt.c), and the signals that stop a run. */
 #include <math.h>
 #include <signal.h>
 #include <string.h>
@@ -9,16 +8,47 @@
 
 #include "tools/train.h"
 
-static int warmup_steps(const train_options *o) {
+int train_horizon(const train_options *o) {
+  return o->schedule_steps > 0 ? o->schedule_steps : o->steps;
+}
+
+int train_warmup(const train_options *o) {
   if (o->warmup >= 0)
     return o->warmup;
   if (o->schedule == SCHEDULE_CONSTANT)
     return 0;
-  return o->steps / 10 < 100 ? o->steps / 10 : 100;
+  int tenth = train_horizon(o) / 10;
+  return tenth < 100 ? tenth : 100;
+}
+
+/* The decay factor at `progress` (0 to 1) of the schedule. */
+static double decay(train_schedule schedule, double progress) {
+  if (schedule == SCHEDULE_CONSTANT)
+    return 1.0;
+  return schedule == SCHEDULE_COSINE ? 0.5 * (1.0 + cos(M_PI * progress))
+                                     : 1.0 - progress;
+}
+
+/* The rate of step `step` >= decay_from on the segment that --resume
+ * started: from lr_start to --lr-min (a tenth of --lr by default). */
+static float segment_lr_at(const train_options *o, int step) {
+  const train_segment *sg = &o->segment;
+  if (o->schedule == SCHEDULE_CONSTANT)
+    return sg->lr_start;
+  int horizon = train_horizon(o);
+  double lr_min = o->lr_min >= 0.0f ? (double)o->lr_min : 0.1 * o->lr;
+  double progress = horizon > sg->decay_from
+                        ? (double)(step - sg->decay_from) /
+                              (double)(horizon - sg->decay_from)
+                        : 1.0;
+  double f = decay(o->schedule, progress);
+  return (float)(lr_min + ((double)sg->lr_start - lr_min) * f);
 }
 
 float train_lr_at(const train_options *o, int step) {
-  int warmup = warmup_steps(o);
+  int warmup = train_warmup(o), horizon = train_horizon(o);
+  if (o->segment.decay_from >= 0 && step >= o->segment.decay_from)
+    return segment_lr_at(o, step);
   if (step < warmup)
     return o->lr * (float)(step + 1) / (float)(warmup + 1);
   if (o->schedule == SCHEDULE_CONSTANT)
@@ -30,43 +60,11 @@ float train_lr_at(const train_options *o, int step) {
    * 14.3%), so this keeps the rounding that the README's figures come
    * from. */
   double r = o->lr_min >= 0.0f ? (double)o->lr_min / (double)o->lr : 0.1;
-  double progress = o->steps > warmup
-                        ? (double)(step - warmup) / (double)(o->steps - warmup)
+  double progress = horizon > warmup
+                        ? (double)(step - warmup) / (double)(horizon - warmup)
                         : 1.0;
-  double f = o->schedule == SCHEDULE_COSINE ? 0.5 * (1.0 + cos(M_PI * progress))
-                                            : 1.0 - progress;
+  double f = decay(o->schedule, progress);
   return o->lr * (float)(r + (1.0 - r) * f);
-}
-
-/* ---- checkpoints ---- */
-
-/* The caller values of a remat-train checkpoint: the steps done (the
- * schedule's position) and the data's random state (its position). */
-static const char *const checkpoint_keys[] = {"train.step", "data.rng"};
-
-remat_status checkpoint_save(remat_graph *g, const char *path, int step,
-                             const dataset *d) {
-  uint64_t values[] = {(uint64_t)step, d->rng};
-  return remat_save_checkpoint(g, path, checkpoint_keys, values, 2);
-}
-
-int checkpoint_resume(remat_graph *g, const train_options *o, dataset *d,
-                      int *step) {
-  uint64_t values[2];
-  if (remat_load_checkpoint(g, o->resume_path, checkpoint_keys, values, 2) !=
-      REMAT_OK) {
-    fprintf(stderr, "remat-train: --resume: %s\n", remat_last_error());
-    return EXIT_RUNTIME;
-  }
-  if (values[0] > (uint64_t)o->steps) {
-    fprintf(stderr, "remat-train: --resume '%s' is at step %llu, past "
-            "--steps %d (the total, not steps to add)\n", o->resume_path,
-            (unsigned long long)values[0], o->steps);
-    return EXIT_RUNTIME;
-  }
-  *step = (int)values[0];
-  d->rng = values[1];
-  return 0;
 }
 
 /* ---- signals ---- */

@@ -173,16 +173,21 @@ static bool parse_whole(const cJSON *item, uint64_t *out) {
   return true;
 }
 
+/* The value under `key` of `meta` into *out; with `found` NULL a missing
+ * key is an error, else *found says whether the key is there. */
 static remat_status meta_value(const cJSON *meta, const char *key,
-                               const char *path, uint64_t *out) {
+                               const char *path, const char *what,
+                               uint64_t *out, int *found) {
   const cJSON *item = cJSON_GetObjectItemCaseSensitive(meta, key);
-  if (item == NULL)
-    return remat__fail(REMAT_ERR_IO, "remat_load_checkpoint: '%s': "
-                       "__metadata__ has no '%s'", path, key);
-  if (!parse_whole(item, out))
-    return remat__fail(REMAT_ERR_IO, "remat_load_checkpoint: '%s': "
-                       "__metadata__ '%s' is not a whole number from 0 to "
-                       "2^64-1 written as a string", path, key);
+  if (found != NULL)
+    *found = item != NULL;
+  if (item == NULL && found == NULL)
+    return remat__fail(REMAT_ERR_IO, "%s: '%s': __metadata__ has no '%s'",
+                       what, path, key);
+  if (item != NULL && !parse_whole(item, out))
+    return remat__fail(REMAT_ERR_IO, "%s: '%s': __metadata__ '%s' is not a "
+                       "whole number from 0 to 2^64-1 written as a string",
+                       what, path, key);
   return REMAT_OK;
 }
 
@@ -216,14 +221,16 @@ static remat_status check_meta(restore *r, const cJSON *meta,
   remat_status s = check_optimizer(r, meta, path);
   uint64_t step = 0;
   if (s == REMAT_OK)
-    s = meta_value(meta, KEY_STEP, path, &step);
+    s = meta_value(meta, KEY_STEP, path, "remat_load_checkpoint", &step,
+                   NULL);
   if (s == REMAT_OK && step > (uint64_t)REMAT_MAX_STEPS)
     s = remat__fail(REMAT_ERR_IO, "remat_load_checkpoint: '%s': '%s' is "
                     "%llu, more than REMAT_MAX_STEPS (2^53), the most "
                     "updates a graph counts", path, KEY_STEP,
                     (unsigned long long)step);
   for (int i = 0; i < r->count && s == REMAT_OK; i++)
-    s = meta_value(meta, r->keys[i], path, &r->parsed[i]);
+    s = meta_value(meta, r->keys[i], path, "remat_load_checkpoint",
+                   &r->parsed[i], NULL);
   r->step = (int64_t)step;
   return s;
 }
@@ -262,5 +269,33 @@ remat_status remat_load_checkpoint(remat_graph *g, const char *path,
   safet_load_close(ld);
   free(req.items);
   safet_release(g);
+  return s;
+}
+
+remat_status remat_checkpoint_values(const char *path,
+                                     const char *const *keys,
+                                     uint64_t *values, int *found,
+                                     int count) {
+  const char *what = "remat_checkpoint_values";
+  remat_status s = check_keys(keys, values, count, what);
+  if (s == REMAT_OK && path == NULL)
+    s = remat__fail(REMAT_ERR_INVALID_ARG, "%s: path is NULL", what);
+  if (s == REMAT_OK && count > 0 && found == NULL)
+    s = remat__fail(REMAT_ERR_INVALID_ARG,
+                    "%s: found must not be NULL when count > 0", what);
+  if (s != REMAT_OK)
+    return s;
+  cJSON *root = NULL;
+  const cJSON *meta = NULL;
+  uint64_t parsed[REMAT_CHECKPOINT_MAX_VALUES];
+  int there[REMAT_CHECKPOINT_MAX_VALUES];
+  s = safet_read_header(path, what, &root, &meta);
+  for (int i = 0; i < count && s == REMAT_OK; i++)
+    s = meta_value(meta, keys[i], path, what, &parsed[i], &there[i]);
+  for (int i = 0; i < count && s == REMAT_OK; i++) {
+    found[i] = there[i];
+    values[i] = there[i] ? parsed[i] : values[i];
+  }
+  cJSON_Delete(root);
   return s;
 }

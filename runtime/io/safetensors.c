@@ -773,6 +773,21 @@ remat_status safet_load_open(const char *path, const safet_load_req *req,
   return s;
 }
 
+remat_status safet_read_header(const char *path, const char *what,
+                               cJSON **root, const cJSON **meta) {
+  source src;
+  *root = NULL;
+  *meta = NULL;
+  remat_status s = open_source(path, what, &src);
+  if (s == REMAT_OK)
+    s = read_header(&src, root);
+  if (src.fd >= 0)
+    close(src.fd);
+  if (s == REMAT_OK)
+    *meta = cJSON_GetObjectItemCaseSensitive(*root, "__metadata__");
+  return s;
+}
+
 remat_status safet_load_read(safet_loading *ld) {
   remat_status s = check_entries(ld->req, &ld->src, ld->root, ld->entries,
                                  ld->seen);

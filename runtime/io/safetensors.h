@@ -69,6 +69,12 @@ remat_status safet_save(remat_graph *g, const char *path,
 remat_status safet_load_open(const char *path, const safet_load_req *req,
                              safet_loading **out, const cJSON **meta);
 remat_status safet_load_read(safet_loading *ld);
+/* Reads the header of the file at `path` alone, checked as a load checks
+ * it: *root (for the caller to cJSON_Delete, NULL on failure) and *meta,
+ * its __metadata__ (NULL when it has none). */
+remat_status safet_read_header(const char *path, const char *what,
+                               cJSON **root, const cJSON **meta);
+
 void safet_load_close(safet_loading *ld);
 
 #endif
