@@ -514,6 +514,18 @@ REMAT_API remat_status remat_write(remat_graph *g, const remat_tensor *param,
 REMAT_API int remat_num_params(const remat_graph *g);
 REMAT_API remat_tensor *remat_param_at(const remat_graph *g, int i);
 
+/* Copies the values of every parameter of src into the parameter of dst
+ * with the same position (for a server whose inference graph serves the
+ * weights that a training graph learns). Both graphs must be compiled and
+ * have the same parameters in the same creation order: the same names,
+ * dtypes and shapes (else REMAT_ERR_SHAPE, naming the first parameter that
+ * differs). Only parameter values are copied: dst's optimizer moments,
+ * step count and learning rate stay as they are. While another thread is
+ * inside either graph (a step, a forward, a save), the call fails with
+ * REMAT_ERR_STATE, as any call on a busy graph does; call it between the
+ * steps. On any failure nothing in dst has changed. */
+REMAT_API remat_status remat_copy_params(remat_graph *dst, remat_graph *src);
+
 /* Every tensor of the graph (inputs, parameters, op results) in creation
  * order. */
 REMAT_API int remat_num_tensors(const remat_graph *g);

@@ -10,6 +10,7 @@ import re
 import sys
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+DOCS_NAME = re.compile(r"(?<![\w./-])docs/[\w.-]+\.md\b")
 
 
 def slug(heading):
@@ -60,6 +61,19 @@ def check_page(root, page):
     return bad
 
 
+def named_pages(root, page):
+    """Each docs/*.md that the page names anywhere, with its line, that
+    does not exist."""
+    bad = []
+    with open(page, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            for name in DOCS_NAME.findall(line):
+                if not os.path.exists(os.path.join(root, name)):
+                    bad.append(f"{os.path.relpath(page, root)}:{n}: names "
+                               f"{name}, which does not exist")
+    return bad
+
+
 def main():
     root = sys.argv[1]
     docs = os.path.join(root, "docs")
@@ -68,7 +82,7 @@ def main():
                     if f.endswith(".md"))
     bad = []
     for page in pages:
-        bad += check_page(root, page)
+        bad += check_page(root, page) + named_pages(root, page)
     readme_targets = {os.path.normpath(os.path.join(root, t.partition("#")[0]))
                       for _, t in links(pages[0])}
     for page in pages[2:]:

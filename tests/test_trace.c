@@ -610,9 +610,10 @@ static void test_verbose_report(void **state) {
   remat_step_stats st = {.size = sizeof st};
   verbose_run("nothing_saveable", 0, 2, text, sizeof text, &st);
   assert_int_equal(lines_starting(text, "  region 0 'h0': policy "
-                                        "nothing_saveable (the default, "
-                                        "REMAT_POLICY)\n"), 1);
-  assert_non_null(strstr(text, "    saved: (none)\n    recomputed: "
+                                        "nothing_saveable (the runtime's "
+                                        "default, from "
+                                        "remat_config.policy)\n"), 1);
+  assert_non_null(strstr(text, "    saved: h0.add#12\n    recomputed: "
                                "h0.ln1_out, h0.qkv, h0.attn_scores, "
                                "h0.attn_probs, h0.attn_values, h0.attn_out, "
                                "h0.resid_mid, h0.ln2_out, h0.ffn_in, "

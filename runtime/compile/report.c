@@ -1,7 +1,9 @@
-/* What REMAT_VERBOSE prints to stderr about a compiled step: 1, the
- * decision per region (the policy each region got and why, per top-level
- * region the bytes saved and recomputed and the recompute FLOPs, and the
- * named tensors saved and recomputed), then after the first run the
+/* What REMAT_VERBOSE prints to stderr about a compiled step: 1, a line
+ * naming the graph (training, gradients or inference, its loss, optimizer
+ * and parameters), the decision per region (the policy each region got and
+ * where it came from, per top-level region the bytes saved and recomputed
+ * and the recompute FLOPs, and every tensor saved and recomputed: by name,
+ * or by producer for one never named), then after the first run the
  * measured peak beside the predicted one; 2, a table of every kernel node
  * too, under a line naming its columns. */
 #include <stdio.h>
@@ -17,6 +19,28 @@ typedef struct plan_region_stats {
   double recompute_flops;
 } plan_region_stats;
 
+/* What the plan does with activation t between forward and backward. */
+typedef enum tensor_fate { FATE_NONE, FATE_SAVED, FATE_RECOMPUTED } tensor_fate;
+
+static tensor_fate fate_of(const compiled_step *c, int32_t t) {
+  if (c->g->tensors[t]->kind != TENSOR_ACT)
+    return FATE_NONE;
+  if (c->low.recomp_buf[t] >= 0)
+    return FATE_RECOMPUTED;
+  return c->decision.saved[t] && !c->forward_only ? FATE_SAVED : FATE_NONE;
+}
+
+/* Whether region r lists activation t: a top-level region every one
+ * inside it (so that its list and its bytes count the same tensors), a
+ * nested one those its policy decided. */
+static bool region_lists(const compiled_step *c, int32_t r, int32_t t) {
+  const remat_graph *g = c->g;
+  const remat_tensor *x = g->tensors[t];
+  if (g->regions[r].parent == -1)
+    return x->region >= 0 && g->regions[x->region].top == r;
+  return c->decision.deciding_region[t] == r;
+}
+
 /* Per top-level region: bytes of activations kept for backward, bytes
  * recomputed, and recompute FLOPs. */
 static remat_status region_stats(const compiled_step *c,
@@ -28,12 +52,13 @@ static remat_status region_stats(const compiled_step *c,
     return REMAT_ERR_OUT_OF_MEMORY;
   for (int32_t t = 0; t < g->ntensors; t++) {
     const remat_tensor *x = g->tensors[t];
-    if (x->kind != TENSOR_ACT || x->region < 0)
+    if (x->region < 0)
       continue;
     plan_region_stats *rs = &stats[g->regions[x->region].top];
-    if (c->low.recomp_buf[t] >= 0)
+    tensor_fate fate = fate_of(c, t);
+    if (fate == FATE_RECOMPUTED)
       rs->recomputed_bytes += tensor_store_bytes(x);
-    else if (c->decision.saved[t] && !c->forward_only)
+    else if (fate == FATE_SAVED)
       rs->saved_bytes += tensor_store_bytes(x);
   }
   for (int32_t i = 0; i < c->low.nknodes; i++)
@@ -51,7 +76,9 @@ static void print_text(const char *s) {
 }
 
 /* A tensor's name as traces show it: prefixed by its layer, the nearest
- * named region around it ("h3.attn_probs"). */
+ * named region around it ("h3.attn_probs"); one never named
+ * (remat_checkpoint_name) by its producer, the op's kind and index
+ * ("h0.linear#3"). */
 static void print_tensor(const remat_graph *g, const remat_tensor *x) {
   const char *layer = task_names_layer(g, x->region);
   size_t n = strlen(layer);
@@ -59,7 +86,28 @@ static void print_tensor(const remat_graph *g, const remat_tensor *x) {
     print_text(layer);
     fputc('.', stderr);
   }
-  print_text(x->name);
+  if (x->named || x->producer < 0)
+    print_text(x->name);
+  else
+    fprintf(stderr, "%s#%d", op_name(g->ops[x->producer].desc.type),
+            (int)x->producer);
+}
+
+/* Where the runtime's default policy came from: the built-in default
+ * unless it lies in the runtime's strings, where REMAT_POLICY and
+ * remat_config.policy are copied; of those, the environment's when it
+ * holds that policy (remat_config.policy overrides it, so a policy there
+ * that differs from REMAT_POLICY is the program's; the same one given both
+ * ways reads as the environment's). */
+static const char *default_source(const remat_runtime *rt) {
+  if (rt->config.policy != rt->strings.policy)
+    return "the runtime's default, as neither remat_config.policy nor "
+           "REMAT_POLICY is set";
+  const char *env = getenv("REMAT_POLICY");
+  if (!(rt->config.set & REMAT_SET_NO_ENV) && env != NULL &&
+      strcmp(env, rt->config.policy) == 0)
+    return "the runtime's default, from REMAT_POLICY";
+  return "the runtime's default, from remat_config.policy";
 }
 
 /* Why region r has its policy. */
@@ -67,10 +115,10 @@ static void print_source(const compiled_step *c, int32_t r) {
   int64_t budget = c->g->rt->config.memory_budget;
   switch (c->decision.source[r]) {
   case REGION_OWN:
-    fprintf(stderr, "its own");
+    fprintf(stderr, "its own, given to remat_region_begin");
     break;
   case REGION_DEFAULT:
-    fprintf(stderr, "the default, REMAT_POLICY");
+    fprintf(stderr, "%s", default_source(c->g->rt));
     break;
   default:
     if (budget > 0)
@@ -85,20 +133,17 @@ static void print_source(const compiled_step *c, int32_t r) {
   }
 }
 
-/* The named tensors region r decided, saved (want_saved) or recomputed. */
+/* The tensors region r lists (region_lists), saved (want_saved) or
+ * recomputed. */
 static void print_names(const compiled_step *c, int32_t r, bool want_saved) {
   const remat_graph *g = c->g;
   int printed = 0;
   for (int32_t t = 0; t < g->ntensors; t++) {
-    const remat_tensor *x = g->tensors[t];
-    if (!x->named || c->decision.deciding_region[t] != r)
-      continue;
-    bool saved = c->decision.saved[t];
-    bool recomputed = c->low.recomp_buf[t] >= 0;
-    if ((want_saved && !saved) || (!want_saved && !recomputed))
+    if (!region_lists(c, r, t) ||
+        fate_of(c, t) != (want_saved ? FATE_SAVED : FATE_RECOMPUTED))
       continue;
     fprintf(stderr, "%s", printed++ ? ", " : " ");
-    print_tensor(g, x);
+    print_tensor(g, g->tensors[t]);
   }
   fprintf(stderr, "%s\n", printed ? "" : " (none)");
 }
@@ -146,6 +191,28 @@ static void print_nodes(const compiled_step *c) {
   }
 }
 
+/* The line that opens a plan: which graph it is ("remat plan of a
+ * training graph (loss cross_entropy#40, adamw, 12
+ * parameters):"), so that the plans
+ * of a program's graphs (training, then evaluation) tell apart. */
+static void print_graph(const compiled_step *c) {
+  const remat_graph *g = c->g;
+  static const char *const optimizers[] = {"sgd", "adamw"};
+  if (c->forward_only) {
+    fprintf(stderr, "remat plan of an inference graph (forward only, ");
+  } else {
+    fprintf(stderr, "remat plan of a %s graph (loss ",
+            c->has_opt ? "training" : "gradient");
+    print_tensor(g, g->tensors[c->loss]);
+    fprintf(stderr, ", %s, ",
+            c->has_opt ? optimizers[c->opt.kind] : "no optimizer");
+  }
+  int params = 0; /* (counted here: graph.c calls into compile) */
+  for (int32_t t = 0; t < g->ntensors; t++)
+    params += g->tensors[t]->kind == TENSOR_PARAM;
+  fprintf(stderr, "%d parameters):\n", params);
+}
+
 remat_status report_plan(const compiled_step *c) {
   const remat_graph *g = c->g;
   plan_region_stats *stats = NULL;
@@ -153,8 +220,9 @@ remat_status report_plan(const compiled_step *c) {
     return REMAT_OK;
   if (region_stats(c, &stats) != REMAT_OK)
     return REMAT_ERR_OUT_OF_MEMORY;
+  print_graph(c);
   fprintf(stderr,
-          "remat plan: %d ops, %d kernel nodes, %d tasks, %d regions, %s\n",
+          "  %d ops, %d kernel nodes, %d tasks, %d regions, %s\n",
           g->nops, c->low.nknodes, sched_dag_num_tasks(c->tasks.dag), g->nregions,
           g->rt->config.precision == REMAT_PRECISION_BF16
               ? "bf16 (activations in bf16, f32 master weights)"

@@ -85,9 +85,10 @@ static bool describe_params(const compiled_step *c, dp_text *t) {
     const remat_tensor *p = g->tensors[i];
     char shape[8 + OP_MAX_DIMS * 21];
     if (p->kind == TENSOR_PARAM)
-      ok = add_line(t, "parameter %d: '%s' %s %s", k++, p->name,
-                    op_dtype_name(p->dtype),
-                    dims(&p->shape, shape, sizeof shape));
+      ok = add_line(t, "parameter %d: '%s' %s %s%s", k++, p->name,
+                    op_dtype_name(p->store),
+                    dims(&p->shape, shape, sizeof shape),
+                    p->frozen ? " frozen" : "");
   }
   return ok;
 }
