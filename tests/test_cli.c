@@ -4,6 +4,7 @@
  * ends bitwise where a straight one does, and SIGINT or SIGTERM stop a run
  * with a checkpoint (exit 130). The binary's path comes from REMAT_TRAIN
  * (set by tests/meson.build). */
+#include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
@@ -124,6 +125,9 @@ static void expect(const result *r, int code, const char *line) {
   assert_string_equal(r->err, want);
   assert_int_equal(r->code, code);
 }
+
+/* remat-train's exit status for a stop without its checkpoint. */
+#define EXIT_UNSAVED 3
 
 #define TINY "--layers", "1", "--d-model", "16", "--heads", "2", "--batch", \
              "8", "--threads", "2"
@@ -653,16 +657,23 @@ static void test_checkpoint_errors(void **state) {
   expect(&r, 2, "--optimizer 'adam': expected adamw or sgd");
   run(&r, TINY, "--lr-min", "-1", NULL);
   expect(&r, 2, "--lr-min '-1': expected a number >= 0");
-  /* --save-every writes after step 2: here it cannot (a directory), so
-   * the run stops there. */
+  /* A --save target that cannot be written (a directory, a missing
+   * folder) fails before the first step, not after the run. */
   assert_int_equal(mkdir(sub, 0755), 0);
   run(&r, TINY, "--steps", "5", "--save-every", "2", "--save", sub, "--json",
       NULL);
-  snprintf(want, sizeof want, "remat_save_checkpoint: '%s' is a directory: "
-           "the target must be a regular file or a new name", sub);
+  snprintf(want, sizeof want, "--save '%s' is a directory: --save takes a "
+           "regular file or a new name", sub);
   expect(&r, 1, want);
-  assert_non_null(strstr(r.out, "{\"step\": 2, "));
-  assert_null(strstr(r.out, "{\"step\": 3, "));
+  assert_string_equal(r.out, "");
+  char missing[200];
+  snprintf(missing, sizeof missing, "%s/no-such-folder/x.ckpt", dir);
+  run(&r, TINY, "--steps", "5", "--save", missing, "--json", NULL);
+  snprintf(want, sizeof want, "--save '%s': cannot create a new file beside "
+           "it (No such file or directory): its folder must exist and be "
+           "writable", missing);
+  expect(&r, 1, want);
+  assert_string_equal(r.out, "");
 }
 
 /* Starts remat-train with the NULL-terminated arguments, standard output
@@ -697,6 +708,28 @@ static pid_t start_training(const char *out, ...) {
   return pid;
 }
 
+/* The number of temporary files of saves (NAME.<16 hex digits>.tmp) in
+ * the test's directory. */
+static int temp_files(void) {
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    size_t len = strlen(e->d_name);
+    n += len > 21 && strcmp(e->d_name + len - 4, ".tmp") == 0 &&
+         e->d_name[len - 21] == '.';
+  }
+  closedir(d);
+  return n;
+}
+
+/* Waits (up to a minute) until a save's temporary file exists. */
+static void wait_for_save(void) {
+  for (int tries = 0; tries < 600000 && temp_files() == 0; tries++)
+    nanosleep(&(struct timespec){.tv_nsec = 100000}, NULL);
+  assert_int_equal(temp_files(), 1);
+}
+
 static int wait_code(pid_t pid) {
   int status;
   assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -723,7 +756,7 @@ static void test_signals(void **state) {
   for (const char *p = text; (p = strstr(p, "{\"step\": ")) != NULL; p++)
     last = atoi(p + 9);
   snprintf(want, sizeof want, "remat-train: stopped by SIGINT after step %d; "
-           "checkpoint written to %s\n", last, ckpt);
+           "checkpoint written to '%s'\n", last, ckpt);
   assert_string_equal(err, want);
   result r;
   run(&r, TINY, "--steps", "1", "--resume", ckpt, NULL);
@@ -739,10 +772,64 @@ static void test_signals(void **state) {
                        "--json", "--save", never, NULL);
   assert_int_equal(kill(pid, SIGTERM), 0);
   assert_int_equal(kill(pid, SIGINT), 0); /* a second SIGTERM could merge */
-  assert_int_equal(wait_code(pid), 130);
+  assert_int_equal(wait_code(pid), EXIT_UNSAVED);
   slurp(tmp_path("stderr"), err, sizeof err);
-  assert_string_equal(err, "");
+  snprintf(want, sizeof want, "remat-train: stopped at once by a second "
+           "SIGINT: no checkpoint written to '%s' (it is as it was)\n", never);
+  assert_string_equal(err, want);
   assert_int_equal(access(never, F_OK), -1);
+  assert_int_equal(temp_files(), 0);
+}
+
+/* A model whose checkpoint (weights and AdamW's moments) is about 150 MB,
+ * so that a signal can come while it is written. */
+#define BIG "--layers", "4", "--d-model", "512", "--heads", "8", "--seq", \
+            "16", "--batch", "2", "--threads", "2"
+
+/* A second signal during the stop's save waits for the file to be whole:
+ * the checkpoint is written, no temporary file is left, and stderr says
+ * so; a SIGTERM during the final save (after the last step) stops the run
+ * there, with the checkpoint written. */
+static void test_signal_during_save(void **state) {
+  (void)state;
+  char ckpt[160], out[160], want[512];
+  static char err[1024], text[1 << 16];
+  snprintf(ckpt, sizeof ckpt, "%s/big.ckpt", dir);
+  snprintf(out, sizeof out, "%s/out-big", dir);
+  pid_t pid = start_training(out, BIG, "--steps", "1000000", "--json",
+                             "--save", ckpt, NULL);
+  assert_int_equal(kill(pid, SIGINT), 0);
+  wait_for_save();
+  assert_int_equal(kill(pid, SIGINT), 0);
+  assert_int_equal(wait_code(pid), 130);
+  assert_int_equal(temp_files(), 0);
+  slurp(out, text, sizeof text);
+  int last = 0;
+  for (const char *p = text; (p = strstr(p, "{\"step\": ")) != NULL; p++)
+    last = atoi(p + 9);
+  slurp(tmp_path("stderr"), err, sizeof err);
+  snprintf(want, sizeof want, "remat-train: stopped by SIGINT after step %d; "
+           "checkpoint written to '%s' (a second SIGINT came during the "
+           "save, which was finished first)\n", last, ckpt);
+  assert_string_equal(err, want);
+  assert_int_equal(unlink(ckpt), 0);
+
+  pid = start_training(out, BIG, "--steps", "2", "--json", "--save", ckpt,
+                       NULL);
+  wait_for_save();
+  assert_int_equal(kill(pid, SIGTERM), 0);
+  assert_int_equal(wait_code(pid), 130);
+  assert_int_equal(temp_files(), 0);
+  slurp(tmp_path("stderr"), err, sizeof err);
+  snprintf(want, sizeof want, "remat-train: stopped by SIGTERM after step 2; "
+           "checkpoint written to '%s'\n", ckpt);
+  assert_string_equal(err, want);
+  slurp(out, text, sizeof text);
+  assert_null(strstr(text, "\"done\"")); /* stopped before evaluating */
+  struct stat st;
+  assert_int_equal(stat(ckpt, &st), 0);
+  assert_true(st.st_size > 100000000);
+  assert_int_equal(unlink(ckpt), 0);
 }
 
 /* Each line of `text` starts with "step " and has at most `max` bytes;
@@ -1299,6 +1386,7 @@ int main(void) {
       cmocka_unit_test(test_resume_sgd),
       cmocka_unit_test(test_checkpoint_errors),
       cmocka_unit_test(test_signals),
+      cmocka_unit_test(test_signal_during_save),
       cmocka_unit_test(test_output_streams),
       cmocka_unit_test(test_progress_terminal),
       cmocka_unit_test(test_schedules),
@@ -1309,5 +1397,8 @@ int main(void) {
       cmocka_unit_test(test_sample_out_of_memory),
       cmocka_unit_test(test_bf16_learns),
   };
+  const char *filter = getenv("REMAT_TEST_FILTER"); /* e.g. test_signal* */
+  if (filter != NULL && filter[0] != '\0')
+    cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

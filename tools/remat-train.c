@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "tools/dp_tool.h"
 #include "tools/train.h"
 
@@ -193,6 +194,47 @@ static int train_step(trainer *t, int step, remat_step_stats *st) {
   return 0;
 }
 
+/* Writes the --save checkpoint after `done` steps (on rank 0), with a
+ * second signal held off until the file is whole (train_signals.c). */
+static remat_status save_now(trainer *t, int done) {
+  const train_options *o = &t->o;
+  if (o->save_path == NULL || dp_tool_rank() != 0)
+    return REMAT_OK;
+  signals_writing(1);
+  remat_status s = checkpoint_save(t->g, o->save_path, done, t->data);
+  signals_writing(0);
+  return s;
+}
+
+static const char *signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : "SIGTERM";
+}
+
+/* The stop that signal `sig` asked for after `done` steps, once its
+ * checkpoint is written (saved 1) or failed (saved 0): the line on stderr
+ * and the exit status, EXIT_SIGNAL or EXIT_SIGNAL_UNSAVED. */
+static int stopped(trainer *t, int sig, int done, int saved) {
+  const train_options *o = &t->o;
+  remat__quoted q;
+  const char *path = o->save_path != NULL ? remat__quote(&q, o->save_path)
+                                          : NULL;
+  char second[96] = "";
+  if (signals_second() != 0)
+    snprintf(second, sizeof second, " (a second %s came during the save, "
+             "which was finished first)", signal_name(signals_second()));
+  if (t->tty)
+    fputc('\n', stderr); /* end the progress line first */
+  if (!saved) {
+    fprintf(stderr, "remat-train: stopped by %s after step %d: no checkpoint "
+            "written: %s\n", signal_name(sig), done, train_last_error());
+    return EXIT_SIGNAL_UNSAVED;
+  }
+  fprintf(stderr, "remat-train: stopped by %s after step %d%s%s%s%s\n",
+          signal_name(sig), done, path != NULL ? "; checkpoint written to '" : "",
+          path != NULL ? path : "", path != NULL ? "'" : "", second);
+  return EXIT_SIGNAL;
+}
+
 /* After a step: a checkpoint every --save-every steps, and the stop that
  * a signal asked for (with a last checkpoint). Returns 0 to go on. */
 static int after_step(trainer *t, int done) {
@@ -201,18 +243,10 @@ static int after_step(trainer *t, int done) {
   if (sig == 0 && (o->save_every == 0 || done % o->save_every != 0 ||
                    done == o->steps))
     return 0;
-  if (o->save_path != NULL && dp_tool_rank() == 0 &&
-      checkpoint_save(t->g, o->save_path, done, t->data) != REMAT_OK)
-    return fail("");
-  if (sig == 0)
-    return 0;
-  if (t->tty)
-    fputc('\n', stderr); /* end the progress line first */
-  fprintf(stderr, "remat-train: stopped by %s after step %d%s%s\n",
-          sig == SIGINT ? "SIGINT" : "SIGTERM", done,
-          o->save_path != NULL ? "; checkpoint written to " : "",
-          o->save_path != NULL ? o->save_path : "");
-  return EXIT_SIGNAL;
+  remat_status s = save_now(t, done);
+  if (sig != 0)
+    return stopped(t, sig, done, s == REMAT_OK);
+  return s == REMAT_OK ? 0 : fail("");
 }
 
 static int train(trainer *t) {
@@ -220,10 +254,14 @@ static int train(trainer *t) {
   size_t n = (size_t)o->accum * (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   int tty = t->tty = isatty(STDERR_FILENO) && !o->json, rc = 0;
   double start = now(), last_draw = 0.0;
-  signals_catch(1);
   for (int step = t->first_step; step < o->steps && rc == 0; step++) {
     remat_step_stats st = {.size = sizeof st};
-    if (train_step(t, step, &st)) {
+    /* a traced step writes the trace file: a second signal waits for it */
+    signals_writing(o->trace_path != NULL &&
+                    step - t->first_step < o->trace_steps);
+    int failed = train_step(t, step, &st);
+    signals_writing(0);
+    if (failed) {
       if (tty && step > t->first_step)
         fputc('\n', stderr); /* end the progress line first */
       rc = fail("");
@@ -251,7 +289,6 @@ static int train(trainer *t) {
     }
     rc = after_step(t, step + 1);
   }
-  signals_catch(0);
   return rc;
 }
 
@@ -311,6 +348,12 @@ static int run(trainer *t) {
   if (o->prompt != NULL)
     return sample_run(o, t->data);
   double start = now();
+  if (outputs_check(o, dp_tool_rank(), err, sizeof err) != 0) {
+    fprintf(stderr, "remat-train: %s\n", err);
+    return EXIT_RUNTIME;
+  }
+  signals_prepare(o->save_path, isatty(STDERR_FILENO) && !o->json);
+  signals_catch(1); /* from here to the last save: train_signals.c */
   int rc = open_model(t);
   if (rc == 0 && dataset_shard(t->data, o->cfg.seq, dp_tool_rank(),
                                dp_tool_size(), err, sizeof err) != 0) {
@@ -320,9 +363,12 @@ static int run(trainer *t) {
   if (rc == 0)
     rc = train(t);
   /* Saved before evaluating, so that no later error loses the training. */
-  if (rc == 0 && o->save_path != NULL && dp_tool_rank() == 0 &&
-      checkpoint_save(t->g, o->save_path, o->steps, t->data) != REMAT_OK)
-    rc = fail("");
+  if (rc == 0 && save_now(t, o->steps) != REMAT_OK)
+    rc = signals_stop() != 0 ? stopped(t, signals_stop(), o->steps, 0)
+                             : fail("");
+  else if (rc == 0 && signals_stop() != 0) /* it came during the save */
+    rc = stopped(t, signals_stop(), o->steps, 1);
+  signals_catch(0);
   if (rc == 0)
     rc = report(t, now() - start);
   return rc;

@@ -62,7 +62,9 @@ static void usage(FILE *f) {
 "  --save FILE      write a checkpoint (safetensors: the weights, the\n"
 "                   optimizer state, the step and the data position) after\n"
 "                   training, before evaluation, and on SIGINT or SIGTERM;\n"
-"                   FILE is replaced whole or not at all\n"
+"                   FILE is replaced whole or not at all; checked before\n"
+"                   the first step (a regular file or a new name in a\n"
+"                   writable folder)\n"
 "  --save-every N   also write the --save checkpoint every N steps\n"
 "  --load FILE      start from the weights in FILE (safetensors or a\n"
 "                   checkpoint), with a fresh optimizer\n"
@@ -90,7 +92,9 @@ static void usage(FILE *f) {
 "\n"
 "Exit status: 0 done, 1 failure while running (data, files, memory\n"
 "budget, weights), 2 bad command line, 130 stopped by SIGINT or SIGTERM\n"
-"(after writing the --save checkpoint; a second signal stops at once).\n");
+"after a whole step with its --save checkpoint written, 3 stopped without\n"
+"it (a second signal during a step stops at once; one during a save waits\n"
+"for the file to be whole).\n");
 }
 
 static int bad(const char *fmt, const char *opt, const char *value) {

@@ -1,7 +1,7 @@
 /* The state of a remat-train run beyond the model: the learning-rate
  * schedule, the checkpoint that --save writes and --resume reads (the
- * library's state plus the step and the data's random state), and the
- * signals that stop a run. */
+ * library's state plus the step and the data's random state). The
+ * signals that stop a run are train_signals.c's. */
 #include <math.h>
 #include <signal.h>
 #include <string.h>
@@ -68,26 +68,3 @@ int checkpoint_resume(remat_graph *g, const train_options *o, dataset *d,
   d->rng = values[1];
   return 0;
 }
-
-/* ---- signals ---- */
-
-static volatile sig_atomic_t stop_signal;
-
-/* The first signal asks the loop to stop after its step; a second one
- * ends the process at once. */
-static void on_signal(int sig) {
-  if (stop_signal != 0)
-    _exit(EXIT_SIGNAL);
-  stop_signal = sig;
-}
-
-void signals_catch(int on) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on ? on_signal : SIG_DFL;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-}
-
-int signals_stop(void) { return stop_signal; }
