@@ -1032,6 +1032,51 @@ static void test_eval_every(void **state) {
                 "--steps (the end of training is always evaluated)");
 }
 
+/* Weights so large (1e30, finite: a load accepts them) that every logit
+ * overflows: the held-out loss is NaN, which --json writes as null with
+ * the field named in "nonfinite" (JSON has no NaN); and with no training
+ * step the summary's peak memory is the evaluation's, not 0. */
+static void test_json_nonfinite(void **state) {
+  (void)state;
+  remat_gpt_config cfg = {.layers = 1, .d_model = 16, .heads = 2, .seq = 16,
+                          .batch = 8, .vocab = 14};
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS, .num_threads = 1};
+  remat_runtime *rt;
+  remat_graph *g;
+  remat_gpt m;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  assert_int_equal(remat_gpt_build(g, &cfg, &m), REMAT_OK);
+  assert_int_equal(remat_compile(g, m.loss, NULL), REMAT_OK);
+  static float big[16 * 64];
+  for (size_t i = 0; i < sizeof big / sizeof *big; i++)
+    big[i] = 1e30f;
+  for (int i = 0; i < remat_num_params(g); i++) {
+    remat_tensor *p = remat_param_at(g, i);
+    size_t bytes = (size_t)remat_tensor_numel(p) * sizeof(float);
+    assert_true(bytes <= sizeof big);
+    assert_int_equal(remat_write(g, p, big, bytes), REMAT_OK);
+  }
+  char *path = tmp_path("huge.safetensors");
+  assert_int_equal(remat_save_safetensors(g, path), REMAT_OK);
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+  result r;
+  run(&r, TINY, "--steps", "0", "--load", path, "--json", NULL);
+  assert_int_equal(r.code, 0);
+  assert_non_null(strstr(r.out, "{\"done\": true, \"steps\": 0, "
+                                "\"heldout_loss\": null, "));
+  assert_non_null(strstr(r.out, "\"best_heldout_loss\": null, "));
+  assert_non_null(strstr(r.out, ", \"nonfinite\": [\"heldout_loss\", "
+                                "\"best_heldout_loss\"]}\n"));
+  assert_null(strstr(r.out, "nan"));
+  assert_true(json_number(r.out, "\"peak_bytes\": ") > 0.0);
+  run(&r, TINY, "--steps", "0", "--load", path, NULL);
+  assert_int_equal(r.code, 0);
+  assert_null(strstr(r.out, "peak memory 0.0 MiB"));
+  assert_non_null(strstr(r.out, " MiB (evaluation)\n"));
+}
+
 /* Greedy decoding through the library alone: a forward-only GPT of one
  * row with the weights of `path`, fed the last cfg->seq tokens of the
  * context and padded with 'x' (remat-train pads with 0: a causal model
@@ -1387,6 +1432,7 @@ int main(void) {
       cmocka_unit_test(test_checkpoint_errors),
       cmocka_unit_test(test_signals),
       cmocka_unit_test(test_signal_during_save),
+      cmocka_unit_test(test_json_nonfinite),
       cmocka_unit_test(test_output_streams),
       cmocka_unit_test(test_progress_terminal),
       cmocka_unit_test(test_schedules),

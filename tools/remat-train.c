@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "tools/dp_tool.h"
+#include "tools/json_out.h"
 #include "tools/train.h"
 
 typedef struct trainer {
@@ -142,9 +143,13 @@ static void note_eval(trainer *t, int step, const eval_result *r,
   }
   char acc[32];
   if (t->o.json && print) {
-    printf("{\"eval_step\": %d, \"heldout_loss\": %.6f, \"accuracy\": %s, "
-           "\"eval_s\": %.3f}\n", step, r->heldout_loss,
+    json_nulls nulls = {0};
+    json_text loss;
+    json_num(&nulls, &loss, "heldout_loss", "%.6f", r->heldout_loss);
+    printf("{\"eval_step\": %d, \"heldout_loss\": %s, \"accuracy\": %s, "
+           "\"eval_s\": %.3f", step, loss.text,
            json_accuracy(acc, r->accuracy), seconds);
+    printf("%s}\n", json_nonfinite(&nulls));
     fflush(stdout);
   }
 }
@@ -271,12 +276,17 @@ static int train(trainer *t) {
       t->peak_bytes = st.peak_bytes;
     double elapsed = now() - start;
     if (o->json) {
-      printf("{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"step_s\": %.6f, "
+      json_nulls nulls = {0};
+      json_text loss, norm;
+      json_num(&nulls, &loss, "loss", "%.6f", st.loss);
+      json_num(&nulls, &norm, "grad_norm", "%.6g", st.grad_norm);
+      printf("{\"step\": %d, \"loss\": %s, \"lr\": %.6g, \"step_s\": %.6f, "
              "\"tokens_per_s\": %.1f, \"peak_bytes\": %lld, "
-             "\"grad_norm\": %.6g, \"elapsed_s\": %.3f}\n",
-             step + 1, st.loss, train_lr_at(o, step), st.seconds,
+             "\"grad_norm\": %s, \"elapsed_s\": %.3f",
+             step + 1, loss.text, train_lr_at(o, step), st.seconds,
              st.seconds > 0.0 ? (double)n / st.seconds : 0.0,
-             (long long)st.peak_bytes, st.grad_norm, elapsed);
+             (long long)st.peak_bytes, norm.text, elapsed);
+      printf("%s}\n", json_nonfinite(&nulls));
       fflush(stdout); /* a line as soon as its step is done */
     }
     if ((rc = evaluate_during(t, step + 1)) != 0)
@@ -304,23 +314,35 @@ static int report(trainer *t, double wall) {
   note_eval(t, o->steps, &r, now() - start, o->eval_every > 0 &&
             o->steps % o->eval_every == 0 && o->steps > t->first_step);
   char peak[32], acc[32];
-  format_bytes(peak, sizeof peak, t->peak_bytes);
+  /* with no step in this run (--steps 0, or --resume at --steps), the
+   * peak is the evaluation's */
+  int64_t peak_bytes = t->peak_bytes > 0 ? t->peak_bytes : r.peak_bytes;
+  format_bytes(peak, sizeof peak, peak_bytes);
   if (o->json) {
     char dp_json[1024];
     dp_tool_json(t->g, dp_json, sizeof dp_json); /* collective under MPI */
-    printf("{\"done\": true, \"steps\": %d, \"heldout_loss\": %.6f, "
+    json_nulls nulls = {0};
+    json_text loss, best;
+    json_num(&nulls, &loss, "heldout_loss", "%.6f", r.heldout_loss);
+    json_num(&nulls, &best, "best_heldout_loss", "%.6f", t->best_loss);
+    printf("{\"done\": true, \"steps\": %d, \"heldout_loss\": %s, "
            "\"accuracy\": %s, \"best_step\": %d, \"best_heldout_loss\": "
-           "%.6f, \"peak_bytes\": %lld, \"wall_s\": %.3f%s}\n",
-           o->steps, r.heldout_loss, json_accuracy(acc, r.accuracy),
-           t->best_step, t->best_loss, (long long)t->peak_bytes, wall,
-           dp_json);
+           "%s, \"peak_bytes\": %lld, \"wall_s\": %.3f%s",
+           o->steps, loss.text, json_accuracy(acc, r.accuracy),
+           t->best_step, best.text, (long long)peak_bytes, wall, dp_json);
+    printf("%s}\n", json_nonfinite(&nulls));
     return 0;
   }
+  /* The addition task's held-out loss covers the answer tokens alone; the
+   * training loss of the progress line covers every token, the random
+   * operands too, so the two are not comparable. */
   printf("held-out loss %.4f", r.heldout_loss);
   if (r.accuracy >= 0.0)
-    printf(", exact-match accuracy %.1f%% (%d problems)", 100.0 * r.accuracy,
-           r.problems);
-  printf("; %d steps in %.1f s, peak memory %s\n", o->steps, wall, peak);
+    printf(" (answer tokens; the training loss counts every token), "
+           "exact-match accuracy %.1f%% (%d problems)",
+           100.0 * r.accuracy, r.problems);
+  printf("; %d steps in %.1f s, peak memory %s%s\n", o->steps, wall, peak,
+         t->peak_bytes > 0 ? "" : " (evaluation)");
   if (o->eval_every > 0)
     printf("best held-out loss %.4f at step %d (evaluated every %d steps)\n",
            t->best_loss, t->best_step, o->eval_every);

@@ -202,6 +202,7 @@ typedef struct eval_result {
   double heldout_loss; /* mean cross-entropy on held-out answer/text tokens */
   double accuracy;     /* exact-match on held-out problems; -1 for text */
   int problems;
+  int64_t peak_bytes;  /* the evaluation graph's peak (its forward passes) */
 } eval_result;
 
 /* The forward-only graph that evaluation runs on. */
