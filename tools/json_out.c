@@ -26,3 +26,9 @@ const char *json_nonfinite(json_nulls *nulls) {
              nulls->names);
   return nulls->member;
 }
+
+void json_put(json_nulls *nulls, const char *field, const char *fmt,
+              double v) {
+  json_text t;
+  printf(", \"%s\": %s", field, json_num(nulls, &t, field, fmt, v));
+}

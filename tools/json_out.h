@@ -26,6 +26,9 @@ typedef struct json_text {
 const char *json_num(json_nulls *nulls, json_text *out, const char *field,
                      const char *fmt, double v);
 
+/* Prints `, "field": v` on stdout, v as json_num writes it. */
+void json_put(json_nulls *nulls, const char *field, const char *fmt, double v);
+
 /* ", \"nonfinite\": [fields]" when a field was null because its value was
  * NaN or infinite, else "". Call it after every json_num of the object. */
 const char *json_nonfinite(json_nulls *nulls);
