@@ -144,6 +144,52 @@ static void test_bf16_learns(void **state) {
   assert_true(acc >= 97.0);
 }
 
+/* Messages name remat-train's options, not the library's fields that
+ * they set: the trainer checks what it can before calling the library
+ * (--threads, --vocab, --policy with --budget), and a message only the
+ * library can give has its field names replaced by the options (a
+ * REMAT_POLICY=auto with no --budget names --budget). Values are quoted
+ * (control bytes escaped), and a --policy longer than 511 bytes is taken
+ * (the library takes 64 KiB). */
+static void test_tool_messages(void **state) {
+  (void)state;
+  result r;
+  run(&r, TINY, "--threads", "2000", NULL);
+  expect(&r, 2, "--threads '2000': expected a whole number from 1 to 1024");
+  run(&r, TINY, "--steps", "1", "--policy", "dots_saveable", "--budget",
+      "100MiB", NULL);
+  expect(&r, 2, "--budget picks each block's policy to fit it (as --policy "
+                "auto does), so it does not go with another --policy: drop "
+                "--budget to train with that policy, or give --policy auto");
+  run(&r, TINY, "--steps", "1", "--policy", "auto", NULL);
+  expect(&r, 2, "--policy auto needs --budget BYTES: it picks each block's "
+                "policy to fit that budget");
+  run(&r, "--data", "x", "--data-format", "u16", "--vocab", "1", NULL);
+  expect(&r, 2, "--vocab '1': expected a whole number from 2 to 65536");
+  run(&r, "--layers", "x\033[2J", NULL);
+  expect(&r, 2, "--layers 'x\\x1B[2J': expected a whole number from 1 to "
+                "1000000");
+  setenv("REMAT_POLICY", "auto", 1);
+  run(&r, TINY, "--steps", "1", NULL);
+  unsetenv("REMAT_POLICY");
+  expect(&r, 1, "policy 'auto' needs a memory budget: set --budget");
+  char *zeros = tmp_path("zeros.u16");
+  static const unsigned char none[4096];
+  write_file(zeros, none, sizeof none);
+  run(&r, "--data", zeros, "--data-format", "u16", "--seq", "8", "--steps",
+      "1", NULL);
+  char want[400];
+  snprintf(want, sizeof want, "--data '%s': every token id is 0, so the "
+           "vocabulary (the largest id + 1) would be 1: a model needs at "
+           "least 2 tokens (--vocab N sets it)", zeros);
+  expect(&r, 1, want);
+  static char policy[700] = "save_only_these_names:ffn_act";
+  while (strlen(policy) + 9 < sizeof policy)
+    strcat(policy, ",ffn_act");
+  run(&r, TINY, "--steps", "1", "--policy", policy, NULL);
+  assert_int_equal(r.code, 0);
+}
+
 static void test_usage_errors(void **state) {
   (void)state;
   result r;
@@ -1418,6 +1464,7 @@ static void test_trace_steps(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_usage_errors),
+      cmocka_unit_test(test_tool_messages),
       cmocka_unit_test(test_help_and_version),
       cmocka_unit_test(test_data_errors),
       cmocka_unit_test(test_data_not_a_file),

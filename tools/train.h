@@ -195,8 +195,14 @@ void progress_format(char *out, size_t len, int width,
  * the message that train_last_error gives and returns
  * REMAT_ERR_OUT_OF_MEMORY (the library's message would be stale). */
 remat_status train_out_of_memory(const char *what, size_t bytes);
-/* The message of the last failure: remat-train's own, else the library's. */
+/* The message of the last failure: remat-train's own, else the library's
+ * in remat-train's words (train_message). */
 const char *train_last_error(void);
+/* A library message with the library's names of what an option sets
+ * (remat_config.num_threads, REMAT_MEMORY_BUDGET, ...) replaced by the
+ * option (--threads, --budget, ...), in a buffer valid until the next
+ * call (train_messages.c). */
+const char *train_message(const char *message);
 
 typedef struct eval_result {
   double heldout_loss; /* mean cross-entropy on held-out answer/text tokens */

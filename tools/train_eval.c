@@ -19,7 +19,7 @@ remat_status train_out_of_memory(const char *what, size_t bytes) {
 }
 
 const char *train_last_error(void) {
-  return own_error[0] != '\0' ? own_error : remat_last_error();
+  return own_error[0] != '\0' ? own_error : train_message(remat_last_error());
 }
 
 struct eval_model {

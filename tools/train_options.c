@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "tools/train.h"
 
 static void usage(FILE *f) {
@@ -52,11 +53,15 @@ static void usage(FILE *f) {
 "                   activation memory; default 1)\n"
 "  --clip X         clip the gradient to global L2 norm X (default: off)\n"
 "  --policy P       remat policy of every block, e.g. nothing_saveable,\n"
-"                   dots_saveable, everything_saveable, auto\n"
-"  --budget BYTES   budget for the step's peak memory, e.g. 64MiB; the\n"
-"                   evaluation graph must fit it too (checked before the\n"
-"                   first step)\n"
-"  --threads N      worker threads (default: REMAT_NUM_THREADS or cores)\n"
+"                   dots_saveable, everything_saveable, auto (which needs\n"
+"                   --budget)\n"
+"  --budget BYTES   budget for the step's peak memory, e.g. 64MiB: each\n"
+"                   block gets the policy that fits it with the least\n"
+"                   recompute (--policy auto; another --policy is refused\n"
+"                   with --budget); the evaluation graph must fit it too\n"
+"                   (checked before the first step)\n"
+"  --threads N      worker threads, 1 to 1024 (default: REMAT_NUM_THREADS\n"
+"                   or cores)\n"
 "  --seed N         seed of the weights, the data and the draws of\n"
 "                   --prompt (default 1)\n"
 "  --save FILE      write a checkpoint (safetensors: the weights, the\n"
@@ -97,9 +102,11 @@ static void usage(FILE *f) {
 "for the file to be whole).\n");
 }
 
+/* The one-line message of a bad option: `fmt` with the option and its
+ * value, the value quoted as the library quotes (base/error.h). */
 static int bad(const char *fmt, const char *opt, const char *value) {
   fprintf(stderr, "remat-train: ");
-  fprintf(stderr, fmt, opt, value);
+  fprintf(stderr, fmt, opt, remat__quote(&(remat__quoted){0}, value));
   fputc('\n', stderr);
   return EXIT_USAGE;
 }
@@ -179,7 +186,7 @@ static int parse_seed(const char *v, uint64_t *out) {
 static int parse_policy(const char *v) {
   remat_policy *p = NULL;
   if (remat_policy_parse(v, &p) != REMAT_OK)
-    return bad("--policy: %s%s", remat_last_error(), "");
+    return bad("--policy: %s%s", train_message(remat_last_error()), "");
   remat_policy_destroy(p);
   return 0;
 }
@@ -238,7 +245,7 @@ static int apply_run(int c, const char *arg, const char *raw,
     return parse_name("--data-format", arg, formats, "bytes or u16",
                       &o->data_u16);
   case OPT_VOCAB:
-    return parse_int_max("--vocab", arg, 1, 65536, &o->vocab);
+    return parse_int_max("--vocab", arg, 2, 65536, &o->vocab);
   case OPT_EVAL_EVERY:
     return parse_int("--eval-every", arg, 1, &o->eval_every);
   case OPT_PROMPT: o->prompt = arg; return 0;
@@ -297,7 +304,8 @@ static int apply(int c, const char *arg, const char *raw, train_options *o,
   case OPT_LR: return parse_float("--lr", arg, &o->lr);
   case OPT_POLICY: o->policy = arg; return parse_policy(arg);
   case OPT_BUDGET: return parse_budget(arg, &o->budget);
-  case OPT_THREADS: return parse_int("--threads", arg, 1, &o->threads);
+  case OPT_THREADS:
+    return parse_int_max("--threads", arg, 1, REMAT_MAX_THREADS, &o->threads);
   case OPT_SEED: return parse_seed(arg, &o->seed);
   case OPT_SAVE: o->save_path = arg; return 0;
   case OPT_LOAD: o->load_path = arg; return 0;
@@ -365,6 +373,13 @@ static int check_training(const train_options *o) {
     why = "--save-every needs --save FILE";
   else if (o->lr_min > o->lr)
     why = "--lr-min is above --lr";
+  else if (o->budget > 0 && o->policy != NULL && strcmp(o->policy, "auto"))
+    why = "--budget picks each block's policy to fit it (as --policy auto "
+          "does), so it does not go with another --policy: drop --budget to "
+          "train with that policy, or give --policy auto";
+  else if (o->budget == 0 && o->policy != NULL && !strcmp(o->policy, "auto"))
+    why = "--policy auto needs --budget BYTES: it picks each block's policy "
+          "to fit that budget";
   if (why != NULL)
     fprintf(stderr, "remat-train: %s\n", why);
   return why != NULL;
