@@ -103,10 +103,12 @@ static void usage(FILE *f) {
 }
 
 /* The one-line message of a bad option: `fmt` with the option and its
- * value, the value quoted as the library quotes (base/error.h). */
+ * value, both quoted as the library quotes (base/error.h: control bytes
+ * escaped, at most 100 bytes), so the words after them stay whole. */
 static int bad(const char *fmt, const char *opt, const char *value) {
   fprintf(stderr, "remat-train: ");
-  fprintf(stderr, fmt, opt, remat__quote(&(remat__quoted){0}, value));
+  fprintf(stderr, fmt, remat__quote(&(remat__quoted){0}, opt),
+          remat__quote(&(remat__quoted){0}, value));
   fputc('\n', stderr);
   return EXIT_USAGE;
 }
@@ -185,8 +187,11 @@ static int parse_seed(const char *v, uint64_t *out) {
 
 static int parse_policy(const char *v) {
   remat_policy *p = NULL;
-  if (remat_policy_parse(v, &p) != REMAT_OK)
-    return bad("--policy: %s%s", train_message(remat_last_error()), "");
+  if (remat_policy_parse(v, &p) != REMAT_OK) {
+    fprintf(stderr, "remat-train: --policy: %s\n",
+            train_message(remat_last_error()));
+    return EXIT_USAGE;
+  }
   remat_policy_destroy(p);
   return 0;
 }
