@@ -352,9 +352,9 @@ static void test_token_file_errors(void **state) {
   expect(&r, 2, "--vocab needs --data-format u16 (the vocabulary of bytes is "
                 "256, that of the addition task 14)");
   run(&r, "--data", ids, "--data-format", "u16", "--vocab", "65537", NULL);
-  expect(&r, 2, "--vocab '65537': expected a whole number from 1 to 65536");
+  expect(&r, 2, "--vocab '65537': expected a whole number from 2 to 65536");
   run(&r, "--data", ids, "--data-format", "u16", "--vocab", "1000001", NULL);
-  expect(&r, 2, "--vocab '1000001': expected a whole number from 1 to 65536");
+  expect(&r, 2, "--vocab '1000001': expected a whole number from 2 to 65536");
   /* llm.c's magic in a file shorter than its header is not read as ids */
   unsigned char magic[512] = {0x88, 0xd8, 0x34, 0x01, 1, 0, 0, 0, 100};
   write_file(odd, magic, sizeof magic);
@@ -368,7 +368,7 @@ static void test_token_file_errors(void **state) {
            "20240520 but has 4 bytes, fewer than its header of 1024", odd);
   expect(&r, 1, want);
   run(&r, "--data", ids, "--data-format", "u16", "--vocab", "0", NULL);
-  expect(&r, 2, "--vocab '0': expected a whole number from 1 to 65536");
+  expect(&r, 2, "--vocab '0': expected a whole number from 2 to 65536");
 }
 
 /* A token file whose ids are a text's bytes, with --vocab 256, trains

@@ -64,6 +64,13 @@ static int open_model(trainer *t) {
   }
   remat_optimizer opt = {.kind = o->optimizer, .lr = o->lr,
                          .weight_decay = o->wd};
+  /* under mpirun, rank N > 0 traces to --trace's path + ".rankN", as
+   * REMAT_TRACE does (dp_tool.h), so that ranks do not share one file */
+  char trace[4200] = "";
+  if (o->trace_path != NULL && dp_tool_rank() > 0)
+    snprintf(trace, sizeof trace, "%s.rank%d", o->trace_path, dp_tool_rank());
+  else if (o->trace_path != NULL)
+    snprintf(trace, sizeof trace, "%s", o->trace_path);
   if (remat_runtime_create(&rc, &t->rt) != REMAT_OK ||
       remat_graph_create(t->rt, &t->g) != REMAT_OK ||
       remat_graph_seed(t->g, o->seed) != REMAT_OK ||
@@ -72,7 +79,7 @@ static int open_model(trainer *t) {
       remat_compile(t->g, t->m.loss, &opt) != REMAT_OK ||
       remat_set_clip(t->g, o->clip) != REMAT_OK ||
       (o->trace_path != NULL &&
-       remat_trace_steps(t->g, o->trace_path, o->trace_steps) != REMAT_OK))
+       remat_trace_steps(t->g, trace, o->trace_steps) != REMAT_OK))
     return fail("");
   if (o->load_path != NULL && remat_load_safetensors(t->g, o->load_path))
     return fail("");
