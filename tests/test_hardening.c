@@ -488,7 +488,9 @@ static void test_names_utf8(void **state) {
                       "\\xFF at offset 1): names must be UTF-8, as the JSON "
                       "of a safetensors header is");
   remat_graph_destroy(g);
-  const char *bad[] = {"\xc0\xaf", "a\xed\xa0\x80", "\xe2\x82", "\xf4\x90\x80\x80"};
+  /* overlong '/', a surrogate, a cut sequence, past U+10FFFF */
+  const char *bad[] = {"\xc0\xaf", "a\xed\xa0\x80", "\xe2\x82",
+                       "\xf4\x90\x80\x80"};
   for (int i = 0; i < 4; i++) {
     assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
     assert_null(remat_input(g, bad[i], REMAT_F32, 1, d));

@@ -242,7 +242,8 @@ static int stopped(trainer *t, int sig, int done, int saved) {
     return EXIT_SIGNAL_UNSAVED;
   }
   fprintf(stderr, "remat-train: stopped by %s after step %d%s%s%s%s\n",
-          signal_name(sig), done, path != NULL ? "; checkpoint written to '" : "",
+          signal_name(sig), done,
+          path != NULL ? "; checkpoint written to '" : "",
           path != NULL ? path : "", path != NULL ? "'" : "", second);
   return EXIT_SIGNAL;
 }

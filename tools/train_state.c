@@ -3,9 +3,7 @@
  * library's state plus the step and the data's random state). The
  * signals that stop a run are train_signals.c's. */
 #include <math.h>
-#include <signal.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "tools/train.h"
 
