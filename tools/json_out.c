@@ -27,8 +27,13 @@ const char *json_nonfinite(json_nulls *nulls) {
   return nulls->member;
 }
 
+void json_fput(FILE *f, json_nulls *nulls, const char *field,
+               const char *fmt, double v) {
+  json_text t;
+  fprintf(f, ", \"%s\": %s", field, json_num(nulls, &t, field, fmt, v));
+}
+
 void json_put(json_nulls *nulls, const char *field, const char *fmt,
               double v) {
-  json_text t;
-  printf(", \"%s\": %s", field, json_num(nulls, &t, field, fmt, v));
+  json_fput(stdout, nulls, field, fmt, v);
 }

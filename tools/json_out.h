@@ -6,6 +6,7 @@
 #define REMAT_TOOLS_JSON_OUT_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 /* The fields of one JSON object written as null so far. */
 typedef struct json_nulls {
@@ -26,7 +27,10 @@ typedef struct json_text {
 const char *json_num(json_nulls *nulls, json_text *out, const char *field,
                      const char *fmt, double v);
 
-/* Prints `, "field": v` on stdout, v as json_num writes it. */
+/* Prints `, "field": v` on f (json_put: on stdout), v as json_num writes
+ * it. */
+void json_fput(FILE *f, json_nulls *nulls, const char *field,
+               const char *fmt, double v);
 void json_put(json_nulls *nulls, const char *field, const char *fmt, double v);
 
 /* ", \"nonfinite\": [fields]" when a field was null because its value was
