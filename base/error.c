@@ -57,8 +57,11 @@ unsigned long remat__fail_count(void) { return fail_count; }
 
 const char *remat__quote_n(remat__quoted *q, const char *s, size_t len) {
   size_t n = 0, i = 0;
-  for (; i < len && s[i] != '\0' && i < REMAT__QUOTE_MAX; i++) {
+  for (; i < len && s[i] != '\0'; i++) {
     unsigned char c = (unsigned char)s[i];
+    size_t width = c >= 0x20 && c < 0x7F ? 1 : 4; /* c or \xNN */
+    if (n + width > REMAT__QUOTE_MAX)
+      break;
     if (c >= 0x20 && c < 0x7F)
       q->text[n++] = (char)c;
     else

@@ -22,13 +22,14 @@ unsigned long remat__fail_count(void);
 
 /* The one quoter of the library's messages: a caller's (or a file's)
  * string made fit for a one-line message, bytes outside 0x20-0x7E as \xNN,
- * cut after REMAT__QUOTE_MAX bytes with "...", so that a long value cannot
- * push what is accepted out of the message. Use as
+ * cut with "..." where the quoted text would pass REMAT__QUOTE_MAX bytes
+ * (escapes count as the 4 bytes they print), so that a long value cannot
+ * push what is accepted, or the cause, out of the message. Use as
  * remat__quote(&(remat__quoted){0}, value); remat__quote_n quotes the first
  * len bytes of s (fewer at a NUL). */
 #define REMAT__QUOTE_MAX 100
 typedef struct remat__quoted {
-  char text[4 * REMAT__QUOTE_MAX + sizeof "..."];
+  char text[REMAT__QUOTE_MAX + sizeof "..."];
 } remat__quoted;
 const char *remat__quote_n(remat__quoted *q, const char *s, size_t len);
 const char *remat__quote(remat__quoted *q, const char *s);

@@ -157,6 +157,17 @@ static int utf8_length(const unsigned char *s) {
   return n;
 }
 
+size_t remat__utf8_invalid_at(const char *s, size_t len) {
+  const unsigned char *c = (const unsigned char *)s;
+  for (size_t i = 0; i < len;) {
+    int n = c[i] >= 0x80 ? utf8_length(c + i) : 1;
+    if (n == 0 || i + (size_t)n > len)
+      return i;
+    i += (size_t)n;
+  }
+  return len;
+}
+
 void remat__write_json_text(FILE *f, const char *s) {
   for (const unsigned char *c = (const unsigned char *)s; *c != '\0';) {
     int n = *c >= 0x80 ? utf8_length(c) : 1;

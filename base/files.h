@@ -62,6 +62,11 @@ int remat__replace_end(FILE *f, remat__replacing *r);
 /* Closes f and removes the new file; the target is as it was. */
 void remat__replace_abort(FILE *f, remat__replacing *r);
 
+/* The offset of the first byte of s[0..len) that does not start a
+ * well-formed UTF-8 sequence (overlong forms and surrogates are not), or
+ * len when all of it is UTF-8. */
+size_t remat__utf8_invalid_at(const char *s, size_t len);
+
 /* Writes s as the body of a JSON string: '"' and '\\' escaped, control
  * bytes (and 0x7F) as \u00NN, well-formed UTF-8 as it is, and any other
  * byte as the four characters \xNN (as messages show bytes), so that the

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "sched/sched.h"
+#include "tools/json_out.h"
 
 #define OURS_RUNS 7
 #define OMP_RUNS 5
@@ -200,11 +201,15 @@ typedef struct result {
 
 static void print_json(int nthreads, const result *res, int n) {
   printf("{\"threads\": %d", nthreads);
-  for (int i = 0; i < n; i++)
-    printf(", \"%s\": {\"tasks\": %d, \"edges\": %lld, \"per_task_ns\": %.1f, "
-           "\"omp_per_task_ns\": %.1f, \"ratio_vs_omp\": %.4f}",
-           res[i].s->name, (int)res[i].s->ntasks, (long long)res[i].s->nedges,
-           res[i].ours_ns, res[i].omp_ns, res[i].ours_ns / res[i].omp_ns);
+  for (int i = 0; i < n; i++) {
+    json_nulls nulls = {0};
+    printf(", \"%s\": {\"tasks\": %d, \"edges\": %lld", res[i].s->name,
+           (int)res[i].s->ntasks, (long long)res[i].s->nedges);
+    json_put(&nulls, "per_task_ns", "%.1f", res[i].ours_ns);
+    json_put(&nulls, "omp_per_task_ns", "%.1f", res[i].omp_ns);
+    json_put(&nulls, "ratio_vs_omp", "%.4f", res[i].ours_ns / res[i].omp_ns);
+    printf("%s}", json_nonfinite(&nulls));
+  }
   printf("}\n");
 }
 

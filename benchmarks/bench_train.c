@@ -18,6 +18,7 @@
 #include "remat.h"
 #include "remat_gpt.h"
 #include "tools/dp_tool.h"
+#include "tools/json_out.h"
 
 typedef struct options {
   remat_gpt_config cfg;
@@ -411,51 +412,61 @@ static void report(const bench *b, const bench *one, const bench *f32,
   double mfu = flops / step_s * 1e-9 / (bf16 ? roof16 : roofline);
   char dp_json[1024];
   dp_tool_json(b->g, dp_json, sizeof dp_json); /* collective under MPI */
+  json_nulls nulls = {0};
   printf("{\"policy\": \"%s\", \"attention\": \"%s\", \"precision\": \"%s\", "
          "\"layers\": %d, "
          "\"d_model\": %d, \"heads\": %d, "
          "\"seq\": %d, \"batch\": %d, \"vocab\": %d, \"threads\": %d, "
-         "\"accum\": %d, \"steps\": %d, \"step_s_median\": %.6f, \"tokens_per_s\": %.1f, "
-         "\"loss\": %.6f, \"first_loss\": %.6f, \"grad_checksum\": \"%016llx\", "
-         "\"peak_bytes\": %lld, \"activation_peak_bytes\": %lld, "
-         "\"predicted_peak_bytes\": %lld, \"peak_rss_bytes\": %lld, "
-         "\"flops_per_step\": %.6g, \"recompute_flops\": %.6g, "
-         "\"matmul_roofline_gflops\": %.2f, \"mfu\": %.4f, "
-         "\"remote_bytes\": %lld, \"remote_bytes_unplaced\": %lld",
+         "\"accum\": %d, \"steps\": %d",
          o->policy, attention_name(b->cfg.attention), bf16 ? "bf16" : "f32",
          o->cfg.layers,
          o->cfg.d_model, o->cfg.heads, o->cfg.seq,
-         o->cfg.batch, o->cfg.vocab, o->threads, o->accum, o->steps, step_s,
-         (double)n * o->accum / step_s, st.loss, b->first.loss,
+         o->cfg.batch, o->cfg.vocab, o->threads, o->accum, o->steps);
+  json_put(&nulls, "step_s_median", "%.6f", step_s);
+  json_put(&nulls, "tokens_per_s", "%.1f", (double)n * o->accum / step_s);
+  json_put(&nulls, "loss", "%.6f", st.loss);
+  json_put(&nulls, "first_loss", "%.6f", b->first.loss);
+  printf(", \"grad_checksum\": \"%016llx\", "
+         "\"peak_bytes\": %lld, \"activation_peak_bytes\": %lld, "
+         "\"predicted_peak_bytes\": %lld, \"peak_rss_bytes\": %lld",
          (unsigned long long)b->checksum, (long long)b->peak,
          (long long)b->act_peak, (long long)st.predicted_peak_bytes,
-         (long long)ru.ru_maxrss * 1024, flops, st.recompute_flops, roofline,
-         mfu, (long long)st.remote_bytes, (long long)st.remote_bytes_unplaced);
+         (long long)ru.ru_maxrss * 1024);
+  json_put(&nulls, "flops_per_step", "%.6g", flops);
+  json_put(&nulls, "recompute_flops", "%.6g", st.recompute_flops);
+  json_put(&nulls, "matmul_roofline_gflops", "%.2f", roofline);
+  json_put(&nulls, "mfu", "%.4f", mfu);
+  printf(", \"remote_bytes\": %lld, \"remote_bytes_unplaced\": %lld",
+         (long long)st.remote_bytes, (long long)st.remote_bytes_unplaced);
   if (one != NULL) {
     /* speedup: the 1-thread step's median over this one's, measured in the
      * same rounds; roofline_speedup: the same ratio for oneDNN's own matmul,
      * the most the machine gave at this moment. */
     double step_1 = median(one->times, o->steps);
     double roof_1 = median(one->roofs, o->steps);
-    printf(", \"step_s_median_1_thread\": %.6f, \"matmul_roofline_gflops_1_thread\": "
-           "%.2f, \"speedup\": %.4f, \"roofline_speedup\": %.4f, "
-           "\"checksum_matches_1_thread\": %s",
-           step_1, roof_1, step_1 / step_s, roofline / roof_1,
+    json_put(&nulls, "step_s_median_1_thread", "%.6f", step_1);
+    json_put(&nulls, "matmul_roofline_gflops_1_thread", "%.2f", roof_1);
+    json_put(&nulls, "speedup", "%.4f", step_1 / step_s);
+    json_put(&nulls, "roofline_speedup", "%.4f", roofline / roof_1);
+    printf(", \"checksum_matches_1_thread\": %s",
            one->checksum == b->checksum ? "true" : "false");
   }
-  if (bf16)
-    printf(", \"bf16_roofline_gflops\": %.2f, \"bf16_roofline_ratio\": %.4f",
-           roof16, roof16 / roofline);
+  if (bf16) {
+    json_put(&nulls, "bf16_roofline_gflops", "%.2f", roof16);
+    json_put(&nulls, "bf16_roofline_ratio", "%.4f", roof16 / roofline);
+  }
   if (f32 != NULL) {
     /* this bf16 run against the f32 run of the same rounds */
     double step_32 = median(f32->times, o->steps);
-    printf(", \"f32_step_s_median\": %.6f, \"step_ratio_vs_f32\": %.4f, "
-           "\"f32_activation_peak_bytes\": %lld, "
-           "\"activation_peak_ratio_vs_f32\": %.4f, \"f32_loss\": %.6f",
-           step_32, step_s / step_32, (long long)f32->act_peak,
-           (double)b->act_peak / (double)f32->act_peak, f32->st.loss);
+    json_put(&nulls, "f32_step_s_median", "%.6f", step_32);
+    json_put(&nulls, "step_ratio_vs_f32", "%.4f", step_s / step_32);
+    printf(", \"f32_activation_peak_bytes\": %lld",
+           (long long)f32->act_peak);
+    json_put(&nulls, "activation_peak_ratio_vs_f32", "%.4f",
+             (double)b->act_peak / (double)f32->act_peak);
+    json_put(&nulls, "f32_loss", "%.6f", f32->st.loss);
   }
-  printf("%s}\n", dp_json);
+  printf("%s%s}\n", dp_json, json_nonfinite(&nulls));
 }
 
 int main(int argc, char **argv) {

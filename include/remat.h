@@ -101,6 +101,10 @@ typedef enum remat_precision {
   REMAT_PRECISION_BF16 = 1
 } remat_precision;
 
+/* The most worker threads a runtime takes (remat_config.num_threads,
+ * REMAT_NUM_THREADS). */
+#define REMAT_MAX_THREADS 1024
+
 typedef struct remat_config {
   unsigned set;          /* REMAT_SET_* bits */
   int num_threads;       /* REMAT_NUM_THREADS: 1..1024; default physical cores */

@@ -23,7 +23,7 @@
 /* ---- config.c ---- */
 /* Copies of the strings a configuration points to. */
 typedef struct config_strings {
-  char policy[512];
+  char policy[REMAT_MAX_POLICY_LENGTH + 1];
   char trace[4096];
   char topology[4096];
 } config_strings;

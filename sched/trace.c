@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "base/files.h"
 #include "sched/sched_internal.h"
 
@@ -41,8 +42,8 @@ remat_status sched_trace_write(const sched_pool *pool, const sched_dag *dag,
   remat__replacing r;
   FILE *f = remat__replace_begin(path, &r);
   if (!f) {
-    snprintf(err, SCHED_ERRMSG_MAX, "cannot write trace '%s': %s", path,
-             strerror(errno));
+    snprintf(err, SCHED_ERRMSG_MAX, "cannot write trace '%s': %s",
+             remat__quote(&(remat__quoted){0}, path), strerror(errno));
     return REMAT_ERR_IO;
   }
   fputs("{\"traceEvents\":[", f);
@@ -52,8 +53,8 @@ remat_status sched_trace_write(const sched_pool *pool, const sched_dag *dag,
   fputs("\n]}\n", f);
   int e = remat__replace_end(f, &r);
   if (e != 0) {
-    snprintf(err, SCHED_ERRMSG_MAX, "cannot write trace '%s': %s", path,
-             strerror(e));
+    snprintf(err, SCHED_ERRMSG_MAX, "cannot write trace '%s': %s",
+             remat__quote(&(remat__quoted){0}, path), strerror(e));
     return REMAT_ERR_IO;
   }
   return REMAT_OK;

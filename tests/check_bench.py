@@ -13,12 +13,17 @@ tiny = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32",
         "--batch", "2", "--vocab", "64", "--steps", "3", "--threads", "2"]
 
 
+def not_json(word):
+    """NaN and Infinity are no JSON: the benchmark writes null instead."""
+    raise AssertionError(f"{word} in the JSON output")
+
+
 def run(extra, nlines=1):
     out = subprocess.run([exe] + tiny + extra, check=True, capture_output=True,
                          text=True, timeout=100).stdout
     lines = out.strip().splitlines()
     assert len(lines) == nlines, f"expected {nlines} JSON line(s) on stdout, got {out!r}"
-    rows = [json.loads(line) for line in lines]
+    rows = [json.loads(line, parse_constant=not_json) for line in lines]
     return rows[0] if nlines == 1 else rows
 
 

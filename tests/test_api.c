@@ -581,7 +581,8 @@ static void test_calls_after_compile(void **state) {
   assert_fails(remat_compile(m.g, m.loss, &sgd), REMAT_ERR_STATE,
                "remat_compile: the graph is already compiled");
   assert_fails(remat_keep(m.g, m.h), REMAT_ERR_STATE,
-               "remat_keep: the graph is already compiled");
+               "remat_keep: the graph is already compiled: build every "
+               "tensor before remat_compile");
   /* A compiled graph keeps running after a misplaced building call. */
   assert_int_equal(remat_feed(m.g, m.x, small_x, sizeof small_x), REMAT_OK);
   remat_step_stats st = {.size = sizeof st};
@@ -592,7 +593,9 @@ static void test_calls_after_compile(void **state) {
   m = small_build(rt);
   assert_int_equal(remat_compile(m.g, m.loss, NULL), REMAT_OK);
   assert_null(remat_relu(m.g, m.x));
-  assert_string_equal(remat_last_error(), "relu: the graph is already compiled");
+  assert_string_equal(remat_last_error(), "relu: the graph is already "
+                                          "compiled: build every tensor "
+                                          "before remat_compile");
   remat_graph_destroy(m.g);
 
   m = small_build(rt);

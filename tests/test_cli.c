@@ -4,6 +4,7 @@
  * ends bitwise where a straight one does, and SIGINT or SIGTERM stop a run
  * with a checkpoint (exit 130). The binary's path comes from REMAT_TRAIN
  * (set by tests/meson.build). */
+#include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
@@ -125,6 +126,9 @@ static void expect(const result *r, int code, const char *line) {
   assert_int_equal(r->code, code);
 }
 
+/* remat-train's exit status for a stop without its checkpoint. */
+#define EXIT_UNSAVED 3
+
 #define TINY "--layers", "1", "--d-model", "16", "--heads", "2", "--batch", \
              "8", "--threads", "2"
 
@@ -138,6 +142,52 @@ static void test_bf16_learns(void **state) {
   double acc = json_number(r.out, "exact-match accuracy ");
   print_message("bf16 default run: exact-match accuracy %.1f%%\n", acc);
   assert_true(acc >= 97.0);
+}
+
+/* Messages name remat-train's options, not the library's fields that
+ * they set: the trainer checks what it can before calling the library
+ * (--threads, --vocab, --policy with --budget), and a message only the
+ * library can give has its field names replaced by the options (a
+ * REMAT_POLICY=auto with no --budget names --budget). Values are quoted
+ * (control bytes escaped), and a --policy longer than 511 bytes is taken
+ * (the library takes 64 KiB). */
+static void test_tool_messages(void **state) {
+  (void)state;
+  result r;
+  run(&r, TINY, "--threads", "2000", NULL);
+  expect(&r, 2, "--threads '2000': expected a whole number from 1 to 1024");
+  run(&r, TINY, "--steps", "1", "--policy", "dots_saveable", "--budget",
+      "100MiB", NULL);
+  expect(&r, 2, "--budget picks each block's policy to fit it (as --policy "
+                "auto does), so it does not go with another --policy: drop "
+                "--budget to train with that policy, or give --policy auto");
+  run(&r, TINY, "--steps", "1", "--policy", "auto", NULL);
+  expect(&r, 2, "--policy auto needs --budget BYTES: it picks each block's "
+                "policy to fit that budget");
+  run(&r, "--data", "x", "--data-format", "u16", "--vocab", "1", NULL);
+  expect(&r, 2, "--vocab '1': expected a whole number from 2 to 65536");
+  run(&r, "--layers", "x\033[2J", NULL);
+  expect(&r, 2, "--layers 'x\\x1B[2J': expected a whole number from 1 to "
+                "1000000");
+  setenv("REMAT_POLICY", "auto", 1);
+  run(&r, TINY, "--steps", "1", NULL);
+  unsetenv("REMAT_POLICY");
+  expect(&r, 1, "policy 'auto' needs a memory budget: set --budget");
+  char *zeros = tmp_path("zeros.u16");
+  static const unsigned char none[4096];
+  write_file(zeros, none, sizeof none);
+  run(&r, "--data", zeros, "--data-format", "u16", "--seq", "8", "--steps",
+      "1", NULL);
+  char want[400];
+  snprintf(want, sizeof want, "--data '%s': every token id is 0, so the "
+           "vocabulary (the largest id + 1) would be 1: a model needs at "
+           "least 2 tokens (--vocab N sets it)", zeros);
+  expect(&r, 1, want);
+  static char policy[700] = "save_only_these_names:ffn_act";
+  while (strlen(policy) + 9 < sizeof policy)
+    strcat(policy, ",ffn_act");
+  run(&r, TINY, "--steps", "1", "--policy", policy, NULL);
+  assert_int_equal(r.code, 0);
 }
 
 static void test_usage_errors(void **state) {
@@ -302,9 +352,9 @@ static void test_token_file_errors(void **state) {
   expect(&r, 2, "--vocab needs --data-format u16 (the vocabulary of bytes is "
                 "256, that of the addition task 14)");
   run(&r, "--data", ids, "--data-format", "u16", "--vocab", "65537", NULL);
-  expect(&r, 2, "--vocab '65537': expected a whole number from 1 to 65536");
+  expect(&r, 2, "--vocab '65537': expected a whole number from 2 to 65536");
   run(&r, "--data", ids, "--data-format", "u16", "--vocab", "1000001", NULL);
-  expect(&r, 2, "--vocab '1000001': expected a whole number from 1 to 65536");
+  expect(&r, 2, "--vocab '1000001': expected a whole number from 2 to 65536");
   /* llm.c's magic in a file shorter than its header is not read as ids */
   unsigned char magic[512] = {0x88, 0xd8, 0x34, 0x01, 1, 0, 0, 0, 100};
   write_file(odd, magic, sizeof magic);
@@ -318,7 +368,7 @@ static void test_token_file_errors(void **state) {
            "20240520 but has 4 bytes, fewer than its header of 1024", odd);
   expect(&r, 1, want);
   run(&r, "--data", ids, "--data-format", "u16", "--vocab", "0", NULL);
-  expect(&r, 2, "--vocab '0': expected a whole number from 1 to 65536");
+  expect(&r, 2, "--vocab '0': expected a whole number from 2 to 65536");
 }
 
 /* A token file whose ids are a text's bytes, with --vocab 256, trains
@@ -654,16 +704,23 @@ static void test_checkpoint_errors(void **state) {
   expect(&r, 2, "--optimizer 'adam': expected adamw or sgd");
   run(&r, TINY, "--lr-min", "-1", NULL);
   expect(&r, 2, "--lr-min '-1': expected a number >= 0");
-  /* --save-every writes after step 2: here it cannot (a directory), so
-   * the run stops there. */
+  /* A --save target that cannot be written (a directory, a missing
+   * folder) fails before the first step, not after the run. */
   assert_int_equal(mkdir(sub, 0755), 0);
   run(&r, TINY, "--steps", "5", "--save-every", "2", "--save", sub, "--json",
       NULL);
-  snprintf(want, sizeof want, "remat_save_checkpoint: '%s' is a directory: "
-           "the target must be a regular file or a new name", sub);
+  snprintf(want, sizeof want, "--save '%s' is a directory: --save takes a "
+           "regular file or a new name", sub);
   expect(&r, 1, want);
-  assert_non_null(strstr(r.out, "{\"step\": 2, "));
-  assert_null(strstr(r.out, "{\"step\": 3, "));
+  assert_string_equal(r.out, "");
+  char missing[200];
+  snprintf(missing, sizeof missing, "%s/no-such-folder/x.ckpt", dir);
+  run(&r, TINY, "--steps", "5", "--save", missing, "--json", NULL);
+  snprintf(want, sizeof want, "--save '%s': cannot create a new file beside "
+           "it (No such file or directory): its folder must exist and be "
+           "writable", missing);
+  expect(&r, 1, want);
+  assert_string_equal(r.out, "");
 }
 
 /* The "lr" of each JSON step line, joined by ' '. */
@@ -934,6 +991,28 @@ static pid_t start_training(const char *out, ...) {
   return pid;
 }
 
+/* The number of temporary files of saves (NAME.<16 hex digits>.tmp) in
+ * the test's directory. */
+static int temp_files(void) {
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    size_t len = strlen(e->d_name);
+    n += len > 21 && strcmp(e->d_name + len - 4, ".tmp") == 0 &&
+         e->d_name[len - 21] == '.';
+  }
+  closedir(d);
+  return n;
+}
+
+/* Waits (up to a minute) until a save's temporary file exists. */
+static void wait_for_save(void) {
+  for (int tries = 0; tries < 600000 && temp_files() == 0; tries++)
+    nanosleep(&(struct timespec){.tv_nsec = 100000}, NULL);
+  assert_int_equal(temp_files(), 1);
+}
+
 static int wait_code(pid_t pid) {
   int status;
   assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -960,7 +1039,7 @@ static void test_signals(void **state) {
   for (const char *p = text; (p = strstr(p, "{\"step\": ")) != NULL; p++)
     last = atoi(p + 9);
   snprintf(want, sizeof want, "remat-train: stopped by SIGINT after step %d; "
-           "checkpoint written to %s\n", last, ckpt);
+           "checkpoint written to '%s'\n", last, ckpt);
   assert_string_equal(err, want);
   result r;
   run(&r, TINY, "--steps", "1", "--resume", ckpt, NULL);
@@ -976,10 +1055,67 @@ static void test_signals(void **state) {
                        "--json", "--save", never, NULL);
   assert_int_equal(kill(pid, SIGTERM), 0);
   assert_int_equal(kill(pid, SIGINT), 0); /* a second SIGTERM could merge */
-  assert_int_equal(wait_code(pid), 130);
+  assert_int_equal(wait_code(pid), EXIT_UNSAVED);
   slurp(tmp_path("stderr"), err, sizeof err);
-  assert_string_equal(err, "");
+  /* both pending at once, SIGINT (the lower number) may come first */
+  const char *second = strstr(err, "SIGTERM") != NULL ? "SIGTERM" : "SIGINT";
+  snprintf(want, sizeof want, "remat-train: stopped at once by a second "
+           "%s: no checkpoint written to '%s' (it is as it was)\n", second,
+           never);
+  assert_string_equal(err, want);
   assert_int_equal(access(never, F_OK), -1);
+  assert_int_equal(temp_files(), 0);
+}
+
+/* A model whose checkpoint (weights and AdamW's moments) is about 150 MB,
+ * so that a signal can come while it is written. */
+#define BIG "--layers", "4", "--d-model", "512", "--heads", "8", "--seq", \
+            "16", "--batch", "2", "--threads", "2"
+
+/* A second signal during the stop's save waits for the file to be whole:
+ * the checkpoint is written, no temporary file is left, and stderr says
+ * so; a SIGTERM during the final save (after the last step) stops the run
+ * there, with the checkpoint written. */
+static void test_signal_during_save(void **state) {
+  (void)state;
+  char ckpt[160], out[160], want[512];
+  static char err[1024], text[1 << 16];
+  snprintf(ckpt, sizeof ckpt, "%s/big.ckpt", dir);
+  snprintf(out, sizeof out, "%s/out-big", dir);
+  pid_t pid = start_training(out, BIG, "--steps", "1000000", "--json",
+                             "--save", ckpt, NULL);
+  assert_int_equal(kill(pid, SIGINT), 0);
+  wait_for_save();
+  assert_int_equal(kill(pid, SIGINT), 0);
+  assert_int_equal(wait_code(pid), 130);
+  assert_int_equal(temp_files(), 0);
+  slurp(out, text, sizeof text);
+  int last = 0;
+  for (const char *p = text; (p = strstr(p, "{\"step\": ")) != NULL; p++)
+    last = atoi(p + 9);
+  slurp(tmp_path("stderr"), err, sizeof err);
+  snprintf(want, sizeof want, "remat-train: stopped by SIGINT after step %d; "
+           "checkpoint written to '%s' (a second SIGINT came during the "
+           "save, which was finished first)\n", last, ckpt);
+  assert_string_equal(err, want);
+  assert_int_equal(unlink(ckpt), 0);
+
+  pid = start_training(out, BIG, "--steps", "2", "--json", "--save", ckpt,
+                       NULL);
+  wait_for_save();
+  assert_int_equal(kill(pid, SIGTERM), 0);
+  assert_int_equal(wait_code(pid), 130);
+  assert_int_equal(temp_files(), 0);
+  slurp(tmp_path("stderr"), err, sizeof err);
+  snprintf(want, sizeof want, "remat-train: stopped by SIGTERM after step 2; "
+           "checkpoint written to '%s'\n", ckpt);
+  assert_string_equal(err, want);
+  slurp(out, text, sizeof text);
+  assert_null(strstr(text, "\"done\"")); /* stopped before evaluating */
+  struct stat st;
+  assert_int_equal(stat(ckpt, &st), 0);
+  assert_true(st.st_size > 100000000);
+  assert_int_equal(unlink(ckpt), 0);
 }
 
 /* Each line of `text` starts with "step " and has at most `max` bytes;
@@ -1180,6 +1316,51 @@ static void test_eval_every(void **state) {
   run(&a, TINY, "--steps", "0", "--eval-every", "1", NULL);
   expect(&a, 2, "--eval-every 1 is more than --steps 0: it takes 1 to "
                 "--steps (the end of training is always evaluated)");
+}
+
+/* Weights so large (1e30, finite: a load accepts them) that every logit
+ * overflows: the held-out loss is NaN, which --json writes as null with
+ * the field named in "nonfinite" (JSON has no NaN); and with no training
+ * step the summary's peak memory is the evaluation's, not 0. */
+static void test_json_nonfinite(void **state) {
+  (void)state;
+  remat_gpt_config cfg = {.layers = 1, .d_model = 16, .heads = 2, .seq = 16,
+                          .batch = 8, .vocab = 14};
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS, .num_threads = 1};
+  remat_runtime *rt;
+  remat_graph *g;
+  remat_gpt m;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  assert_int_equal(remat_gpt_build(g, &cfg, &m), REMAT_OK);
+  assert_int_equal(remat_compile(g, m.loss, NULL), REMAT_OK);
+  static float big[16 * 64];
+  for (size_t i = 0; i < sizeof big / sizeof *big; i++)
+    big[i] = 1e30f;
+  for (int i = 0; i < remat_num_params(g); i++) {
+    remat_tensor *p = remat_param_at(g, i);
+    size_t bytes = (size_t)remat_tensor_numel(p) * sizeof(float);
+    assert_true(bytes <= sizeof big);
+    assert_int_equal(remat_write(g, p, big, bytes), REMAT_OK);
+  }
+  char *path = tmp_path("huge.safetensors");
+  assert_int_equal(remat_save_safetensors(g, path), REMAT_OK);
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+  result r;
+  run(&r, TINY, "--steps", "0", "--load", path, "--json", NULL);
+  assert_int_equal(r.code, 0);
+  assert_non_null(strstr(r.out, "{\"done\": true, \"steps\": 0, "
+                                "\"heldout_loss\": null, "));
+  assert_non_null(strstr(r.out, "\"best_heldout_loss\": null, "));
+  assert_non_null(strstr(r.out, ", \"nonfinite\": [\"heldout_loss\", "
+                                "\"best_heldout_loss\"]}\n"));
+  assert_null(strstr(r.out, "nan"));
+  assert_true(json_number(r.out, "\"peak_bytes\": ") > 0.0);
+  run(&r, TINY, "--steps", "0", "--load", path, NULL);
+  assert_int_equal(r.code, 0);
+  assert_null(strstr(r.out, "peak memory 0.0 MiB"));
+  assert_non_null(strstr(r.out, " MiB (evaluation)\n"));
 }
 
 /* Greedy decoding through the library alone: a forward-only GPT of one
@@ -1523,6 +1704,7 @@ static void test_trace_steps(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_usage_errors),
+      cmocka_unit_test(test_tool_messages),
       cmocka_unit_test(test_help_and_version),
       cmocka_unit_test(test_data_errors),
       cmocka_unit_test(test_data_not_a_file),
@@ -1539,6 +1721,8 @@ int main(void) {
       cmocka_unit_test(test_resume_changed_schedule),
       cmocka_unit_test(test_checkpoint_model),
       cmocka_unit_test(test_signals),
+      cmocka_unit_test(test_signal_during_save),
+      cmocka_unit_test(test_json_nonfinite),
       cmocka_unit_test(test_output_streams),
       cmocka_unit_test(test_progress_terminal),
       cmocka_unit_test(test_schedules),
@@ -1549,5 +1733,8 @@ int main(void) {
       cmocka_unit_test(test_sample_out_of_memory),
       cmocka_unit_test(test_bf16_learns),
   };
+  const char *filter = getenv("REMAT_TEST_FILTER"); /* e.g. test_signal* */
+  if (filter != NULL && filter[0] != '\0')
+    cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

@@ -72,11 +72,11 @@ static void test_long_values_quoted(void **state) {
   value[sizeof value - 1] = '\0';
   value[1] = '\n';
   snprintf(want, sizeof want,
-           "REMAT_PRECISION='x\\x0A%.98s...' is not valid: expected f32 or "
+           "REMAT_PRECISION='x\\x0A%.95s...' is not valid: expected f32 or "
            "bf16", value + 2);
   expect_env_error("REMAT_PRECISION", value, want);
   snprintf(want, sizeof want,
-           "REMAT_MEMORY_BUDGET='x\\x0A%.98s...' is not valid: expected a "
+           "REMAT_MEMORY_BUDGET='x\\x0A%.95s...' is not valid: expected a "
            "positive byte size with an optional unit and no space, such as "
            "1.5GiB, 800MB or 4096 (units B, KB, MB, GB, TB, KiB, MiB, GiB, "
            "TiB)", value + 2);

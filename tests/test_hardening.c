@@ -2,7 +2,9 @@
  * program: sizes that would overflow, duplicate parameter names, two
  * threads on one graph, destroy during a step, a step after fork(), a
  * trace that cannot be written after the step succeeded, NaN through the
- * vectorized exp, and memory budgets whose feasibility is monotonic. */
+ * vectorized exp, memory budgets whose feasibility is monotonic, and
+ * output that is what it claims to be: builder calls after compile, names
+ * that are not UTF-8, junk after a header, quoted paths, long policies. */
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <cjson/cJSON.h>
 
 #include "gpt_fixture.h"
 #include "ops/dnnl_util.h"
@@ -415,6 +418,220 @@ static void test_budget_monotonic(void **state) {
   fixture_close(&f);
 }
 
+/* ---- output that is what it claims to be (issue 29, class 7) ---- */
+
+/* A builder call after compile fails alone: NULL (or REMAT_ERR_STATE) and
+ * remat_last_error, while the compiled graph keeps REMAT_OK and steps. */
+static void test_build_after_compile(void **state) {
+  (void)state;
+  remat_runtime *rt = runtime(1);
+  remat_graph *g;
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  int64_t d[1] = {4};
+  remat_tensor *x = remat_param(g, "x", 1, d, REMAT_INIT_ONES, 0.0f);
+  remat_tensor *y = remat_sum(g, x);
+  remat_optimizer sgd = {.kind = REMAT_OPT_SGD, .lr = 0.5f};
+  assert_int_equal(remat_compile(g, y, &sgd), REMAT_OK);
+  assert_null(remat_param(g, "late", 1, d, REMAT_INIT_ONES, 0.0f));
+  assert_string_equal(remat_last_error(),
+                      "remat_param: the graph is already compiled: build "
+                      "every tensor before remat_compile");
+  assert_null(remat_relu(g, x));
+  assert_null(remat_gelu(g, x, (remat_gelu_form)7));
+  assert_int_equal(remat_region_begin(g, NULL), REMAT_ERR_STATE);
+  assert_int_equal(remat_region_end(g), REMAT_ERR_STATE);
+  assert_int_equal(remat_checkpoint_name(g, NULL, "n"), REMAT_ERR_STATE);
+  assert_int_equal(remat_keep(g, x), REMAT_ERR_STATE);
+  remat_gpt m;
+  assert_int_equal(remat_gpt_build(g, &tiny, &m), REMAT_ERR_STATE);
+  assert_string_equal(remat_last_error(),
+                      "remat_gpt_build: the graph is already compiled: build "
+                      "the model before remat_compile");
+  assert_int_equal(remat_graph_status(g), REMAT_OK);
+  remat_step_stats st = {.size = sizeof st};
+  assert_int_equal(remat_step(g, &st), REMAT_OK);
+  float v[4];
+  assert_int_equal(remat_read(g, x, v, sizeof v), REMAT_OK);
+  assert_true(v[0] == 0.5f); /* 1 - 0.5 * d(sum)/dx */
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
+/* The header length and JSON text of a safetensors file (malloc'd). */
+static char *header_of(const char *path, uint64_t *len) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  unsigned char b[8];
+  assert_int_equal(fread(b, 1, 8, f), 8);
+  *len = 0;
+  for (int i = 7; i >= 0; i--)
+    *len = *len << 8 | b[i];
+  char *text = calloc(1, *len + 1);
+  assert_non_null(text);
+  assert_int_equal(fread(text, 1, *len, f), *len);
+  fclose(f);
+  return text;
+}
+
+/* Names are UTF-8 (refused at build otherwise), so the header of every
+ * save is JSON whose names read back as given. */
+static void test_names_utf8(void **state) {
+  (void)state;
+  remat_runtime *rt = runtime(1);
+  remat_graph *g;
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  int64_t d[1] = {2};
+  assert_null(remat_param(g, "w\xff", 1, d, REMAT_INIT_ONES, 0.0f));
+  assert_int_equal(remat_graph_status(g), REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_graph_error(g),
+                      "remat_param: name 'w\\xFF' is not valid UTF-8 (byte "
+                      "\\xFF at offset 1): names must be UTF-8, as the JSON "
+                      "of a safetensors header is");
+  remat_graph_destroy(g);
+  /* overlong '/', a surrogate, a cut sequence, past U+10FFFF */
+  const char *bad[] = {"\xc0\xaf", "a\xed\xa0\x80", "\xe2\x82",
+                       "\xf4\x90\x80\x80"};
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+    assert_null(remat_input(g, bad[i], REMAT_F32, 1, d));
+    assert_non_null(strstr(remat_graph_error(g), "is not valid UTF-8"));
+    remat_graph_destroy(g);
+  }
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  const char *name = "w\xc3\xa9\"\\\t\xf0\x9f\x99\x82"; /* w é " \ tab 🙂 */
+  remat_tensor *w = remat_param(g, name, 1, d, REMAT_INIT_ONES, 0.0f);
+  assert_non_null(w);
+  assert_int_equal(remat_compile(g, remat_sum(g, w), NULL), REMAT_OK);
+  char path[160];
+  snprintf(path, sizeof path, "%s/utf8.safetensors", dir);
+  assert_int_equal(remat_save_safetensors(g, path), REMAT_OK);
+  uint64_t len;
+  char *text = header_of(path, &len);
+  cJSON *root = cJSON_Parse(text);
+  assert_non_null(root);
+  assert_non_null(cJSON_GetObjectItemCaseSensitive(root, name));
+  cJSON_Delete(root);
+  free(text);
+  assert_int_equal(remat_load_safetensors(g, path), REMAT_OK);
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
+/* Bytes after the header's JSON object other than its padding are refused
+ * on load, and the parameters keep their values. */
+static void test_header_junk(void **state) {
+  (void)state;
+  remat_runtime *rt = runtime(1);
+  remat_graph *g;
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  int64_t d[1] = {2};
+  remat_tensor *w = remat_param(g, "w", 1, d, REMAT_INIT_ONES, 0.0f);
+  assert_int_equal(remat_compile(g, remat_sum(g, w), NULL), REMAT_OK);
+  char path[160];
+  snprintf(path, sizeof path, "%s/junk.safetensors", dir);
+  const char json[] = "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],"
+                      "\"data_offsets\":[0,8]}}  x     ";
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  unsigned char len[8] = {sizeof json - 1};
+  float data[2] = {3.0f, 4.0f};
+  fwrite(len, 1, 8, f);
+  fwrite(json, 1, sizeof json - 1, f);
+  fwrite(data, sizeof data, 1, f);
+  fclose(f);
+  assert_int_equal(remat_load_safetensors(g, path), REMAT_ERR_IO);
+  char want[480];
+  snprintf(want, sizeof want, "remat_load_safetensors: '%s': the header's "
+           "JSON object ends at byte %zu of %zu, and byte %zu after it is "
+           "not whitespace: the header must be the object padded with "
+           "spaces", path, sizeof json - 9, sizeof json - 1,
+           sizeof json - 7);
+  assert_string_equal(remat_last_error(), want);
+  float v[2];
+  assert_int_equal(remat_read(g, w, v, sizeof v), REMAT_OK);
+  assert_true(v[0] == 1.0f && v[1] == 1.0f);
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
+/* A path and a tensor name of control bytes are quoted in at most 100
+ * bytes each, so the words after them are whole (quoted as 4 bytes per
+ * byte, 100 bytes of each took 800 of the message's 511). */
+static void test_quoted_path_keeps_cause(void **state) {
+  (void)state;
+  remat_runtime *rt = runtime(1);
+  remat_graph *g;
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  int64_t d[1] = {2};
+  remat_tensor *w = remat_param(g, "w", 1, d, REMAT_INIT_ONES, 0.0f);
+  assert_int_equal(remat_compile(g, remat_sum(g, w), NULL), REMAT_OK);
+  char path[256], json[1024] = "{\"";
+  int n = snprintf(path, sizeof path, "%s/", dir);
+  memset(path + n, '\x01', 100);
+  path[n + 100] = '\0';
+  for (int i = 0; i < 100; i++)
+    strcat(json, "\\u0001");
+  strcat(json, "\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}");
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  unsigned char len[8] = {(unsigned char)strlen(json),
+                          (unsigned char)(strlen(json) >> 8)};
+  float data[2] = {3.0f, 4.0f};
+  fwrite(len, 1, 8, f);
+  fwrite(json, 1, strlen(json), f);
+  fwrite(data, sizeof data, 1, f);
+  fclose(f);
+  assert_int_equal(remat_load_safetensors(g, path), REMAT_ERR_SHAPE);
+  const char *msg = remat_last_error(), *tail = "...' is not a parameter of "
+                                                "the model";
+  assert_true(strlen(msg) > strlen(tail));
+  assert_string_equal(msg + strlen(msg) - strlen(tail), tail);
+  assert_true(strlen(msg) <= strlen("remat_load_safetensors: '") + 103 +
+                                    strlen("': tensor '") + 103 +
+                                    strlen(tail) - 3);
+  unlink(path);
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
+/* The library takes policies of up to REMAT_MAX_POLICY_LENGTH bytes from
+ * remat_config (it copied at most 511), and a topology file that hwloc
+ * cannot load is named with its variable. */
+static void test_config_strings(void **state) {
+  (void)state;
+  char *policy = malloc(REMAT_MAX_POLICY_LENGTH + 2);
+  assert_non_null(policy);
+  strcpy(policy, "save_only_these_names:a");
+  size_t n = strlen(policy);
+  while (n + 2 <= REMAT_MAX_POLICY_LENGTH) {
+    memcpy(policy + n, ",a", 3);
+    n += 2;
+  }
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY,
+                     .num_threads = 1, .policy = policy};
+  remat_runtime *rt = NULL;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  remat_runtime_destroy(rt);
+  free(policy);
+  char xml[160];
+  snprintf(xml, sizeof xml, "%s/empty.xml", dir);
+  FILE *f = fopen(xml, "w");
+  assert_non_null(f);
+  fputs("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE topology "
+        "SYSTEM \"hwloc2.dtd\">\n<topology version=\"2.0\">\n</topology>\n",
+        f);
+  fclose(f);
+  setenv("REMAT_TOPOLOGY", xml, 1);
+  rc = (remat_config){.set = REMAT_SET_NUM_THREADS, .num_threads = 1};
+  remat_status s = remat_runtime_create(&rc, &rt);
+  unsetenv("REMAT_TOPOLOGY");
+  assert_int_equal(s, REMAT_ERR_CONFIG);
+  char want[256];
+  snprintf(want, sizeof want, "REMAT_TOPOLOGY='%s' is not valid: hwloc "
+           "cannot load the topology it describes", xml);
+  assert_memory_equal(remat_last_error(), want, strlen(want));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_huge_inputs),
@@ -427,6 +644,11 @@ int main(void) {
       cmocka_unit_test(test_trace_failure_after_step),
       cmocka_unit_test(test_expf_nonfinite),
       cmocka_unit_test(test_budget_monotonic),
+      cmocka_unit_test(test_build_after_compile),
+      cmocka_unit_test(test_names_utf8),
+      cmocka_unit_test(test_header_junk),
+      cmocka_unit_test(test_quoted_path_keeps_cause),
+      cmocka_unit_test(test_config_strings),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

@@ -1,8 +1,10 @@
 /* Tests of remat-train's pieces that its output does not show: option
  * defaults (batch and seq with and without --data), the split of a text
  * or token file (training windows never read held-out tokens; held-out
- * evaluation starts where training ends), and the fields the progress
- * line keeps as the width shrinks. */
+ * evaluation starts where training ends), the fields the progress
+ * line keeps as the width shrinks, and the numbers of --json (NaN and
+ * infinities as null, named in "nonfinite"). */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,7 @@
 #include <cmocka.h>
 
 #include "tmpdir.h"
+#include "tools/json_out.h"
 #include "tools/train.h"
 
 static int parse(train_options *o, int argc, const char **argv) {
@@ -142,6 +145,21 @@ static void test_progress_eval(void **state) {
                             "| ETA 1m05s");
 }
 
+static void test_json_numbers(void **state) {
+  (void)state;
+  json_nulls nulls = {0};
+  json_text a, b, c, d;
+  assert_string_equal(json_num(&nulls, &a, "loss", "%.6f", 0.5), "0.500000");
+  assert_string_equal(json_nonfinite(&nulls), "");
+  assert_string_equal(json_num(&nulls, &b, "loss", "%.6f", NAN), "null");
+  assert_string_equal(json_num(&nulls, &c, "norm", "%.6g", -NAN), "null");
+  assert_string_equal(json_num(&nulls, &d, "peak", "%.1f", -INFINITY),
+                      "null");
+  assert_string_equal(a.text, "0.500000"); /* each number keeps its text */
+  assert_string_equal(json_nonfinite(&nulls),
+                      ", \"nonfinite\": [\"loss\", \"norm\", \"peak\"]");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_batch_and_seq_defaults),
@@ -149,6 +167,7 @@ int main(void) {
       cmocka_unit_test(test_text_split),
       cmocka_unit_test(test_u16_split),
       cmocka_unit_test(test_progress_eval),
+      cmocka_unit_test(test_json_numbers),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

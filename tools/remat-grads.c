@@ -2,11 +2,13 @@
  * gradients of one batch and the batch itself, so that another framework
  * (benchmarks/compare_torch.py --check) can recompute the loss and the
  * gradients from the same weights and data and compare them. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "remat.h"
 #include "remat_gpt.h"
 
@@ -77,7 +79,8 @@ static int parse(int argc, char **argv, grad_options *o) {
                                       : REMAT_PRECISION_F32;
       continue;
     }
-    fprintf(stderr, "remat-grads: bad option '%s'\n", argv[optind - 1]);
+    fprintf(stderr, "remat-grads: bad option '%s'\n",
+            remat__quote(&(remat__quoted){0}, argv[optind - 1]));
     return 0;
   }
   if (optind + 1 != argc) {
@@ -108,7 +111,9 @@ static int write_batch(const char *path, const int32_t *tok,
   if (f != NULL && fclose(f) != 0)
     ok = 0;
   if (!ok)
-    fprintf(stderr, "remat-grads: cannot write '%s'\n", path);
+    fprintf(stderr, "remat-grads: cannot write '%s': %s\n",
+            remat__quote(&(remat__quoted){0}, path),
+            strerror(errno));
   return ok;
 }
 

@@ -11,7 +11,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "tools/dp_tool.h"
+#include "tools/json_out.h"
 #include "tools/train.h"
 
 typedef struct trainer {
@@ -62,6 +64,13 @@ static int open_model(trainer *t) {
   }
   remat_optimizer opt = {.kind = o->optimizer, .lr = o->lr,
                          .weight_decay = o->wd};
+  /* under mpirun, rank N > 0 traces to --trace's path + ".rankN", as
+   * REMAT_TRACE does (dp_tool.h), so that ranks do not share one file */
+  char trace[4200] = "";
+  if (o->trace_path != NULL && dp_tool_rank() > 0)
+    snprintf(trace, sizeof trace, "%s.rank%d", o->trace_path, dp_tool_rank());
+  else if (o->trace_path != NULL)
+    snprintf(trace, sizeof trace, "%s", o->trace_path);
   if (remat_runtime_create(&rc, &t->rt) != REMAT_OK ||
       remat_graph_create(t->rt, &t->g) != REMAT_OK ||
       remat_graph_seed(t->g, o->seed) != REMAT_OK ||
@@ -70,7 +79,7 @@ static int open_model(trainer *t) {
       remat_compile(t->g, t->m.loss, &opt) != REMAT_OK ||
       remat_set_clip(t->g, o->clip) != REMAT_OK ||
       (o->trace_path != NULL &&
-       remat_trace_steps(t->g, o->trace_path, o->trace_steps) != REMAT_OK))
+       remat_trace_steps(t->g, trace, o->trace_steps) != REMAT_OK))
     return fail("");
   if (o->load_path != NULL && remat_load_safetensors(t->g, o->load_path))
     return fail("");
@@ -141,9 +150,13 @@ static void note_eval(trainer *t, int step, const eval_result *r,
   }
   char acc[32];
   if (t->o.json && print) {
-    printf("{\"eval_step\": %d, \"heldout_loss\": %.6f, \"accuracy\": %s, "
-           "\"eval_s\": %.3f}\n", step, r->heldout_loss,
+    json_nulls nulls = {0};
+    json_text loss;
+    json_num(&nulls, &loss, "heldout_loss", "%.6f", r->heldout_loss);
+    printf("{\"eval_step\": %d, \"heldout_loss\": %s, \"accuracy\": %s, "
+           "\"eval_s\": %.3f", step, loss.text,
            json_accuracy(acc, r->accuracy), seconds);
+    printf("%s}\n", json_nonfinite(&nulls));
     fflush(stdout);
   }
 }
@@ -193,6 +206,48 @@ static int train_step(trainer *t, int step, remat_step_stats *st) {
   return 0;
 }
 
+/* Writes the --save checkpoint after `done` steps (on rank 0), with a
+ * second signal held off until the file is whole (train_signals.c). */
+static remat_status save_now(trainer *t, int done) {
+  const train_options *o = &t->o;
+  if (o->save_path == NULL || dp_tool_rank() != 0)
+    return REMAT_OK;
+  signals_writing(1);
+  remat_status s = checkpoint_save(t->rt, t->g, o, o->save_path, done, t->data);
+  signals_writing(0);
+  return s;
+}
+
+static const char *signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : "SIGTERM";
+}
+
+/* The stop that signal `sig` asked for after `done` steps, once its
+ * checkpoint is written (saved 1) or failed (saved 0): the line on stderr
+ * and the exit status, EXIT_SIGNAL or EXIT_SIGNAL_UNSAVED. */
+static int stopped(trainer *t, int sig, int done, int saved) {
+  const train_options *o = &t->o;
+  remat__quoted q;
+  const char *path = o->save_path != NULL ? remat__quote(&q, o->save_path)
+                                          : NULL;
+  char second[96] = "";
+  if (signals_second() != 0)
+    snprintf(second, sizeof second, " (a second %s came during the save, "
+             "which was finished first)", signal_name(signals_second()));
+  if (t->tty)
+    fputc('\n', stderr); /* end the progress line first */
+  if (!saved) {
+    fprintf(stderr, "remat-train: stopped by %s after step %d: no checkpoint "
+            "written: %s\n", signal_name(sig), done, train_last_error());
+    return EXIT_SIGNAL_UNSAVED;
+  }
+  fprintf(stderr, "remat-train: stopped by %s after step %d%s%s%s%s\n",
+          signal_name(sig), done,
+          path != NULL ? "; checkpoint written to '" : "",
+          path != NULL ? path : "", path != NULL ? "'" : "", second);
+  return EXIT_SIGNAL;
+}
+
 /* After a step: a checkpoint every --save-every steps, and the stop that
  * a signal asked for (with a last checkpoint). Returns 0 to go on. */
 static int after_step(trainer *t, int done) {
@@ -201,19 +256,10 @@ static int after_step(trainer *t, int done) {
   if (sig == 0 && (o->save_every == 0 || done % o->save_every != 0 ||
                    done == o->steps))
     return 0;
-  if (o->save_path != NULL && dp_tool_rank() == 0 &&
-      checkpoint_save(t->rt, t->g, o, o->save_path, done, t->data) !=
-          REMAT_OK)
-    return fail("");
-  if (sig == 0)
-    return 0;
-  if (t->tty)
-    fputc('\n', stderr); /* end the progress line first */
-  fprintf(stderr, "remat-train: stopped by %s after step %d%s%s\n",
-          sig == SIGINT ? "SIGINT" : "SIGTERM", done,
-          o->save_path != NULL ? "; checkpoint written to " : "",
-          o->save_path != NULL ? o->save_path : "");
-  return EXIT_SIGNAL;
+  remat_status s = save_now(t, done);
+  if (sig != 0)
+    return stopped(t, sig, done, s == REMAT_OK);
+  return s == REMAT_OK ? 0 : fail("");
 }
 
 static int train(trainer *t) {
@@ -221,10 +267,14 @@ static int train(trainer *t) {
   size_t n = (size_t)o->accum * (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   int tty = t->tty = isatty(STDERR_FILENO) && !o->json, rc = 0;
   double start = now(), last_draw = 0.0;
-  signals_catch(1);
   for (int step = t->first_step; step < o->steps && rc == 0; step++) {
     remat_step_stats st = {.size = sizeof st};
-    if (train_step(t, step, &st)) {
+    /* a traced step writes the trace file: a second signal waits for it */
+    signals_writing(o->trace_path != NULL &&
+                    step - t->first_step < o->trace_steps);
+    int failed = train_step(t, step, &st);
+    signals_writing(0);
+    if (failed) {
       if (tty && step > t->first_step)
         fputc('\n', stderr); /* end the progress line first */
       rc = fail("");
@@ -234,12 +284,17 @@ static int train(trainer *t) {
       t->peak_bytes = st.peak_bytes;
     double elapsed = now() - start;
     if (o->json) {
-      printf("{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"step_s\": %.6f, "
+      json_nulls nulls = {0};
+      json_text loss, norm;
+      json_num(&nulls, &loss, "loss", "%.6f", st.loss);
+      json_num(&nulls, &norm, "grad_norm", "%.6g", st.grad_norm);
+      printf("{\"step\": %d, \"loss\": %s, \"lr\": %.6g, \"step_s\": %.6f, "
              "\"tokens_per_s\": %.1f, \"peak_bytes\": %lld, "
-             "\"grad_norm\": %.6g, \"elapsed_s\": %.3f}\n",
-             step + 1, st.loss, train_lr_at(o, step), st.seconds,
+             "\"grad_norm\": %s, \"elapsed_s\": %.3f",
+             step + 1, loss.text, train_lr_at(o, step), st.seconds,
              st.seconds > 0.0 ? (double)n / st.seconds : 0.0,
-             (long long)st.peak_bytes, st.grad_norm, elapsed);
+             (long long)st.peak_bytes, norm.text, elapsed);
+      printf("%s}\n", json_nonfinite(&nulls));
       fflush(stdout); /* a line as soon as its step is done */
     }
     if ((rc = evaluate_during(t, step + 1)) != 0)
@@ -252,7 +307,6 @@ static int train(trainer *t) {
     }
     rc = after_step(t, step + 1);
   }
-  signals_catch(0);
   return rc;
 }
 
@@ -268,23 +322,35 @@ static int report(trainer *t, double wall) {
   note_eval(t, o->steps, &r, now() - start, o->eval_every > 0 &&
             o->steps % o->eval_every == 0 && o->steps > t->first_step);
   char peak[32], acc[32];
-  format_bytes(peak, sizeof peak, t->peak_bytes);
+  /* with no step in this run (--steps 0, or --resume at --steps), the
+   * peak is the evaluation's */
+  int64_t peak_bytes = t->peak_bytes > 0 ? t->peak_bytes : r.peak_bytes;
+  format_bytes(peak, sizeof peak, peak_bytes);
   if (o->json) {
     char dp_json[1024];
     dp_tool_json(t->g, dp_json, sizeof dp_json); /* collective under MPI */
-    printf("{\"done\": true, \"steps\": %d, \"heldout_loss\": %.6f, "
+    json_nulls nulls = {0};
+    json_text loss, best;
+    json_num(&nulls, &loss, "heldout_loss", "%.6f", r.heldout_loss);
+    json_num(&nulls, &best, "best_heldout_loss", "%.6f", t->best_loss);
+    printf("{\"done\": true, \"steps\": %d, \"heldout_loss\": %s, "
            "\"accuracy\": %s, \"best_step\": %d, \"best_heldout_loss\": "
-           "%.6f, \"peak_bytes\": %lld, \"wall_s\": %.3f%s}\n",
-           o->steps, r.heldout_loss, json_accuracy(acc, r.accuracy),
-           t->best_step, t->best_loss, (long long)t->peak_bytes, wall,
-           dp_json);
+           "%s, \"peak_bytes\": %lld, \"wall_s\": %.3f%s",
+           o->steps, loss.text, json_accuracy(acc, r.accuracy),
+           t->best_step, best.text, (long long)peak_bytes, wall, dp_json);
+    printf("%s}\n", json_nonfinite(&nulls));
     return 0;
   }
+  /* The addition task's held-out loss covers the answer tokens alone; the
+   * training loss of the progress line covers every token, the random
+   * operands too, so the two are not comparable. */
   printf("held-out loss %.4f", r.heldout_loss);
   if (r.accuracy >= 0.0)
-    printf(", exact-match accuracy %.1f%% (%d problems)", 100.0 * r.accuracy,
-           r.problems);
-  printf("; %d steps in %.1f s, peak memory %s\n", o->steps, wall, peak);
+    printf(" (answer tokens; the training loss counts every token), "
+           "exact-match accuracy %.1f%% (%d problems)",
+           100.0 * r.accuracy, r.problems);
+  printf("; %d steps in %.1f s, peak memory %s%s\n", o->steps, wall, peak,
+         t->peak_bytes > 0 ? "" : " (evaluation)");
   if (o->eval_every > 0)
     printf("best held-out loss %.4f at step %d (evaluated every %d steps)\n",
            t->best_loss, t->best_step, o->eval_every);
@@ -315,6 +381,12 @@ static int run(trainer *t) {
   if (o->prompt != NULL)
     return sample_run(o, t->data);
   double start = now();
+  if (outputs_check(o, dp_tool_rank(), err, sizeof err) != 0) {
+    fprintf(stderr, "remat-train: %s\n", err);
+    return EXIT_RUNTIME;
+  }
+  signals_prepare(o->save_path, isatty(STDERR_FILENO) && !o->json);
+  signals_catch(1); /* from here to the last save: train_signals.c */
   rc = open_model(t);
   if (rc == 0 && dataset_shard(t->data, o->cfg.seq, dp_tool_rank(),
                                dp_tool_size(), err, sizeof err) != 0) {
@@ -324,10 +396,12 @@ static int run(trainer *t) {
   if (rc == 0)
     rc = train(t);
   /* Saved before evaluating, so that no later error loses the training. */
-  if (rc == 0 && o->save_path != NULL && dp_tool_rank() == 0 &&
-      checkpoint_save(t->rt, t->g, o, o->save_path, o->steps, t->data) !=
-          REMAT_OK)
-    rc = fail("");
+  if (rc == 0 && save_now(t, o->steps) != REMAT_OK)
+    rc = signals_stop() != 0 ? stopped(t, signals_stop(), o->steps, 0)
+                             : fail("");
+  else if (rc == 0 && signals_stop() != 0) /* it came during the save */
+    rc = stopped(t, signals_stop(), o->steps, 1);
+  signals_catch(0);
   if (rc == 0)
     rc = report(t, now() - start);
   return rc;

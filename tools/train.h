@@ -13,8 +13,12 @@
 /* Exit codes: 2 for a bad command line, 1 for a failure while running. */
 #define EXIT_USAGE 2
 #define EXIT_RUNTIME 1
-/* Stopped by SIGINT or SIGTERM (128 + SIGINT, as a shell reports it). */
+/* Stopped by SIGINT or SIGTERM after a whole step, with the --save
+ * checkpoint of that step written (128 + SIGINT, as a shell reports it). */
 #define EXIT_SIGNAL 130
+/* Stopped by a signal without the checkpoint that stop was to write: a
+ * second signal during a step, or the stop's save failed. */
+#define EXIT_SIGNAL_UNSAVED 3
 
 typedef enum train_schedule {
   SCHEDULE_COSINE = 0,
@@ -181,12 +185,30 @@ remat_status checkpoint_save(remat_runtime *rt, remat_graph *g,
 int checkpoint_resume(remat_graph *g, const train_options *o, dataset *d,
                       int *step);
 
-/* ---- signals (train_state.c) ---- */
+/* ---- signals (train_signals.c) ---- */
 
+/* Prepares the words a second signal prints: that no checkpoint was
+ * written (to `save_path`, the --save target, when not NULL), after a
+ * newline that ends the progress line when `tty`. */
+void signals_prepare(const char *save_path, int tty);
 /* Catches SIGINT and SIGTERM (on 1) or restores their default (on 0). */
 void signals_catch(int on);
+/* On 1, a file is being written: a second signal waits until signals_writing
+ * (0), so that the file is whole or gone; signals_second then tells it. */
+void signals_writing(int on);
 /* The signal that asked the run to stop, 0 if none. */
 int signals_stop(void);
+/* A second signal that came while a file was written, 0 if none. */
+int signals_second(void);
+
+/* ---- output files (train_outputs.c) ---- */
+
+/* Checks before the first step that rank `rank` can write the files the
+ * options name (--save: a regular file or a new name, in a folder where a
+ * new file can be made). Returns 0, or -1 with a one-line message in
+ * `err` that names the option. */
+int outputs_check(const train_options *o, int rank, char *err,
+                  size_t err_len);
 
 /* ---- the progress line (train_progress.c) ---- */
 
@@ -214,13 +236,20 @@ void progress_format(char *out, size_t len, int width,
  * the message that train_last_error gives and returns
  * REMAT_ERR_OUT_OF_MEMORY (the library's message would be stale). */
 remat_status train_out_of_memory(const char *what, size_t bytes);
-/* The message of the last failure: remat-train's own, else the library's. */
+/* The message of the last failure: remat-train's own, else the library's
+ * in remat-train's words (train_message). */
 const char *train_last_error(void);
+/* A library message with the library's names of what an option sets
+ * (remat_config.num_threads, REMAT_MEMORY_BUDGET, ...) replaced by the
+ * option (--threads, --budget, ...), in a buffer valid until the next
+ * call (train_messages.c). */
+const char *train_message(const char *message);
 
 typedef struct eval_result {
   double heldout_loss; /* mean cross-entropy on held-out answer/text tokens */
   double accuracy;     /* exact-match on held-out problems; -1 for text */
   int problems;
+  int64_t peak_bytes;  /* the evaluation graph's peak (its forward passes) */
 } eval_result;
 
 /* The forward-only graph that evaluation runs on. */

@@ -10,7 +10,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "tools/train.h"
+
+/* A path as messages show it (base/error.h: escaped, at most 100 bytes). */
+#define QUOTED(path) remat__quote(&(remat__quoted){0}, (path))
 
 enum { BINARY_CHECK = 1 << 16 }; /* bytes looked at to tell a text file */
 #define DATA_MAX ((size_t)1 << 30) /* the most --data reads */
@@ -93,13 +97,13 @@ static int open_data(const char *path, char *err, size_t err_len) {
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* no FIFO wait */
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0) {
-    snprintf(err, err_len, "--data '%s': %s", path, strerror(errno));
+    snprintf(err, err_len, "--data '%s': %s", QUOTED(path), strerror(errno));
   } else if (!S_ISREG(st.st_mode)) {
     snprintf(err, err_len, "--data '%s' is %s: --data takes a regular file "
-             "(or - for standard input)", path, file_kind(st.st_mode));
+             "(or - for standard input)", QUOTED(path), file_kind(st.st_mode));
   } else if ((uint64_t)st.st_size > DATA_MAX) {
     snprintf(err, err_len, "--data '%s' has %lld bytes, more than the limit "
-             "of 1 GiB", path, (long long)st.st_size);
+             "of 1 GiB", QUOTED(path), (long long)st.st_size);
   } else {
     return fd;
   }
@@ -125,7 +129,7 @@ static unsigned char *read_data(int fd, const char *path, int text,
       buf = grown;
     }
     if (buf == NULL) {
-      snprintf(err, err_len, "--data '%s': out of memory", path);
+      snprintf(err, err_len, "--data '%s': out of memory", QUOTED(path));
       return NULL;
     }
     ssize_t got = read(fd, buf + n, cap - n);
@@ -136,13 +140,13 @@ static unsigned char *read_data(int fd, const char *path, int text,
     size_t before = n;
     n += got > 0 ? (size_t)got : 0;
     if ((bad = got < 0))
-      snprintf(err, err_len, "--data '%s': %s", path, strerror(errno));
+      snprintf(err, err_len, "--data '%s': %s", QUOTED(path), strerror(errno));
     else if ((bad = text && before < BINARY_CHECK && n >= BINARY_CHECK &&
                     looks_binary(buf, (int64_t)n)))
-      snprintf(err, err_len, "--data '%s' %s", path, NOT_TEXT);
+      snprintf(err, err_len, "--data '%s' %s", QUOTED(path), NOT_TEXT);
     else if ((bad = n > DATA_MAX))
       snprintf(err, err_len, "--data '%s' has more than the limit of 1 GiB",
-               path);
+               QUOTED(path));
   }
   if (bad) {
     free(buf);
@@ -162,7 +166,7 @@ static unsigned char *load(const char *path, int text, int64_t *len,
   if (fd != STDIN_FILENO)
     close(fd);
   if (data != NULL && *len == 0) {
-    snprintf(err, err_len, "--data '%s' is empty", path);
+    snprintf(err, err_len, "--data '%s' is empty", QUOTED(path));
     free(data);
     data = NULL;
   }
@@ -176,14 +180,14 @@ static int split(dataset *d, const char *path, int seq, const char *unit,
   int64_t window = (int64_t)seq + 1, tail = d->len / 10;
   if (d->len < window) {
     snprintf(err, err_len, "--seq %d is longer than the data: '%s' has %lld "
-             "%s, at least %lld are needed", seq, path, (long long)d->len,
-             unit, (long long)window);
+             "%s, at least %lld are needed", seq, QUOTED(path),
+             (long long)d->len, unit, (long long)window);
     return -1;
   }
   if (tail < window) {
     snprintf(err, err_len, "--data '%s' has %lld %s, too few for a held-out "
              "split: its last tenth must hold --seq + 1 = %lld, so at least "
-             "%lld are needed", path, (long long)d->len, unit,
+             "%lld are needed", QUOTED(path), (long long)d->len, unit,
              (long long)window, (long long)(10 * window));
     return -1;
   }
@@ -216,7 +220,7 @@ dataset *dataset_text(const char *path, int seq, char *err, size_t err_len) {
   int64_t len = 0;
   unsigned char *text = load(path, 1, &len, err, err_len);
   if (text != NULL && looks_binary(text, len)) {
-    snprintf(err, err_len, "--data '%s' %s", path, NOT_TEXT);
+    snprintf(err, err_len, "--data '%s' %s", QUOTED(path), NOT_TEXT);
     free(text);
     text = NULL;
   }
@@ -244,14 +248,14 @@ static int64_t llmc_header(const unsigned char *raw, int64_t bytes,
   if (bytes < HEADER)
     snprintf(err, err_len, "--data '%s' starts with llm.c's magic number "
              "20240520 but has %lld bytes, fewer than its header of 1024",
-             path, (long long)bytes);
+             QUOTED(path), (long long)bytes);
   else if (version != 1)
     snprintf(err, err_len, "--data '%s' has llm.c's header of version %lld: "
-             "--data-format u16 reads version 1 (uint16 tokens)", path,
+             "--data-format u16 reads version 1 (uint16 tokens)", QUOTED(path),
              (long long)version);
   else if (tokens < 0 || bytes - HEADER != 2 * tokens)
     snprintf(err, err_len, "--data '%s' has llm.c's header for %lld tokens, "
-             "but %lld bytes follow it", path, (long long)tokens,
+             "but %lld bytes follow it", QUOTED(path), (long long)tokens,
              (long long)(bytes - HEADER));
   else
     return HEADER;
@@ -273,7 +277,8 @@ dataset *dataset_u16_bytes(unsigned char *raw, int64_t bytes,
   int64_t skip = llmc_header(raw, bytes, path, err, err_len);
   if (skip == 0 && bytes % 2 != 0)
     snprintf(err, err_len, "--data '%s' has %lld bytes, an odd number: "
-             "--data-format u16 takes 2-byte tokens", path, (long long)bytes);
+             "--data-format u16 takes 2-byte tokens", QUOTED(path),
+             (long long)bytes);
   if (skip < 0 || bytes % 2 != 0) {
     free(raw);
     return NULL;
@@ -290,11 +295,19 @@ dataset *dataset_u16_bytes(unsigned char *raw, int64_t bytes,
     largest = id > largest ? id : largest;
     if (vocab > 0 && id >= vocab) {
       snprintf(err, err_len, "--data '%s': token id %d at position %lld is "
-               "outside --vocab %d (ids 0 to %d)", path, id, (long long)i,
+               "outside --vocab %d (ids 0 to %d)", QUOTED(path), id,
+               (long long)i,
                vocab, vocab - 1);
       free(raw);
       return NULL;
     }
+  }
+  if (vocab == 0 && largest == 0 && len > 0) {
+    snprintf(err, err_len, "--data '%s': every token id is 0, so the "
+             "vocabulary (the largest id + 1) would be 1: a model needs at "
+             "least 2 tokens (--vocab N sets it)", QUOTED(path));
+    free(raw);
+    return NULL;
   }
   return file_dataset(NULL, ids, len, vocab > 0 ? vocab : largest + 1, path,
                       seq, err, err_len);

@@ -19,7 +19,7 @@ remat_status train_out_of_memory(const char *what, size_t bytes) {
 }
 
 const char *train_last_error(void) {
-  return own_error[0] != '\0' ? own_error : remat_last_error();
+  return own_error[0] != '\0' ? own_error : train_message(remat_last_error());
 }
 
 struct eval_model {
@@ -29,6 +29,7 @@ struct eval_model {
   int32_t *tokens;    /* [batch, seq] */
   int32_t *zeros;     /* [batch, seq]: unused targets */
   float *logits;      /* [batch, seq, vocab] */
+  int64_t peak_bytes; /* the highest peak of its forward passes */
 };
 
 void evaluator_close(eval_model *e) {
@@ -94,8 +95,11 @@ static remat_status eval_open(eval_model *e, remat_runtime *rt,
 static remat_status eval_forward(eval_model *e) {
   size_t n = (size_t)e->batch * (size_t)e->seq;
   remat_status s = remat_feed(e->g, e->m.tokens, e->tokens, n * sizeof(int32_t));
+  remat_step_stats st = {.size = sizeof st};
   if (s == REMAT_OK)
-    s = remat_forward(e->g, NULL);
+    s = remat_forward(e->g, &st);
+  if (s == REMAT_OK && st.peak_bytes > e->peak_bytes)
+    e->peak_bytes = st.peak_bytes;
   if (s == REMAT_OK)
     s = remat_read(e->g, e->m.logits, e->logits,
                    n * (size_t)e->vocab * sizeof(float));
@@ -297,5 +301,6 @@ remat_status evaluate(eval_model *e, remat_graph *train, dataset *d,
     if (s == REMAT_OK && out != NULL)
       s = text_sample(e, d, out);
   }
+  r->peak_bytes = e->peak_bytes;
   return s;
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "tools/train.h"
 
 static void usage(FILE *f) {
@@ -56,17 +57,23 @@ static void usage(FILE *f) {
 "                   activation memory; default 1)\n"
 "  --clip X         clip the gradient to global L2 norm X (default: off)\n"
 "  --policy P       remat policy of every block, e.g. nothing_saveable,\n"
-"                   dots_saveable, everything_saveable, auto\n"
-"  --budget BYTES   budget for the step's peak memory, e.g. 64MiB; the\n"
-"                   evaluation graph must fit it too (checked before the\n"
-"                   first step)\n"
-"  --threads N      worker threads (default: REMAT_NUM_THREADS or cores)\n"
+"                   dots_saveable, everything_saveable, auto (which needs\n"
+"                   --budget)\n"
+"  --budget BYTES   budget for the step's peak memory, e.g. 64MiB: each\n"
+"                   block gets the policy that fits it with the least\n"
+"                   recompute (--policy auto; another --policy is refused\n"
+"                   with --budget); the evaluation graph must fit it too\n"
+"                   (checked before the first step)\n"
+"  --threads N      worker threads, 1 to 1024 (default: REMAT_NUM_THREADS\n"
+"                   or cores)\n"
 "  --seed N         seed of the weights, the data and the draws of\n"
 "                   --prompt (default 1)\n"
 "  --save FILE      write a checkpoint (safetensors: the weights, the\n"
 "                   optimizer state, the step and the data position) after\n"
 "                   training, before evaluation, and on SIGINT or SIGTERM;\n"
-"                   FILE is replaced whole or not at all\n"
+"                   FILE is replaced whole or not at all; checked before\n"
+"                   the first step (a regular file or a new name in a\n"
+"                   writable folder)\n"
 "  --save-every N   also write the --save checkpoint every N steps\n"
 "  --load FILE      start from the weights in FILE (safetensors or a\n"
 "                   checkpoint), with a fresh optimizer; a checkpoint\n"
@@ -103,12 +110,18 @@ static void usage(FILE *f) {
 "\n"
 "Exit status: 0 done, 1 failure while running (data, files, memory\n"
 "budget, weights), 2 bad command line, 130 stopped by SIGINT or SIGTERM\n"
-"(after writing the --save checkpoint; a second signal stops at once).\n");
+"after a whole step with its --save checkpoint written, 3 stopped without\n"
+"it (a second signal during a step stops at once; one during a save waits\n"
+"for the file to be whole).\n");
 }
 
+/* The one-line message of a bad option: `fmt` with the option and its
+ * value, both quoted as the library quotes (base/error.h: control bytes
+ * escaped, at most 100 bytes), so the words after them stay whole. */
 static int bad(const char *fmt, const char *opt, const char *value) {
   fprintf(stderr, "remat-train: ");
-  fprintf(stderr, fmt, opt, value);
+  fprintf(stderr, fmt, remat__quote(&(remat__quoted){0}, opt),
+          remat__quote(&(remat__quoted){0}, value));
   fputc('\n', stderr);
   return EXIT_USAGE;
 }
@@ -187,8 +200,11 @@ static int parse_seed(const char *v, uint64_t *out) {
 
 static int parse_policy(const char *v) {
   remat_policy *p = NULL;
-  if (remat_policy_parse(v, &p) != REMAT_OK)
-    return bad("--policy: %s%s", remat_last_error(), "");
+  if (remat_policy_parse(v, &p) != REMAT_OK) {
+    fprintf(stderr, "remat-train: --policy: %s\n",
+            train_message(remat_last_error()));
+    return EXIT_USAGE;
+  }
   remat_policy_destroy(p);
   return 0;
 }
@@ -254,7 +270,7 @@ static int apply_run(int c, const char *arg, const char *raw,
     return parse_name("--data-format", arg, formats, "bytes or u16",
                       &o->data_u16);
   case OPT_VOCAB:
-    return parse_int_max("--vocab", arg, 1, 65536, &o->vocab);
+    return parse_int_max("--vocab", arg, 2, 65536, &o->vocab);
   case OPT_EVAL_EVERY:
     return parse_int("--eval-every", arg, 1, &o->eval_every);
   case OPT_PROMPT: o->prompt = arg; return 0;
@@ -313,7 +329,8 @@ static int apply(int c, const char *arg, const char *raw, train_options *o,
   case OPT_LR: return parse_float("--lr", arg, &o->lr);
   case OPT_POLICY: o->policy = arg; return parse_policy(arg);
   case OPT_BUDGET: return parse_budget(arg, &o->budget);
-  case OPT_THREADS: return parse_int("--threads", arg, 1, &o->threads);
+  case OPT_THREADS:
+    return parse_int_max("--threads", arg, 1, REMAT_MAX_THREADS, &o->threads);
   case OPT_SEED: return parse_seed(arg, &o->seed);
   case OPT_SAVE: o->save_path = arg; return 0;
   case OPT_LOAD: o->load_path = arg; return 0;
@@ -386,6 +403,13 @@ static int check_training(const train_options *o) {
     why = "--lr-min is above --lr"; /* with --resume, once the file's known */
   else if (o->strict_resume && o->resume_path == NULL)
     why = "--strict-resume needs --resume FILE";
+  else if (o->budget > 0 && o->policy != NULL && strcmp(o->policy, "auto"))
+    why = "--budget picks each block's policy to fit it (as --policy auto "
+          "does), so it does not go with another --policy: drop --budget to "
+          "train with that policy, or give --policy auto";
+  else if (o->budget == 0 && o->policy != NULL && !strcmp(o->policy, "auto"))
+    why = "--policy auto needs --budget BYTES: it picks each block's policy "
+          "to fit that budget";
   if (why != NULL)
     fprintf(stderr, "remat-train: %s\n", why);
   return why != NULL;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "tools/train.h"
 
 typedef struct candidate {
@@ -67,7 +68,8 @@ static int prompt_tokens(const train_options *o, const dataset *d,
       if (end == p || (*end != '\0' && strchr(" ,", *end) == NULL) ||
           id < 0 || id >= d->vocab) {
         fprintf(stderr, "remat-train: --prompt '%s': expected token ids 0 to "
-                "%d separated by spaces or commas\n", o->prompt, d->vocab - 1);
+                "%d separated by spaces or commas\n",
+                remat__quote(&(remat__quoted){0}, o->prompt), d->vocab - 1);
         return -1;
       }
       p = end;

@@ -1,10 +1,9 @@
 /* The state of a remat-train run beyond the model: the learning-rate
  * schedule (and the one that --resume starts when it changes the
- * schedule: train_ckpt.c), and the signals that stop a run. */
+ * schedule: train_ckpt.c). The signals that stop a run are
+ * train_signals.c's; checkpoints are train_ckpt.c's. */
 #include <math.h>
-#include <signal.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "tools/train.h"
 
@@ -67,25 +66,3 @@ float train_lr_at(const train_options *o, int step) {
   return o->lr * (float)(r + (1.0 - r) * f);
 }
 
-/* ---- signals ---- */
-
-static volatile sig_atomic_t stop_signal;
-
-/* The first signal asks the loop to stop after its step; a second one
- * ends the process at once. */
-static void on_signal(int sig) {
-  if (stop_signal != 0)
-    _exit(EXIT_SIGNAL);
-  stop_signal = sig;
-}
-
-void signals_catch(int on) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on ? on_signal : SIG_DFL;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-}
-
-int signals_stop(void) { return stop_signal; }

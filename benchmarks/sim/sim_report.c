@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "benchmarks/sim/sim_report.h"
+#include "tools/json_out.h"
 
 #define KERNELS_SHOWN 12
 
@@ -117,11 +118,13 @@ static void print_json_head(const sim_report *r, FILE *f) {
              "\"seq\": %d, \"batch\": %d, \"vocab\": %d, \"policy\": \"%s\"},\n",
           o->cfg.layers, o->cfg.d_model, o->cfg.heads, o->cfg.seq,
           o->cfg.batch, o->cfg.vocab, o->policy);
-  fprintf(f, " \"costs\": {\"source\": \"%s\", \"tasks\": %d, \"groups\": %d, "
-             "\"overhead_s\": %.9f, \"one_core_s\": %.6f, "
-             "\"isolated_over_trace\": %.4f},\n",
-          o->isolated ? "isolated" : "trace", (int)r->s->ntasks, r->c->groups,
-          r->c->overhead_s, r->one_core_s, r->isolated_over_trace);
+  json_nulls nulls = {0};
+  fprintf(f, " \"costs\": {\"source\": \"%s\", \"tasks\": %d, \"groups\": %d",
+          o->isolated ? "isolated" : "trace", (int)r->s->ntasks, r->c->groups);
+  json_fput(f, &nulls, "overhead_s", "%.9f", r->c->overhead_s);
+  json_fput(f, &nulls, "one_core_s", "%.6f", r->one_core_s);
+  json_fput(f, &nulls, "isolated_over_trace", "%.4f", r->isolated_over_trace);
+  fprintf(f, "%s},\n", json_nonfinite(&nulls));
   fprintf(f, " \"machine\": {\"mem_gbs\": %g, \"link_gbs\": %g, "
              "\"remote_latency\": %g, \"lock_ns\": %g, \"lock_remote\": %g, "
              "\"signal_us\": %g, \"wake_us\": %g, \"spin_us\": %g, "
@@ -134,12 +137,14 @@ static void print_json_head(const sim_report *r, FILE *f) {
     fprintf(f, "%s{\"name\": \"%s\", \"parts\": %d}", i ? ", " : "",
             o->split_name[i], o->split_parts[i]);
   fprintf(f, "],\n \"validation\": [");
-  for (int i = 0; i < r->nval; i++)
-    fprintf(f,
-            "%s{\"threads\": %d, \"measured_s\": %.6f, \"predicted_s\": %.6f, "
-            "\"cpu_share\": %.3f}",
-            i ? ", " : "", r->val[i].threads, r->val[i].measured_s,
-            r->val[i].predicted_s, r->val[i].cpu_share);
+  for (int i = 0; i < r->nval; i++) {
+    json_nulls row = {0};
+    fprintf(f, "%s{\"threads\": %d", i ? ", " : "", r->val[i].threads);
+    json_fput(f, &row, "measured_s", "%.6f", r->val[i].measured_s);
+    json_fput(f, &row, "predicted_s", "%.6f", r->val[i].predicted_s);
+    json_fput(f, &row, "cpu_share", "%.3f", r->val[i].cpu_share);
+    fprintf(f, "%s}", json_nonfinite(&row));
+  }
   fprintf(f, "],\n");
 }
 
@@ -164,15 +169,17 @@ static void print_json(const sim_report *r, FILE *f) {
   fprintf(f, " \"scaling\": [");
   for (int i = 0; i < r->nrows; i++) {
     const sim_row *w = &r->rows[i];
-    fprintf(f,
-            "%s\n  {\"cores\": %d, \"nodes\": %d, \"placed\": %s, "
-            "\"step_s\": %.6f, \"efficiency\": %.4f, \"critical_path_s\": %.6f, "
-            "\"remote_bytes\": %.0f, \"bytes\": %.0f, \"stall_s\": %.6f, "
-            "\"peak_bytes\": %lld}",
-            i ? "," : "", w->cores, w->nodes, w->placed ? "true" : "false",
-            w->r.step_s, w->efficiency, w->r.critical_path_s,
-            w->r.remote_bytes, w->r.bytes, w->r.stall_s,
-            (long long)w->r.peak_bytes);
+    json_nulls row = {0};
+    fprintf(f, "%s\n  {\"cores\": %d, \"nodes\": %d, \"placed\": %s",
+            i ? "," : "", w->cores, w->nodes, w->placed ? "true" : "false");
+    json_fput(f, &row, "step_s", "%.6f", w->r.step_s);
+    json_fput(f, &row, "efficiency", "%.4f", w->efficiency);
+    json_fput(f, &row, "critical_path_s", "%.6f", w->r.critical_path_s);
+    json_fput(f, &row, "remote_bytes", "%.0f", w->r.remote_bytes);
+    json_fput(f, &row, "bytes", "%.0f", w->r.bytes);
+    json_fput(f, &row, "stall_s", "%.6f", w->r.stall_s);
+    fprintf(f, ", \"peak_bytes\": %lld%s}", (long long)w->r.peak_bytes,
+            json_nonfinite(&row));
   }
   fprintf(f, "],\n");
   print_json_lists(r, f);

@@ -11,6 +11,9 @@
 #include "base/alloc.h"
 #include "runtime/internal.h"
 
+_Static_assert(REMAT_MAX_THREADS == SCHED_MAX_THREADS,
+               "the public limit is the scheduler's");
+
 #define MAX_LOOKAHEAD 64
 
 static bool parse_int(const char *text, long min, long max, long *out) {

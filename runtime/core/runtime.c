@@ -103,7 +103,16 @@ static remat_status create_topology(remat_runtime *rt,
     s = describe_topology(
         rt->topo, desc, from_code ? "remat_config.topology" : "REMAT_TOPOLOGY");
   if (s == REMAT_OK && hwloc_topology_load(rt->topo) != 0)
-    s = remat__fail(REMAT_ERR_BACKEND, "hwloc: cannot load the topology");
+    s = desc != NULL
+            ? remat__fail(REMAT_ERR_CONFIG,
+                          "%s='%s' is not valid: hwloc cannot load the "
+                          "topology it describes (an XML file with no "
+                          "machine in it, say); " TOPOLOGY_ACCEPTED,
+                          from_code ? "remat_config.topology"
+                                    : "REMAT_TOPOLOGY",
+                          remat__quote(&(remat__quoted){0}, desc))
+            : remat__fail(REMAT_ERR_BACKEND,
+                          "hwloc: cannot load this machine's topology");
   if (s != REMAT_OK) {
     hwloc_topology_destroy(rt->topo);
     rt->topo = NULL;

@@ -93,6 +93,9 @@ remat_status remat_gpt_build(remat_graph *g, const remat_gpt_config *c,
   if (g == NULL || c == NULL || out == NULL)
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_gpt_build: g, cfg and out must not be NULL");
+  if (g->compiled) /* not sticky (graph_fail): the compiled graph works */
+    return graph_fail(g, REMAT_ERR_STATE, "remat_gpt_build: the graph is "
+                      "already compiled: build the model before remat_compile");
   remat_status s = check_config(g, c);
   if (s != REMAT_OK)
     return s;

@@ -8,6 +8,7 @@
 
 #include "base/alloc.h"
 #include "base/checked.h"
+#include "base/files.h"
 #include "runtime/internal.h"
 #include "runtime/policy/policy.h"
 #include "runtime/dp/dp.h"
@@ -64,7 +65,8 @@ remat_status remat_graph_seed(remat_graph *g, uint64_t seed) {
   return REMAT_OK;
 }
 
-/* Checks that building may go on; false after an error or compile. */
+/* Checks that building may go on; false after an error or compile (which
+ * fails the call alone: graph_fail leaves a compiled graph's status). */
 static bool building(remat_graph *g, const char *what) {
   if (g == NULL) {
     remat__fail(REMAT_ERR_INVALID_ARG, "%s: graph is NULL", what);
@@ -73,7 +75,8 @@ static bool building(remat_graph *g, const char *what) {
   if (g->status != REMAT_OK)
     return false;
   if (g->compiled) {
-    graph_fail(g, REMAT_ERR_STATE, "%s: the graph is already compiled", what);
+    graph_fail(g, REMAT_ERR_STATE, "%s: the graph is already compiled: "
+               "build every tensor before remat_compile", what);
     return false;
   }
   return true;
@@ -150,11 +153,24 @@ static bool shape_from_dims(remat_graph *g, const char *what, const char *name,
   return shape_fits(g, what, name, shape);
 }
 
+/* A name is 1 to 63 bytes of UTF-8: safetensors headers (JSON) hold the
+ * names of parameters, and other readers refuse a header that is not
+ * UTF-8. */
 static bool name_ok(remat_graph *g, const char *what, const char *name) {
   if (name == NULL || *name == '\0' || strlen(name) >= REMAT__NAME_MAX) {
     graph_fail(g, REMAT_ERR_INVALID_ARG,
                "%s: name must be 1 to %d characters", what,
                REMAT__NAME_MAX - 1);
+    return false;
+  }
+  size_t len = strlen(name), bad = remat__utf8_invalid_at(name, len);
+  if (bad < len) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "%s: name '%s' is not valid UTF-8 (byte \\x%02X at offset "
+               "%zu): names must be UTF-8, as the JSON of a safetensors "
+               "header is",
+               what, remat__quote(&(remat__quoted){0}, name),
+               (unsigned char)name[bad], bad);
     return false;
   }
   return true;
@@ -318,7 +334,9 @@ const char *remat_tensor_name(const remat_tensor *t) {
 
 remat_status remat_keep(remat_graph *g, remat_tensor *t) {
   if (!building(g, "remat_keep"))
-    return g == NULL ? REMAT_ERR_INVALID_ARG : g->status ? g->status : REMAT_ERR_STATE;
+    return g == NULL        ? REMAT_ERR_INVALID_ARG
+           : g->compiled    ? REMAT_ERR_STATE
+                            : g->status;
   if (!graph_tensor_ok(g, t, "remat_keep"))
     return g->status;
   t->keep = true;

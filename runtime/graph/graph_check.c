@@ -12,6 +12,14 @@
 
 remat_status graph_fail(remat_graph *g, remat_status status, const char *fmt,
                         ...) {
+  if (g->compiled) { /* a builder call after compile: only the call fails */
+    char msg[REMAT__ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return remat__fail_msg(status, msg);
+  }
   if (g->status == REMAT_OK) {
     va_list ap;
     va_start(ap, fmt);

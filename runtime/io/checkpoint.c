@@ -259,7 +259,7 @@ remat_status remat_load_checkpoint(remat_graph *g, const char *path,
   if (s == REMAT_OK)
     s = safet_load_open(path, &req, &ld, &meta);
   if (s == REMAT_OK)
-    s = check_meta(&r, meta, path);
+    s = check_meta(&r, meta, remat__quote(&(remat__quoted){0}, path));
   if (s == REMAT_OK)
     s = safet_load_read(ld);
   if (s == REMAT_OK) {

@@ -341,7 +341,8 @@ remat_status remat_save_grads_safetensors(remat_graph *g, const char *path) {
 /* The open file being loaded. */
 typedef struct source {
   const char *what; /* the public call, for messages */
-  const char *path;
+  const char *path; /* quoted for messages (remat__quote) */
+  remat__quoted shown;
   int fd;
   uint64_t size;       /* of the whole file */
   uint64_t data_start; /* 8 + the header length */
@@ -350,20 +351,22 @@ typedef struct source {
 /* Opens a regular file (O_NONBLOCK, so that a FIFO cannot block the open). */
 static remat_status open_source(const char *path, const char *what,
                                 source *src) {
-  *src = (source){.what = what, .path = path, .fd = -1};
+  *src = (source){.what = what, .fd = -1};
+  src->path = remat__quote(&src->shown, path);
   src->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (src->fd < 0)
     return remat__fail(REMAT_ERR_IO,
-                       "%s: cannot open '%s': %s", what, path,
+                       "%s: cannot open '%s': %s", what, src->path,
                        strerror(errno));
   struct stat st;
   if (fstat(src->fd, &st) != 0)
     return remat__fail(REMAT_ERR_IO,
-                       "%s: cannot open '%s': %s", what, path,
+                       "%s: cannot open '%s': %s", what, src->path,
                        strerror(errno));
   if (!S_ISREG(st.st_mode))
     return remat__fail(REMAT_ERR_IO,
-                       "%s: '%s' is %s, not a regular file", what, path, remat__file_kind(st.st_mode));
+                       "%s: '%s' is %s, not a regular file", what, src->path,
+                       remat__file_kind(st.st_mode));
   src->size = (uint64_t)st.st_size;
   return REMAT_OK;
 }
@@ -446,7 +449,17 @@ static remat_status read_header_text(const source *src, uint64_t hlen,
   return s;
 }
 
-/* Reads and parses the header (a JSON object). */
+/* The offset of the first byte of text[at..len) that is not JSON
+ * whitespace (the format pads the header with spaces), or len. */
+static size_t after_padding(const char *text, size_t at, size_t len) {
+  while (at < len && (text[at] == ' ' || text[at] == '\t' ||
+                      text[at] == '\n' || text[at] == '\r'))
+    at++;
+  return at;
+}
+
+/* Reads and parses the header: a JSON object, then nothing but
+ * whitespace up to the data (other readers refuse anything else there). */
 static remat_status read_header(source *src, cJSON **root) {
   uint64_t hlen = 0;
   char *text = NULL;
@@ -454,13 +467,24 @@ static remat_status read_header(source *src, cJSON **root) {
   remat_status s = header_length(src, &hlen);
   if (s == REMAT_OK)
     s = read_header_text(src, hlen, &text, &junk);
-  *root = s == REMAT_OK && !junk ? cJSON_ParseWithLength(text, (size_t)hlen)
-                                 : NULL;
+  const char *end = NULL;
+  *root = s == REMAT_OK && !junk
+              ? cJSON_ParseWithLengthOpts(text, (size_t)hlen, &end, false)
+              : NULL;
+  size_t tail = *root != NULL ? (size_t)(end - text) : 0;
+  size_t extra = *root != NULL ? after_padding(text, tail, (size_t)hlen) : 0;
   free(text);
   if (s == REMAT_OK && !cJSON_IsObject(*root)) {
     cJSON_Delete(*root);
     *root = NULL;
     s = LOAD_FAIL(REMAT_ERR_IO, "the header is not a JSON object", src->what, src->path);
+  } else if (s == REMAT_OK && extra < hlen) {
+    cJSON_Delete(*root);
+    *root = NULL;
+    s = LOAD_FAIL(REMAT_ERR_IO, "the header's JSON object ends at byte %zu "
+                  "of %llu, and byte %zu after it is not whitespace: the "
+                  "header must be the object padded with spaces",
+                  src->what, src->path, tail, (unsigned long long)hlen, extra);
   }
   return s;
 }

@@ -675,11 +675,11 @@ remat_status remat_checkpoint_name(remat_graph *g, remat_tensor *t,
                        "remat_checkpoint_name: graph is NULL");
   if (g->status != REMAT_OK)
     return g->status;
-  if (!graph_tensor_ok(g, t, "remat_checkpoint_name"))
-    return g->status;
   if (g->compiled) /* not sticky: the compiled graph stays usable */
     return remat__fail(REMAT_ERR_STATE,
                        "remat_checkpoint_name: the graph is already compiled");
+  if (!graph_tensor_ok(g, t, "remat_checkpoint_name"))
+    return g->status;
   if (t->kind == TENSOR_PARAM)
     return graph_fail(g, REMAT_ERR_INVALID_ARG,
                       "remat_checkpoint_name: '%s' is a parameter: parameters "

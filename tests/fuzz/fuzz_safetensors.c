@@ -10,7 +10,14 @@
  * regressions hold a NaN, an Inf and a -Inf in a valid file). Every
  * input is also loaded as a training checkpoint: one that loads must
  * step (or reach REMAT_MAX_STEPS) and save a checkpoint that loads again
- * (the regressions hold remat.step 2^63-1, 2^53 and 2^53+1). */
+ * (the regressions hold remat.step 2^63-1, 2^53 and 2^53+1). A load that
+ * succeeds must have had nothing but whitespace after the header's JSON
+ * object (junk there is refused). And every header remat writes is JSON:
+ * the input's bytes from offset 8 (up to a NUL, at most 63) are a
+ * parameter name; a graph takes it if and only if it is UTF-8 (checked
+ * here by a decoder of its own), and then the saved file's header is
+ * UTF-8, parses as exactly one JSON object and holds the name as given. */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -94,6 +101,106 @@ static void checkpoint_round_trip(target_graph *tg, const char *path) {
                REMAT_OK);
 }
 
+/* True when s[0..len) is well-formed UTF-8 (no overlong forms, no
+ * surrogates, nothing past U+10FFFF): a decoder of the harness's own. */
+static bool utf8_ok(const unsigned char *s, size_t len) {
+  static const uint32_t least[4] = {0, 0x80, 0x800, 0x10000};
+  for (size_t i = 0; i < len;) {
+    unsigned c = s[i];
+    unsigned n = c < 0x80   ? 0
+                 : c < 0xc0 ? 9 /* a continuation byte cannot lead */
+                 : c < 0xe0 ? 1
+                 : c < 0xf0 ? 2
+                 : c < 0xf8 ? 3
+                            : 9;
+    if (n == 9 || len - i < n + 1)
+      return false;
+    uint32_t cp = n == 0 ? c : c & (0x3fu >> n);
+    for (unsigned k = 1; k <= n; k++) {
+      if ((s[i + k] & 0xc0) != 0x80)
+        return false;
+      cp = cp << 6 | (s[i + k] & 0x3fu);
+    }
+    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+      return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+/* The header of the file at `path` must be UTF-8 and one JSON object
+ * (then spaces) holding `name`. */
+static void check_written_header(const char *path, const char *name) {
+  FILE *f = fopen(path, "rb");
+  FUZZ_CHECK(f != NULL);
+  unsigned char len_bytes[8];
+  FUZZ_CHECK(fread(len_bytes, 1, 8, f) == 8);
+  uint64_t len = 0;
+  for (int i = 7; i >= 0; i--)
+    len = len << 8 | len_bytes[i];
+  FUZZ_CHECK(len > 0 && len < 4096);
+  char text[4096];
+  FUZZ_CHECK(fread(text, 1, len, f) == len);
+  fclose(f);
+  FUZZ_CHECK(utf8_ok((const unsigned char *)text, len));
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
+  FUZZ_CHECK(cJSON_IsObject(root));
+  for (size_t i = (size_t)(end - text); i < len; i++)
+    FUZZ_CHECK(text[i] == ' ');
+  FUZZ_CHECK(cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(root, name)));
+  cJSON_Delete(root);
+}
+
+/* The input's bytes from offset 8 as a parameter name, saved. */
+static void name_round_trip(remat_runtime *rt, const uint8_t *data,
+                            size_t size) {
+  char name[64] = "";
+  size_t n = 0;
+  for (; 8 + n < size && n < sizeof name - 1 && data[8 + n] != 0; n++)
+    name[n] = (char)data[8 + n];
+  name[n] = '\0';
+  if (n == 0)
+    return;
+  remat_graph *g;
+  FUZZ_CHECK(remat_graph_create(rt, &g) == REMAT_OK);
+  int64_t d[1] = {2};
+  remat_tensor *p = remat_param(g, name, 1, d, REMAT_INIT_ONES, 0.0f);
+  bool valid = utf8_ok((const unsigned char *)name, n) &&
+               strcmp(name, "__metadata__") != 0;
+  if (strcmp(name, "__metadata__") != 0)
+    FUZZ_CHECK((p != NULL) == utf8_ok((const unsigned char *)name, n));
+  if (p != NULL && valid &&
+      remat_compile(g, remat_sum(g, p), NULL) == REMAT_OK) {
+    static char saved[64];
+    if (saved[0] == '\0') /* tmpfs when there is one: a save syncs */
+      snprintf(saved, sizeof saved, "%s/fuzz-name-%d.safetensors",
+               access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp",
+               (int)getpid());
+    FUZZ_CHECK(remat_save_safetensors(g, saved) == REMAT_OK);
+    check_written_header(saved, name);
+    FUZZ_CHECK(remat_load_safetensors(g, saved) == REMAT_OK);
+    unlink(saved);
+  }
+  remat_graph_destroy(g);
+}
+
+/* A load that succeeded read a header with only whitespace after its JSON
+ * object. */
+static void check_no_junk(const uint8_t *data, size_t size) {
+  FUZZ_CHECK(size >= 8);
+  uint64_t len = 0;
+  for (int i = 7; i >= 0; i--)
+    len = len << 8 | data[i];
+  FUZZ_CHECK(len <= size - 8);
+  const char *text = (const char *)data + 8, *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(text, (size_t)len, &end, false);
+  FUZZ_CHECK(root != NULL);
+  cJSON_Delete(root);
+  for (const char *c = end; c < text + len; c++)
+    FUZZ_CHECK(*c == ' ' || *c == '\t' || *c == '\n' || *c == '\r');
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   target_graph *tg = shared_graph();
   int fd = memfd_create("fuzz.safetensors", 0);
@@ -107,6 +214,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
   remat_status s = remat_load_safetensors(tg->g, path);
   if (s == REMAT_OK) {
+    check_no_junk(data, size);
     for (int i = 0; i < NPARAMS; i++) { /* a load brings finite values */
       float now[MAX_NUMEL];
       int64_t n = remat_tensor_numel(tg->params[i]);
@@ -128,5 +236,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   checkpoint_round_trip(tg, path);
   close(fd);
+  name_round_trip(tg->rt, data, size);
   return 0;
 }
