@@ -2,9 +2,10 @@
  * refuses a step bigger than the memory the process can get, a trace costs
  * the same per step however many came before, trace steps and GPT layers
  * have documented limits, and building, compile, the budget planner,
- * saving and loading take at most 5x the time on 4x the graph. */
+ * saving and loading grow near-linearly: CPU time on 4x the graph within
+ * a bound per phase (6x to 10x, set from what this shared 2-core machine
+ * measures for linear code; each quadratic search measured went past it). */
 #include <limits.h>
-#include <malloc.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -295,16 +296,18 @@ static int by_value(const void *a, const void *b) {
 }
 
 /* The median over 5 runs of each phase at `layers` and at 4x `layers`
- * (small[NUM_PHASES], big[NUM_PHASES]), the sizes taking turns after a
- * first run of the big one that is not counted: the heap keeps what it
- * was given (main sets M_TRIM_THRESHOLD and M_MMAP_THRESHOLD), so that neither size pays for
- * first touching the heap's pages. */
+ * (small[NUM_PHASES], big[NUM_PHASES]), the sizes taking turns after two
+ * runs of each that are not counted (the first runs pay for growing the
+ * heap, and measured 10x to 50x apart for that alone). */
 static void median_phases(int layers, int64_t budget, int64_t big_budget,
                           bool compile, bool files, double *small,
                           double *big) {
   enum { RUNS = 5 };
   double runs[2][NUM_PHASES][RUNS], one[NUM_PHASES];
-  time_phases(4 * layers, big_budget, compile, files, one);
+  for (int r = 0; r < 2; r++)
+    for (int size = 0; size < 2; size++)
+      time_phases(size ? 4 * layers : layers, size ? big_budget : budget,
+                  compile, files, one);
   for (int r = 0; r < RUNS; r++)
     for (int size = 0; size < 2; size++) {
       time_phases(size ? 4 * layers : layers, size ? big_budget : budget,
@@ -333,18 +336,21 @@ static void test_build_scales(void **state) {
   (void)state;
   double small[NUM_PHASES], big[NUM_PHASES];
   median_phases(250, 0, 0, false, false, small, big);
-  assert_ratio("build", 250, small[PHASE_BUILD], big[PHASE_BUILD], 5.0);
+  /* 3.6-5.1x measured in CPU seconds on a shared 2-core machine, where
+   * the heap's behaviour alone moves a ratio by 1x; with a linear search
+   * of parameter names it is 26x. */
+  assert_ratio("build", 250, small[PHASE_BUILD], big[PHASE_BUILD], 6.0);
 }
 
 static void test_compile_save_load_scale(void **state) {
   (void)state;
   double small[NUM_PHASES], big[NUM_PHASES];
   median_phases(150, 0, 0, true, true, small, big);
-  assert_ratio("compile", 150, small[PHASE_COMPILE], big[PHASE_COMPILE], 5.0);
-  assert_ratio("save", 150, small[PHASE_SAVE], big[PHASE_SAVE], 5.0);
-  /* Load measures 5.5-6.2x here (no search left in it: the rest is cJSON's
-   * and malloc's work on a bigger heap); before the name index it was
-   * 17x. 8x still fails on any look-up by linear search. */
+  /* Compile 4.0-5.1x and save 3.6-5.8x measured; load 5.5-7.3x (no search
+   * left in it: the rest is cJSON's and malloc's work on a bigger heap). A
+   * decision that scans every op per tensor makes compile 6.7x. */
+  assert_ratio("compile", 150, small[PHASE_COMPILE], big[PHASE_COMPILE], 6.0);
+  assert_ratio("save", 150, small[PHASE_SAVE], big[PHASE_SAVE], 6.5);
   assert_ratio("load", 150, small[PHASE_LOAD], big[PHASE_LOAD], 8.0);
 }
 
@@ -376,17 +382,16 @@ static void test_planner_scales(void **state) {
   double small[NUM_PHASES], big[NUM_PHASES];
   median_phases(200, smallest_budget(200) * 11 / 10,
                 smallest_budget(800) * 11 / 10, true, false, small, big);
-  /* Measured 5.2-7.5x: the frontier's size is bounded, but the number of
-   * measured plans (at most 4 + 16 + 4) may grow with the size; before
-   * the bounded frontier it was 33x (100 -> 400 layers). */
+  /* Measured 5.8-7.4x: the frontier is bounded and each measured plan
+   * linear, but the number of plans measured (at most 4 + 16 + 4) may
+   * grow with the size; with the old decision it is 14.7x, and with the
+   * unbounded frontier it was 33x (100 -> 400 layers). */
   assert_ratio("planner", 200, small[PHASE_COMPILE], big[PHASE_COMPILE],
                10.0);
 }
 
 int main(void) {
   work_now(); /* opens the counter before any runtime's workers start */
-  mallopt(M_TRIM_THRESHOLD, INT_MAX); /* see median_phases */
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_memcheck_message),
       cmocka_unit_test(test_compile_refuses_too_big),
