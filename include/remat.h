@@ -480,24 +480,30 @@ REMAT_API remat_status remat_accumulate(remat_graph *g, remat_step_stats *stats)
  * default). Needs an optimizer. */
 REMAT_API remat_status remat_set_clip(remat_graph *g, float max_norm);
 /* Writes a Chrome trace (Perfetto, chrome://tracing) of the next `steps`
- * runs of g (remat_step, remat_accumulate or remat_forward) to PATH,
- * rewritten after each of them so that it always holds the runs traced so
- * far as one JSON document. For this graph it takes the place of
- * REMAT_TRACE while steps remain; 0 stops. The trace has a thread per
+ * runs of g (remat_step, remat_accumulate or remat_forward) to PATH, one
+ * JSON document that holds the runs traced so far after each of them. For
+ * this graph it takes the place of REMAT_TRACE while steps remain; 0
+ * stops; more than REMAT_MAX_TRACE_STEPS fails with REMAT_ERR_LIMIT. The
+ * trace has a thread per
  * worker and one "X" event per task, named by layer and tensor
  * ("h3.attn_probs recompute", "h3.ffn_in dW", with regions named by
  * remat_region_name), a "steps" thread with one event per run, and a
  * "live bytes" counter ("C") of parameters, optimizer state, gradients,
  * activations saved, activations not saved (freed in forward),
  * recomputed, activation gradients and scratch, wherever it changes.
- * Each rewrite goes to a new file beside PATH that is renamed over it
- * (over the file it points to, when PATH is a symbolic link), so PATH
- * holds a whole trace or its previous one, never a part. PATH must be a
+ * The first run writes a new file beside PATH that is renamed over it
+ * (over the file it points to, when PATH is a symbolic link); each later
+ * run appends its events in place before the closing brackets, so a run
+ * costs the same however many came before it. PATH holds a whole trace
+ * whenever no run is being written, and a write that fails leaves the
+ * previous one; a file changed by someone else between two runs is not
+ * appended to (the step's trace_status says so). PATH must be a
  * regular file or a new name in a directory where a file can be created
  * (REMAT_ERR_IO); nothing is written there before the first traced run.
  * Names are written as JSON strings, bytes that are not UTF-8 as \xNN. A
  * trace that cannot be written after a step does not fail the step: see
  * remat_step_stats.trace_status. */
+#define REMAT_MAX_TRACE_STEPS 10000
 REMAT_API remat_status remat_trace_steps(remat_graph *g, const char *path,
                                          int steps);
 /* Forward only (for serving): no backward, no update. */

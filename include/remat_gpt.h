@@ -31,9 +31,15 @@ typedef struct remat_gpt {
   remat_tensor *loss;    /* [1] */
 } remat_gpt;
 
+/* The most layers remat_gpt_build builds: past it, it fails at once with
+ * REMAT_ERR_LIMIT, before adding anything to the graph (a graph holds at
+ * most 2^20 tensors; a block adds about 30). */
+#define REMAT_GPT_MAX_LAYERS 10000
+
 /* Builds token + position embedding, `layers` blocks of (pre-LN causal
  * multi-head attention + residual, pre-LN GELU feed-forward d->4d->d +
- * residual), a final layer norm, the LM head and the cross-entropy loss. */
+ * residual), a final layer norm, the LM head and the cross-entropy loss.
+ * More than REMAT_GPT_MAX_LAYERS layers: REMAT_ERR_LIMIT. */
 REMAT_API remat_status remat_gpt_build(remat_graph *g,
                                        const remat_gpt_config *cfg,
                                        remat_gpt *out);

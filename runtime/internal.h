@@ -12,6 +12,7 @@
 
 #include "base/alloc.h"
 #include "base/error.h"
+#include "base/name_index.h"
 #include "ops/op.h"
 #include "remat.h"
 #include "sched/sched.h"
@@ -173,6 +174,10 @@ struct remat_graph {
   uint64_t seed;
   remat_tensor **tensors;
   int32_t ntensors, cap_tensors;
+  int32_t *params;                    /* tensor ids of the parameters, in
+                                         order of creation */
+  int32_t nparams, cap_params;
+  name_index param_names;             /* parameter name -> tensor id */
   graph_op *ops;
   int32_t nops, cap_ops;
   graph_region *regions;

@@ -9,6 +9,7 @@
 #include "base/alloc.h"
 #include "runtime/compile/compiled.h"
 #include "runtime/compile/lifetimes.h"
+#include "runtime/compile/memcheck.h"
 #include "runtime/compile/plan_ops.h"
 #include "runtime/compile/report.h"
 
@@ -63,6 +64,10 @@ static remat_status run_stages(const compile_request *req, compiled_step *c) {
     s = taskgraph_finalize(&c->tasks);
   if (s == REMAT_OK)
     s = memplan_predict(g, &c->low, &c->numa, c->nworkers, &c->predicted);
+  if (s == REMAT_OK && g->rt->config.memory_budget <= 0) {
+    mem_room room = memcheck_room(); /* a budget makes the plan fit it */
+    s = memcheck_fit(g, c->predicted.peak, &room);
+  }
   if (s == REMAT_OK)
     s = report_plan(c);
   return s;

@@ -261,13 +261,42 @@ static void mark_needed(lower_ctx *p, const bool *has_grad,
   }
 }
 
+/* The ops of each top-level region, in program order: ops[start[r]] to
+ * ops[start[r + 1] - 1] for region r (a counting sort, O(ops + regions)),
+ * so that recompute visits a region's ops, not every op per region. */
+typedef struct ops_by_top {
+  int32_t *start; /* [nregions + 1] */
+  int32_t *ops;   /* [nops] */
+} ops_by_top;
+
+static remat_status index_ops_by_top(const remat_graph *g, ops_by_top *x) {
+  x->start = remat__calloc((size_t)g->nregions + 2, sizeof *x->start);
+  x->ops = remat__malloc(((size_t)g->nops + 1) * sizeof *x->ops);
+  if (x->start == NULL || x->ops == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  for (int32_t o = 0; o < g->nops; o++)
+    if (g->ops[o].region >= 0)
+      x->start[g->regions[g->ops[o].region].top + 1]++;
+  for (int32_t r = 0; r < g->nregions; r++)
+    x->start[r + 1] += x->start[r];
+  for (int32_t o = 0; o < g->nops; o++) /* start[r] moves to start[r + 1] */
+    if (g->ops[o].region >= 0)
+      x->ops[x->start[g->regions[g->ops[o].region].top]++] = o;
+  for (int32_t r = g->nregions; r > 0; r--) /* and back */
+    x->start[r] = x->start[r - 1];
+  x->start[0] = 0;
+  return REMAT_OK;
+}
+
 static remat_status emit_region_recompute(lower_ctx *p, op_buffers *ob,
-                                          const bool *needed, int32_t top) {
+                                          const bool *needed,
+                                          const ops_by_top *by_top,
+                                          int32_t top) {
   const remat_graph *g = p->g;
-  for (int32_t o = 0; o < g->nops; o++) {
+  for (int32_t k = by_top->start[top]; k < by_top->start[top + 1]; k++) {
+    int32_t o = by_top->ops[k];
     const graph_op *op = &g->ops[o];
-    if (op->region < 0 || g->regions[op->region].top != top ||
-        !needed[op->out])
+    if (!needed[op->out])
       continue;
     const remat_tensor *x = g->tensors[op->out];
     p->l->recomp_buf[op->out] = add_buffer_dt(
@@ -357,21 +386,23 @@ static remat_status emit_backward(lower_ctx *p, op_buffers *ob,
     return REMAT_ERR_OUT_OF_MEMORY;
   seed->seed.loss = p->l->value_buf[p->req->loss];
   seed->seed.loss_grad = p->l->grad_buf[p->req->loss];
+  ops_by_top by_top;
+  remat_status s = index_ops_by_top(g, &by_top);
   int32_t current_top = -2;
-  for (int32_t o = g->nops - 1; o >= 0; o--) {
+  for (int32_t o = g->nops - 1; o >= 0 && s == REMAT_OK; o--) {
     const graph_op *op = &g->ops[o];
     if (!has_grad[op->out])
       continue;
     int32_t top = op->region < 0 ? -1 : g->regions[op->region].top;
-    remat_status s;
-    if (top != current_top && top >= 0 &&
-        (s = emit_region_recompute(p, ob, needed, top)) != REMAT_OK)
-      return s;
+    if (top != current_top && top >= 0)
+      s = emit_region_recompute(p, ob, needed, &by_top, top);
     current_top = top;
-    if ((s = emit_backward_op(p, ob, o)) != REMAT_OK)
-      return s;
+    if (s == REMAT_OK)
+      s = emit_backward_op(p, ob, o);
   }
-  return REMAT_OK;
+  free(by_top.start);
+  free(by_top.ops);
+  return s;
 }
 
 /* ---- updates ---- */

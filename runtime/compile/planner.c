@@ -37,8 +37,8 @@ typedef struct frontier_entry {
   int8_t choice;
 } frontier_entry;
 
-static int by_saved_then_cost(const void *a, const void *b) {
-  const frontier_entry *x = a, *y = b;
+/* Orders by saved bytes, then cost, then peak. */
+static int cmp_entry(const frontier_entry *x, const frontier_entry *y) {
   if (x->saved != y->saved)
     return x->saved < y->saved ? -1 : 1;
   if (x->cost != y->cost)
@@ -46,18 +46,63 @@ static int by_saved_then_cost(const void *a, const void *b) {
   return (x->peak > y->peak) - (x->peak < y->peak);
 }
 
-/* Keeps entries not dominated in (saved, cost, peak). */
-static int prune(frontier_entry *f, int n) {
-  qsort(f, (size_t)n, sizeof *f, by_saved_then_cost);
-  int kept = 0;
-  for (int i = 0; i < n; i++) {
-    bool dominated = false;
-    for (int j = 0; j < kept && !dominated; j++)
-      dominated = f[j].cost <= f[i].cost && f[j].peak <= f[i].peak;
-    if (!dominated)
-      f[kept++] = f[i];
+/* The next level's entries in order of saved bytes: the previous frontier
+ * (ordered, saved strictly increasing) extended by each choice gives one
+ * ordered list per choice, and these are merged, so that a level costs
+ * O(frontier x choices), no sort. Extensions over the budget are left out.
+ * Returns how many were written to `out`. */
+static int extend(const frontier_entry *prev, int nprev, const chain_region *r,
+                  int64_t budget, frontier_entry *out) {
+  int at[PLANNER_MAX_CHOICES] = {0}, m = 0;
+  for (;;) {
+    frontier_entry best;
+    int from = -1;
+    for (int c = 0; c < r->nchoices; c++) {
+      while (at[c] < nprev && prev[at[c]].saved + r->working[c] > budget)
+        at[c]++;
+      if (at[c] == nprev)
+        continue;
+      const frontier_entry *p = &prev[at[c]];
+      int64_t live = p->saved + r->working[c];
+      frontier_entry e = {p->saved + r->saved[c],
+                          live > p->peak ? live : p->peak,
+                          p->cost + r->recompute[c], at[c], (int8_t)c};
+      if (from < 0 || cmp_entry(&e, &best) < 0) {
+        best = e;
+        from = c;
+      }
+    }
+    if (from < 0)
+      return m;
+    out[m++] = best;
+    at[from]++;
   }
-  return kept;
+}
+
+/* Keeps, of entries ordered by saved bytes, those that no entry with fewer
+ * saved bytes matches in cost: whatever follows, an entry that saves no
+ * more and costs no more does at least as well (every constraint is
+ * "saved so far + working <= budget"). Past CHAIN_FRONTIER_MAX entries,
+ * only the first (fewest saved bytes) of each of CHAIN_FRONTIER_MAX equal
+ * ranges of saved bytes is kept, and the cheapest: every entry kept is
+ * still a real assignment, measured exactly, so the plan fits; only its
+ * recompute may exceed the least by what the thinning dropped. Keeps the
+ * planner's time and memory linear in the regions. */
+static int prune(frontier_entry *f, int n) {
+  int kept = 0;
+  for (int i = 0; i < n; i++)
+    if (kept == 0 || f[i].cost < f[kept - 1].cost)
+      f[kept++] = f[i];
+  if (kept <= CHAIN_FRONTIER_MAX)
+    return kept;
+  int64_t lo = f[0].saved, width = (f[kept - 1].saved - lo) /
+                                   CHAIN_FRONTIER_MAX + 1;
+  int thin = 0;
+  for (int i = 0; i < kept; i++)
+    if (thin == 0 || i == kept - 1 ||
+        (f[i].saved - lo) / width != (f[thin - 1].saved - lo) / width)
+      f[thin++] = f[i];
+  return thin;
 }
 
 int chain_plan(const chain_region *r, int n, int64_t tail, int64_t budget,
@@ -77,18 +122,13 @@ int chain_plan(const chain_region *r, int n, int64_t tail, int64_t budget,
     levels[i + 1] = remat__malloc((size_t)(cap > 0 ? cap : 1) * sizeof **levels);
     if (levels[i + 1] == NULL)
       goto out;
-    int m = 0;
-    for (int e = 0; e < sizes[i]; e++)
-      for (int c = 0; c < r[i].nchoices; c++) {
-        const frontier_entry *prev = &levels[i][e];
-        int64_t at = prev->saved + r[i].working[c];
-        if (at > budget)
-          continue;
-        levels[i + 1][m++] = (frontier_entry){
-            prev->saved + r[i].saved[c], at > prev->peak ? at : prev->peak,
-            prev->cost + r[i].recompute[c], e, (int8_t)c};
-      }
+    int m = extend(levels[i], sizes[i], &r[i], budget, levels[i + 1]);
     sizes[i + 1] = prune(levels[i + 1], m);
+    frontier_entry *fit = remat__realloc(
+        levels[i + 1], (size_t)(sizes[i + 1] > 0 ? sizes[i + 1] : 1) *
+                           sizeof **levels);
+    if (fit != NULL) /* kept to the frontier's size: memory O(regions) */
+      levels[i + 1] = fit;
   }
   int best = -1;
   for (int e = 0; e < sizes[n]; e++) {
@@ -344,11 +384,15 @@ static remat_status setup(planner *pl) {
   if (!pl->region_policy || !pl->free_region || !pl->tops || !pl->chain ||
       !pl->chosen)
     return REMAT_ERR_OUT_OF_MEMORY;
-  bool budget = pl->t->budget > 0;
+  bool budget = pl->t->budget > 0, fallback_checked = false;
   for (int32_t r = 0; r < g->nregions; r++) {
     const remat_policy *own =
         g->regions[r].policy ? g->regions[r].policy : pl->fallback;
-    if ((s = policy_check_names(g, own)) != REMAT_OK)
+    /* the default policy of every region is checked once, not per region */
+    if (own != pl->fallback || !fallback_checked)
+      s = policy_check_names(g, own);
+    fallback_checked |= own == pl->fallback;
+    if (s != REMAT_OK)
       return s;
     if (g->regions[r].parent == -1)
       pl->tops[pl->ntops++] = r;

@@ -35,10 +35,17 @@ typedef struct chain_region {
 int64_t chain_peak(const chain_region *r, int n, int64_t tail,
                    const int *choice);
 
+/* Entries kept per region by chain_plan before it thins its frontier. */
+#define CHAIN_FRONTIER_MAX 1024
+
 /* Fills `choice` with the assignment of least total recompute whose peak is
- * at most `budget` (ties: the smaller peak). Returns 0, or -1 when no
- * assignment fits, or -2 when out of memory. Exact: dynamic programming
- * over Pareto frontiers of (saved bytes so far, recompute so far). */
+ * at most `budget` (ties: the smaller peak among those the frontier kept).
+ * Returns 0, or -1 when no assignment fits, or -2 when out of memory.
+ * Dynamic programming over Pareto frontiers of (saved bytes so far,
+ * recompute so far): exact while a frontier holds at most
+ * CHAIN_FRONTIER_MAX entries; past that it is thinned by saved bytes (every
+ * assignment it returns still fits), so that its time and memory are
+ * O(regions x CHAIN_FRONTIER_MAX x choices). */
 int chain_plan(const chain_region *r, int n, int64_t tail, int64_t budget,
                int *choice);
 

@@ -187,8 +187,8 @@ static remat_status do_set_clip(remat_graph *g, float max_norm) {
   return REMAT_OK;
 }
 
-/* The trace replaces PATH after each traced run (a new file renamed over
- * it, base/files.h), so PATH must be a regular file (not a symbolic link)
+/* The trace's first run replaces PATH (a new file renamed over it,
+ * base/files.h) and later runs append to it, so PATH must be a regular file (not a symbolic link)
  * or a new name in a directory where a file can be created: checked now,
  * with a temporary file made and removed, so that nothing is left at PATH. */
 static remat_status do_trace_steps(remat_graph *g, const char *path,
@@ -199,6 +199,11 @@ static remat_status do_trace_steps(remat_graph *g, const char *path,
                        "remat_trace_steps: steps is %d: expected steps >= 1 "
                        "with a file, or 0 to stop tracing",
                        steps);
+  if (steps > REMAT_MAX_TRACE_STEPS)
+    return remat__fail(REMAT_ERR_LIMIT,
+                       "remat_trace_steps: steps is %d: at most %d steps "
+                       "(REMAT_MAX_TRACE_STEPS) are traced into one file",
+                       steps, REMAT_MAX_TRACE_STEPS);
   if (steps > 0 && (path == NULL || path[0] == '\0'))
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_trace_steps: the path is %s: expected a file "

@@ -1,7 +1,9 @@
 /* Chrome traces of training steps (step_trace.h). A traced run hands the
  * scheduler an array of records (worker, start, end per task); after the
- * run the whole file is rewritten (a new file renamed over it) with every
- * step traced into it so far:
+ * run its step is written: the first step of a file writes the file whole
+ * (a new file renamed over it), each later one is appended in place before
+ * the closing "]}", so that tracing N steps costs O(N) and the file is a
+ * whole JSON document after each step:
  * a thread per worker, one complete ("X") event per task named by layer
  * and tensor (task_names.h) with its id and NUMA affinity ("node", -1
  * none), an event per step on a "steps" thread, and a
@@ -11,6 +13,8 @@
  * nodes that use it ends, as tasks.c does; the bytes at a step's start
  * (parameters, optimizer state, gradients, scratch) come from the arena. */
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,44 +74,28 @@ static bool grow(void **array, size_t elem, size_t count) {
   return p != NULL;
 }
 
-/* Room for one more step, and the writer's scratch. */
+/* The records of one run and the writer's scratch, made once. */
 static bool reserve(const compiled_step *c, step_trace *t) {
   size_t ntasks = (size_t)sched_dag_num_tasks(c->tasks.dag);
   size_t nbufs = (size_t)c->low.nbufs;
-  if (t->events == NULL) { /* the last of the three: all or none usable */
-    if (!grow((void **)&t->task_knode, sizeof *t->task_knode, ntasks) ||
-        !grow((void **)&t->task_node, sizeof *t->task_node, ntasks) ||
-        !grow((void **)&t->free_ns, sizeof *t->free_ns, nbufs) ||
-        !grow((void **)&t->events, sizeof *t->events, 2 * nbufs))
-      return false;
-    int64_t tile = 0; /* tiles in program order, as taskgraph.c adds them */
-    for (int32_t i = 0; i < c->low.nknodes; i++) {
-      const plan_knode *kn = &c->low.knodes[i];
-      for (int64_t k = 0; k < kn->tiles + 2; k++) {
-        t->task_knode[c->tasks.start_task[i] + k] = i;
-        t->task_node[c->tasks.start_task[i] + k] =
-            k < 2 ? -1 : c->numa.affinity[tile++];
-      }
+  if (t->events != NULL) /* the last of them: all or none usable */
+    return true;
+  if (!grow((void **)&t->records, sizeof *t->records, ntasks) ||
+      !grow((void **)&t->task_knode, sizeof *t->task_knode, ntasks) ||
+      !grow((void **)&t->task_node, sizeof *t->task_node, ntasks) ||
+      !grow((void **)&t->free_ns, sizeof *t->free_ns, nbufs) ||
+      !grow((void **)&t->events, sizeof *t->events, 2 * nbufs))
+    return false;
+  int64_t tile = 0; /* tiles in program order, as taskgraph.c adds them */
+  for (int32_t i = 0; i < c->low.nknodes; i++) {
+    const plan_knode *kn = &c->low.knodes[i];
+    for (int64_t k = 0; k < kn->tiles + 2; k++) {
+      t->task_knode[c->tasks.start_task[i] + k] = i;
+      t->task_node[c->tasks.start_task[i] + k] =
+          k < 2 ? -1 : c->numa.affinity[tile++];
     }
   }
-  if (t->nsteps < t->cap_steps)
-    return true;
-  /* Doubling, up to the steps remat_trace_steps still asks for, so that N
-   * traced steps reallocate log2(N) times, not N. */
-  int64_t want =
-      (int64_t)t->nsteps + (t->target == t->path ? t->steps_left : 1);
-  int64_t doubled = 2 * (int64_t)t->cap_steps;
-  int64_t grown = doubled < want ? doubled : want;
-  size_t cap = (size_t)(grown > t->nsteps ? grown : t->nsteps + 1), records;
-  bool ok = remat__mul_size(cap, ntasks, &records) &&
-            grow((void **)&t->records, sizeof *t->records, records) &&
-            grow((void **)&t->origin_ns, sizeof *t->origin_ns, cap) &&
-            grow((void **)&t->end_ns, sizeof *t->end_ns, cap) &&
-            grow((void **)&t->run_name, sizeof *t->run_name, cap) &&
-            grow((void **)&t->base, sizeof *t->base, cap * TRACE_NUM_COUNTERS);
-  if (ok)
-    t->cap_steps = (int)cap;
-  return ok;
+  return true;
 }
 
 remat_status step_trace_begin(const compiled_step *c, step_trace *t,
@@ -124,15 +112,15 @@ remat_status step_trace_begin(const compiled_step *c, step_trace *t,
     t->target = NULL;
     return REMAT_ERR_OUT_OF_MEMORY;
   }
-  int s = t->nsteps;
-  int64_t *base = t->base + (size_t)s * TRACE_NUM_COUNTERS;
-  memset(base, 0, TRACE_NUM_COUNTERS * sizeof *base);
+  memset(t->base, 0, sizeof t->base);
   for (int k = 0; k < REMAT_MEM_NUM_CATEGORIES; k++)
-    base[counter_of(c, (remat_mem_category)k, -1)] +=
+    t->base[counter_of(c, (remat_mem_category)k, -1)] +=
         atomic_load(&arena->current[k]);
-  t->run_name[s] = run_name;
-  t->origin_ns[s] = sched_now_ns();
-  *records = t->records + (size_t)s * (size_t)sched_dag_num_tasks(c->tasks.dag);
+  t->run_name = run_name;
+  t->start_ns = sched_now_ns();
+  if (t->nsteps == 0)
+    t->origin_ns = t->start_ns;
+  *records = t->records;
   return REMAT_OK;
 }
 
@@ -140,9 +128,9 @@ void step_trace_cancel(step_trace *t) { t->target = NULL; }
 
 /* ---- the file ---- */
 
-/* Microseconds from the first traced step's start. */
+/* Microseconds from the start of the file's first step. */
 static double from_origin(const step_trace *t, int64_t ns) {
-  return (double)(ns - t->origin_ns[0]) / 1e3;
+  return (double)(ns - t->origin_ns) / 1e3;
 }
 
 static void write_threads(FILE *f, const compiled_step *c) {
@@ -161,9 +149,10 @@ static void write_threads(FILE *f, const compiled_step *c) {
           nw);
 }
 
-static void write_tasks(FILE *f, const compiled_step *c, step_trace *t, int s) {
+static void write_tasks(FILE *f, const compiled_step *c, step_trace *t,
+                        int s) {
   int32_t ntasks = sched_dag_num_tasks(c->tasks.dag);
-  const sched_trace_record *rec = t->records + (size_t)s * (size_t)ntasks;
+  const sched_trace_record *rec = t->records;
   for (int32_t task = 0; task < ntasks; task++) {
     const plan_knode *kn = &c->low.knodes[t->task_knode[task]];
     /* 0 start, 1 done, 2.. tiles */
@@ -193,10 +182,9 @@ static int cmp_event(const void *a, const void *b) {
   return (x->delta > y->delta) - (x->delta < y->delta); /* frees first */
 }
 
-/* The step's allocations and frees, sorted; returns how many. */
-static size_t step_events(const compiled_step *c, step_trace *t, int s) {
-  const sched_trace_record *rec =
-      t->records + (size_t)s * (size_t)sched_dag_num_tasks(c->tasks.dag);
+/* The run's allocations and frees, sorted; returns how many. */
+static size_t step_events(const compiled_step *c, step_trace *t) {
+  const sched_trace_record *rec = t->records;
   for (int32_t b = 0; b < c->low.nbufs; b++)
     t->free_ns[b] = -1;
   size_t n = 0;
@@ -237,11 +225,11 @@ static void write_counter(FILE *f, double ts, const int64_t *live) {
   fputs("}}", f);
 }
 
-static void write_counters(FILE *f, const compiled_step *c, step_trace *t, int s) {
+static void write_counters(FILE *f, const compiled_step *c, step_trace *t) {
   int64_t live[TRACE_NUM_COUNTERS];
-  memcpy(live, t->base + (size_t)s * TRACE_NUM_COUNTERS, sizeof live);
-  write_counter(f, from_origin(t, t->origin_ns[s]), live);
-  size_t n = step_events(c, t, s);
+  memcpy(live, t->base, sizeof live);
+  write_counter(f, from_origin(t, t->start_ns), live);
+  size_t n = step_events(c, t);
   for (size_t i = 0; i < n; i++) {
     live[t->events[i].counter] += t->events[i].delta;
     if (i + 1 == n || t->events[i + 1].ns != t->events[i].ns)
@@ -249,24 +237,28 @@ static void write_counters(FILE *f, const compiled_step *c, step_trace *t, int s
   }
 }
 
-static void write_steps(FILE *f, const compiled_step *c, step_trace *t) {
-  for (int s = 0; s < t->nsteps; s++) {
-    fprintf(f,
-            ",\n{\"name\":\"step %d (%s)\",\"cat\":\"step\",\"ph\":\"X\","
-            "\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%d}",
-            s + 1, t->run_name[s], from_origin(t, t->origin_ns[s]),
-            (double)(t->end_ns[s] - t->origin_ns[s]) / 1e3, c->g->rt->nworkers);
-    write_tasks(f, c, t, s);
-    write_counters(f, c, t, s);
-  }
+/* The run in progress as step s (from 0) of the file: its event on the
+ * "steps" thread, its tasks and its counters, each after ",\n". */
+static void write_step(FILE *f, const compiled_step *c, step_trace *t, int s) {
+  fprintf(f,
+          ",\n{\"name\":\"step %d (%s)\",\"cat\":\"step\",\"ph\":\"X\","
+          "\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%d}",
+          s + 1, t->run_name, from_origin(t, t->start_ns),
+          (double)(t->end_ns - t->start_ns) / 1e3, c->g->rt->nworkers);
+  write_tasks(f, c, t, s);
+  write_counters(f, c, t);
 }
 
-/* Writes the whole trace to a new file renamed over the target
- * (files.h): the target, and whoever reads it, another graph writing it
- * at the same time included, only ever sees a whole trace; on failure it
- * is as it was. */
-static remat_status write_file(const compiled_step *c, step_trace *t, const char *path,
-                               char *err, size_t len) {
+static const char trace_head[] = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+static const char trace_tail[] = "\n]}\n";
+#define TRACE_TAIL_BYTES ((int64_t)sizeof trace_tail - 1)
+
+/* The file's first step: the whole file written to a new file renamed over
+ * the target (files.h), so the target, and whoever reads it, another graph
+ * writing it at the same time included, only ever sees a whole trace; on
+ * failure it is as it was. */
+static remat_status write_file(const compiled_step *c, step_trace *t,
+                               const char *path, char *err, size_t len) {
   remat__replacing r;
   FILE *f = remat__replace_begin(path, &r);
   if (f == NULL) {
@@ -274,10 +266,11 @@ static remat_status write_file(const compiled_step *c, step_trace *t, const char
              remat__quote(&(remat__quoted){0}, path), strerror(errno));
     return REMAT_ERR_IO;
   }
-  fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", f);
+  fputs(trace_head, f);
   write_threads(f, c);
-  write_steps(f, c, t);
-  fputs("\n]}\n", f);
+  write_step(f, c, t, 0);
+  fputs(trace_tail, f);
+  long bytes = ftell(f);
   int e = remat__replace_end(f, &r);
   if (e != 0) {
     snprintf(err, len, "cannot %s trace '%s': %s",
@@ -286,6 +279,71 @@ static remat_status write_file(const compiled_step *c, step_trace *t, const char
              remat__quote(&(remat__quoted){0}, path), strerror(e));
     return REMAT_ERR_IO;
   }
+  t->file_bytes = bytes;
+  return REMAT_OK;
+}
+
+/* After an append that failed: the closing written back at `at` and the
+ * file cut after it, then read back, so that the file is the document the
+ * last step left (when nothing could be written at `at`, as past a file
+ * size limit, it still is). */
+static bool restore_tail(int fd, off_t at) {
+  char back[sizeof trace_tail];
+  if (pwrite(fd, trace_tail, TRACE_TAIL_BYTES, at) == TRACE_TAIL_BYTES)
+    (void)fsync(fd);
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return false;
+  if (st.st_size != at + TRACE_TAIL_BYTES &&
+      (ftruncate(fd, at + TRACE_TAIL_BYTES) != 0 || fstat(fd, &st) != 0))
+    return false;
+  return st.st_size == at + TRACE_TAIL_BYTES &&
+         pread(fd, back, TRACE_TAIL_BYTES, at) == TRACE_TAIL_BYTES &&
+         memcmp(back, trace_tail, TRACE_TAIL_BYTES) == 0;
+}
+
+/* A later step: written over the closing of the file as the last step left
+ * it (a file of another size, or no regular file, is refused: something
+ * else changed it), closed again, flushed and synced. On failure the file
+ * is cut back to the last step's bytes and closed again. */
+static remat_status append_step(const compiled_step *c, step_trace *t,
+                                const char *path, char *err, size_t len) {
+  int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      st.st_size != t->file_bytes) {
+    int e = fd < 0 ? errno : 0;
+    snprintf(err, len, "cannot append to trace '%s': %s",
+             remat__quote(&(remat__quoted){0}, path),
+             e != 0 ? strerror(e)
+                    : "it changed since the last step was written (another "
+                      "size or kind); call remat_trace_steps again to start "
+                      "a new trace");
+    if (fd >= 0)
+      close(fd);
+    return REMAT_ERR_IO;
+  }
+  off_t at = (off_t)(t->file_bytes - TRACE_TAIL_BYTES);
+  FILE *f = lseek(fd, at, SEEK_SET) == at ? fdopen(fd, "w") : NULL;
+  if (f == NULL) {
+    snprintf(err, len, "cannot append to trace '%s': %s",
+             remat__quote(&(remat__quoted){0}, path), strerror(errno));
+    close(fd);
+    return REMAT_ERR_IO;
+  }
+  write_step(f, c, t, t->nsteps);
+  fputs(trace_tail, f);
+  long bytes = ftell(f);
+  int e = fflush(f) != 0 || ferror(f) || fsync(fd) != 0 ? errno : 0;
+  if (e != 0 && !restore_tail(fd, at))
+    t->file_bytes = -1; /* not restored: the next step refuses to append */
+  fclose(f);
+  if (e != 0) {
+    snprintf(err, len, "cannot append to trace '%s': %s",
+             remat__quote(&(remat__quoted){0}, path), strerror(e));
+    return REMAT_ERR_IO;
+  }
+  t->file_bytes = bytes;
   return REMAT_OK;
 }
 
@@ -293,20 +351,20 @@ remat_status step_trace_end(const compiled_step *c, step_trace *t, char *err,
                             size_t len) {
   if (t->target == NULL)
     return REMAT_OK;
-  t->end_ns[t->nsteps++] = sched_now_ns();
-  if (t->target == t->path)
+  t->end_ns = sched_now_ns();
+  bool steps = t->target == t->path;
+  if (steps)
     t->steps_left--;
-  remat_status s = write_file(c, t, t->target, err, len);
+  remat_status s = t->nsteps == 0 ? write_file(c, t, t->target, err, len)
+                                  : append_step(c, t, t->target, err, len);
+  if (s == REMAT_OK && steps)
+    t->nsteps++;
   t->target = NULL;
   return s;
 }
 
 void step_trace_free(step_trace *t) {
   free(t->records);
-  free(t->origin_ns);
-  free(t->end_ns);
-  free(t->run_name);
-  free(t->base);
   free(t->task_knode);
   free(t->task_node);
   free(t->free_ns);

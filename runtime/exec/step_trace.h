@@ -17,12 +17,13 @@ typedef struct step_trace {
   char path[PATH_MAX];         /* remat_trace_steps' file, "" none */
   int steps_left;              /* steps still to trace into path */
   const char *target;          /* the file of the run in progress, or NULL */
-  int nsteps, cap_steps;       /* steps held in the arrays below */
-  sched_trace_record *records; /* [cap_steps * ntasks] */
-  int64_t *origin_ns, *end_ns; /* [cap_steps] */
-  const char **run_name;       /* [cap_steps]: "remat_step", ... */
-  int64_t *base;               /* [cap_steps * TRACE_NUM_COUNTERS] bytes at
-                                  each step's start */
+  int nsteps;                  /* steps already in the target file */
+  int64_t file_bytes;          /* its size after the last step written */
+  sched_trace_record *records; /* [ntasks]: the run in progress */
+  int64_t origin_ns;           /* start of the file's first step */
+  int64_t start_ns, end_ns;    /* of the run in progress */
+  const char *run_name;        /* "remat_step", ... */
+  int64_t base[TRACE_NUM_COUNTERS]; /* bytes at the run's start */
   int32_t *task_knode;         /* [ntasks] */
   int32_t *task_node;          /* [ntasks]: NUMA affinity, -1 none */
   int64_t *free_ns;            /* [nbufs]: scratch of the writer */
@@ -38,8 +39,12 @@ remat_status step_trace_begin(const compiled_step *c, step_trace *t,
                               const mem_arena *arena, const char *run_name,
                               const char *config_path,
                               sched_trace_record **records);
-/* After a run that succeeded: writes the file (all the steps traced into
- * it so far). A failed write gives REMAT_ERR_IO and a message in `err`. */
+/* After a run that succeeded: writes its step into the file. The first
+ * step of a file writes it whole (a new file renamed over it); each later
+ * one seeks back over the closing "]}" and appends its events and the
+ * closing again, so a step costs the same whatever came before it, and
+ * the file is a whole JSON document after each. A failed write gives
+ * REMAT_ERR_IO and a message in `err`, and leaves the file as it was. */
 remat_status step_trace_end(const compiled_step *c, step_trace *t, char *err,
                             size_t len);
 /* After a run that failed: forgets its records. */

@@ -80,6 +80,11 @@ static remat_status check_config(remat_graph *g, const remat_gpt_config *c) {
                       "REMAT_ATTENTION_DEFAULT (0), REMAT_ATTENTION_FUSED (1) "
                       "or REMAT_ATTENTION_MATERIALIZED (2)",
                       (int)c->attention);
+  if (c->layers > REMAT_GPT_MAX_LAYERS)
+    return graph_fail(g, REMAT_ERR_LIMIT,
+                      "remat_gpt_build: layers %d: at most %d "
+                      "(REMAT_GPT_MAX_LAYERS) are built",
+                      c->layers, REMAT_GPT_MAX_LAYERS);
   if (c->d_model % c->heads != 0)
     return graph_fail(g, REMAT_ERR_SHAPE,
                       "remat_gpt_build: d_model %d is not divisible by heads "

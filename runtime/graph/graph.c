@@ -41,6 +41,8 @@ void remat_graph_destroy(remat_graph *g) {
   for (int32_t i = 0; i < g->ntensors; i++)
     free(g->tensors[i]);
   free(g->tensors);
+  free(g->params);
+  name_index_free(&g->param_names);
   free(g->ops);
   policy_free_all(g);
   remat_runtime *rt = g->rt;
@@ -192,6 +194,21 @@ remat_tensor *remat_input(remat_graph *g, const char *name, remat_dtype dtype,
   return new_tensor(g, TENSOR_INPUT, &shape, (op_dtype)dtype, name);
 }
 
+/* Room for one more parameter in g->params (doubled when full). */
+static bool reserve_param(remat_graph *g) {
+  if (g->nparams < g->cap_params)
+    return true;
+  int32_t cap = g->cap_params ? 2 * g->cap_params : 64;
+  int32_t *p = remat__realloc(g->params, (size_t)cap * sizeof *p);
+  if (p == NULL) {
+    graph_fail(g, REMAT_ERR_OUT_OF_MEMORY, "out of memory adding a param");
+    return false;
+  }
+  g->params = p;
+  g->cap_params = cap;
+  return true;
+}
+
 remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
                           const int64_t *dims, remat_init init, float scale) {
   op_shape shape;
@@ -213,21 +230,26 @@ remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
                name, (double)scale, (double)REMAT_MAX_INIT_SCALE);
     return NULL;
   }
-  for (int32_t i = 0; i < g->ntensors; i++)
-    if (g->tensors[i]->kind == TENSOR_PARAM &&
-        strcmp(g->tensors[i]->name, name) == 0) {
-      graph_fail(g, REMAT_ERR_INVALID_ARG,
-                 "param '%s': a parameter of this graph already has this "
-                 "name: parameter names must be unique (checkpoints store "
-                 "parameters by name)",
-                 name);
-      return NULL;
-    }
-  remat_tensor *t = new_tensor(g, TENSOR_PARAM, &shape, OP_F32, name);
-  if (t != NULL) {
-    t->init = init;
-    t->init_scale = scale;
+  if (name_index_find(&g->param_names, name) >= 0) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "param '%s': a parameter of this graph already has this "
+               "name: parameter names must be unique (checkpoints store "
+               "parameters by name)",
+               name);
+    return NULL;
   }
+  if (!reserve_param(g))
+    return NULL;
+  remat_tensor *t = new_tensor(g, TENSOR_PARAM, &shape, OP_F32, name);
+  if (t == NULL)
+    return NULL;
+  if (!name_index_add(&g->param_names, t->name, t->id)) {
+    graph_fail(g, REMAT_ERR_OUT_OF_MEMORY, "param '%s': out of memory", name);
+    return NULL;
+  }
+  t->init = init;
+  t->init_scale = scale;
+  g->params[g->nparams++] = t->id;
   return t;
 }
 
@@ -344,15 +366,11 @@ remat_status remat_keep(remat_graph *g, remat_tensor *t) {
 }
 
 int remat_num_params(const remat_graph *g) {
-  int n = 0;
-  for (int32_t i = 0; g != NULL && i < g->ntensors; i++)
-    n += g->tensors[i]->kind == TENSOR_PARAM;
-  return n;
+  return g == NULL ? 0 : g->nparams;
 }
 
 remat_tensor *remat_param_at(const remat_graph *g, int i) {
-  for (int32_t k = 0; g != NULL && k < g->ntensors; k++)
-    if (g->tensors[k]->kind == TENSOR_PARAM && i-- == 0)
-      return g->tensors[k];
-  return NULL;
+  if (g == NULL || i < 0 || i >= g->nparams)
+    return NULL;
+  return g->tensors[g->params[i]];
 }

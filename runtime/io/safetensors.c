@@ -520,11 +520,10 @@ static void format_shape(char *buf, size_t len, int ndim, const double *dims) {
     snprintf(buf + n, len - n, "]");
 }
 
-static int find_item(const safet_load_req *req, const char *name) {
-  for (int i = 0; i < req->nitems; i++)
-    if (strcmp(req->items[i].name, name) == 0)
-      return i;
-  return -1;
+/* The index of the item named `name`, -1 none: a hash look-up, so that
+ * checking a header costs O(tensors), not O(tensors^2). */
+static int find_item(const name_index *items, const char *name) {
+  return name_index_find(items, name);
 }
 
 /* An offset into the data section: from 0 to its size. */
@@ -583,7 +582,8 @@ static remat_status check_shape(const source *src, const char *name,
 
 /* Checks one header entry against the file and the model: its fields, its
  * offsets, then (unless the load skips it) dtype, shape and size. */
-static remat_status check_entry(const safet_load_req *req, const source *src,
+static remat_status check_entry(const safet_load_req *req,
+                                const name_index *items, const source *src,
                                 const cJSON *item, bool skip, entry *entries,
                                 int *seen) {
   remat__quoted quoted_name, quoted_dt;
@@ -604,7 +604,7 @@ static remat_status check_entry(const safet_load_req *req, const source *src,
   remat_status s = check_offsets(src, name, offs, &e);
   if (s != REMAT_OK || skip)
     return s;
-  int i = find_item(req, item->string);
+  int i = find_item(items, item->string);
   if (i < 0)
     return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' is not a parameter of the "
                      "model%s", src->what, src->path, name,
@@ -668,17 +668,18 @@ static remat_status check_cover(const safet_load_req *req, const source *src,
 }
 
 /* A checkpoint's optimizer state, which a weights-only load skips. */
-static bool skipped(const safet_load_req *req, const cJSON *meta,
-                    const char *name) {
+static bool skipped(const safet_load_req *req, const name_index *items,
+                    const cJSON *meta, const char *name) {
   return req->weights_only &&
          cJSON_GetObjectItemCaseSensitive(meta, SAFET_CHECKPOINT_KEY) &&
-         find_item(req, name) < 0 &&
+         find_item(items, name) < 0 &&
          (strncmp(name, SAFET_ADAM_M, strlen(SAFET_ADAM_M)) == 0 ||
           strncmp(name, SAFET_ADAM_V, strlen(SAFET_ADAM_V)) == 0);
 }
 
 /* Checks every entry of the header against the file and the model. */
-static remat_status check_entries(const safet_load_req *req, source *src,
+static remat_status check_entries(const safet_load_req *req,
+                                  const name_index *items, source *src,
                                   const cJSON *root, entry *entries,
                                   int *seen) {
   const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
@@ -688,8 +689,8 @@ static remat_status check_entries(const safet_load_req *req, source *src,
     if (s != REMAT_OK)
       break;
     if (item != meta)
-      s = check_entry(req, src, item, skipped(req, meta, item->string),
-                      entries, seen);
+      s = check_entry(req, items, src, item,
+                      skipped(req, items, meta, item->string), entries, seen);
   }
   if (s == REMAT_OK)
     s = check_cover(req, src, entries, seen);
@@ -772,6 +773,7 @@ struct safet_loading {
   cJSON *root; /* the header */
   entry *entries;
   int *seen;
+  name_index items; /* req->items by name */
 };
 
 remat_status safet_load_open(const char *path, const safet_load_req *req,
@@ -787,7 +789,10 @@ remat_status safet_load_open(const char *path, const safet_load_req *req,
   size_t n = req->nitems > 0 ? (size_t)req->nitems : 1;
   ld->entries = remat__calloc(n, sizeof *ld->entries);
   ld->seen = remat__calloc(n, sizeof *ld->seen);
-  if (ld->entries == NULL || ld->seen == NULL)
+  bool indexed = ld->entries != NULL && ld->seen != NULL;
+  for (int i = 0; indexed && i < req->nitems; i++)
+    indexed = name_index_add(&ld->items, req->items[i].name, i);
+  if (!indexed)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", req->what);
   remat_status s = open_source(path, req->what, &ld->src);
   if (s == REMAT_OK)
@@ -813,8 +818,8 @@ remat_status safet_read_header(const char *path, const char *what,
 }
 
 remat_status safet_load_read(safet_loading *ld) {
-  remat_status s = check_entries(ld->req, &ld->src, ld->root, ld->entries,
-                                 ld->seen);
+  remat_status s = check_entries(ld->req, &ld->items, &ld->src, ld->root,
+                                 ld->entries, ld->seen);
   if (s == REMAT_OK)
     s = read_items(ld->req, &ld->src, ld->entries);
   return s;
@@ -828,6 +833,7 @@ void safet_load_close(safet_loading *ld) {
   cJSON_Delete(ld->root);
   free(ld->entries);
   free(ld->seen);
+  name_index_free(&ld->items);
   free(ld);
 }
 

@@ -806,27 +806,42 @@ remat_status policy_check_names(remat_graph *g, const remat_policy *p) {
   return REMAT_OK;
 }
 
-/* The region where the decision on tensor t is taken: the innermost region
- * of its producer that holds every consumer too; -1 when none does. */
-static int32_t deciding_region(const remat_graph *g, const remat_tensor *t) {
-  int32_t r = t->region;
-  for (int32_t o = 0; o < g->nops && r >= 0; o++) {
-    const graph_op *op = &g->ops[o];
-    for (int i = 0; i < op->desc.nin && r >= 0; i++) {
-      if (op->in[i] != t->id)
-        continue;
-      /* climb until region r contains the consumer's region */
-      for (;;) {
-        int32_t c = op->region;
-        while (c >= 0 && c != r)
-          c = g->regions[c].parent;
-        if (c == r || r < 0)
-          break;
-        r = g->regions[r].parent;
-      }
-    }
+/* Region r climbed until it holds region c: the innermost region that
+ * holds both; -1 when none does. */
+static int32_t climb_to(const remat_graph *g, int32_t r, int32_t c) {
+  while (r >= 0) {
+    int32_t up = c;
+    while (up >= 0 && up != r)
+      up = g->regions[up].parent;
+    if (up == r)
+      return r;
+    r = g->regions[r].parent;
   }
   return r;
+}
+
+static bool decided_by_policy(const remat_tensor *x) {
+  return x->kind == TENSOR_ACT && !x->keep && x->producer >= 0;
+}
+
+/* One pass over the ops, so that deciding costs O(ops x region depth), not
+ * O(tensors x ops): deciding[t] becomes the innermost region of t's
+ * producer that holds every consumer too (-1 when none does, or when no
+ * policy decides t), and consumed[t] whether any op reads t. */
+static void find_deciding_regions(const remat_graph *g, int32_t *deciding,
+                                  bool *consumed) {
+  for (int32_t t = 0; t < g->ntensors; t++) {
+    const remat_tensor *x = g->tensors[t];
+    deciding[t] = decided_by_policy(x) ? x->region : -1;
+    consumed[t] = false;
+  }
+  for (int32_t o = 0; o < g->nops; o++) {
+    const graph_op *op = &g->ops[o];
+    for (int i = 0; i < op->desc.nin; i++) {
+      consumed[op->in[i]] = true;
+      deciding[op->in[i]] = climb_to(g, deciding[op->in[i]], op->region);
+    }
+  }
 }
 
 remat_status policy_resolve_default(remat_graph *g, const char *text,
@@ -840,22 +855,14 @@ remat_status policy_resolve_default(remat_graph *g, const char *text,
 remat_status policy_decide_with(const remat_graph *g, bool *saved,
                                 int32_t *deciding,
                                 const remat_policy *const *region_policy) {
+  find_deciding_regions(g, deciding, saved); /* saved: consumed, for now */
   for (int32_t t = 0; t < g->ntensors; t++) {
     const remat_tensor *x = g->tensors[t];
-    saved[t] = true;
-    deciding[t] = -1;
-    if (x->kind != TENSOR_ACT || x->keep || x->producer < 0)
+    int32_t r = deciding[t];
+    if (r < 0 || !saved[t]) { /* outside regions, or read by no op */
+      saved[t] = true;
       continue;
-    int32_t r = deciding_region(g, x);
-    if (r < 0)
-      continue;
-    deciding[t] = r;
-    bool consumed = false;
-    for (int32_t o = x->producer + 1; o < g->nops && !consumed; o++)
-      for (int i = 0; i < g->ops[o].desc.nin; i++)
-        consumed |= g->ops[o].in[i] == t;
-    if (!consumed)
-      continue;
+    }
     saved[t] = policy_saves(region_policy[r], &g->ops[x->producer].desc, x);
   }
   return REMAT_OK;
