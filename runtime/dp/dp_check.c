@@ -227,7 +227,9 @@ bool dp_shared_differ(const int64_t *slots, char *out, size_t size) {
       [DP_SHARED_LR] = "the learning rate",
       [DP_SHARED_CLIP] = "the clipping norm (remat_set_clip)",
       [DP_SHARED_ACCUMULATE] = "",
-      [DP_SHARED_MICRO_STEPS] = "the count of micro-steps since the update",
+      /* one literal in parentheses: clang's -Wstring-concatenation */
+      [DP_SHARED_MICRO_STEPS] = ("the count of micro-steps accumulated "
+                                 "since the last update"),
       [DP_SHARED_UPDATES] = "the count of updates applied"};
   for (int k = 0; k < DP_NSHARED; k++) {
     int64_t hi = slots[2 * k], lo = -slots[2 * k + 1];
