@@ -27,6 +27,14 @@
 #include "runtime/compile/memcheck.h"
 #include "tmpdir.h"
 
+/* Under AddressSanitizer an allocation past RLIMIT_AS returns NULL, as
+ * malloc does, instead of ending the process: test_compile_refuses_too_big
+ * checks compile's own way out of that failure. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) {
+  return "allocator_may_return_null=1";
+}
+
 static const remat_gpt_config tiny = {
     .layers = 2, .d_model = 16, .heads = 2, .seq = 5, .batch = 3, .vocab = 7};
 
