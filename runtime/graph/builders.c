@@ -110,7 +110,16 @@ remat_tensor *remat_dropout(remat_graph *g, const remat_tensor *x, float p) {
   return y;
 }
 
-/* The config's fields that no shape check covers. */
+static bool same_shape(const op_shape *a, const op_shape *b) {
+  if (a->ndim != b->ndim)
+    return false;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->dim[i] != b->dim[i])
+      return false;
+  return true;
+}
+
+/* The config's fields that no shape check covers, and k against v. */
 static bool attention_config_ok(remat_graph *g, const remat_tensor *k,
                                 const remat_tensor *v,
                                 const remat_attention_config *c) {
@@ -124,6 +133,14 @@ static bool attention_config_ok(remat_graph *g, const remat_tensor *k,
                "%s: k is %s and v %s: give both (separate q, k, v) or "
                "neither (q is then a packed qkv)",
                what, k ? "given" : "NULL", v ? "given" : "NULL");
+    return false;
+  }
+  if (k != NULL && graph_tensor_ok(g, k, what) &&
+      graph_tensor_ok(g, v, what) && !same_shape(&k->shape, &v->shape)) {
+    char bk[OP_SHAPE_STR_MAX], bv[OP_SHAPE_STR_MAX];
+    graph_fail(g, REMAT_ERR_SHAPE,
+               "%s: k %s and v %s: k and v must have the same shape", what,
+               op_shape_str(&k->shape, bk), op_shape_str(&v->shape, bv));
     return false;
   }
   if (c->causal != 0 && c->causal != 1) {
@@ -185,8 +202,9 @@ static remat_tensor *materialized_attention(remat_graph *g,
 remat_tensor *remat_attention(remat_graph *g, const remat_tensor *q,
                               const remat_tensor *k, const remat_tensor *v,
                               const remat_attention_config *cfg) {
-  if (g == NULL || g->status != REMAT_OK)
-    return graph_add_op(g, OP_ATTENTION, &q, 1, NULL);
+  if (g == NULL || g->status != REMAT_OK) /* names the last op it adds */
+    return graph_add_op(g, cfg && !cfg->fused ? OP_ATTN_VALUES : OP_ATTENTION,
+                        &q, 1, NULL);
   if (!attention_config_ok(g, k, v, cfg))
     return NULL;
   op_attrs attrs = {.heads = cfg->heads,
