@@ -49,12 +49,12 @@ static void drop_block(const dropout_state *s, uint64_t key, bool masked,
                : 0.0f;
 }
 
-/* dst (dtype dt, elements i0..i0+len) = (or +=) src (dtype st) masked. */
-static void drop_range(const op_instance *op, const op_bufs *b,
+/* dst (dtype dt, elements i0..i0+len) = (or +=) src (dtype st), masked
+ * or not. */
+static void drop_range(const op_instance *op, const op_bufs *b, bool masked,
                        const float *src, op_dtype st, float *dst, op_dtype dt,
                        bool acc, int64_t i0, int64_t len, op_worker *w) {
   const dropout_state *s = op->state;
-  bool masked = b->training && op->desc.attrs.dropout > 0.0f;
   uint64_t key = masked ? counter_rng_key(b->rng_seed,
                                           (uint64_t)op->desc.attrs.rng_stream,
                                           b->rng_step)
@@ -77,7 +77,8 @@ static int dropout_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
                        op_worker *w) {
   const dropout_state *s = op->state;
   int64_t i0 = tile * OP_FLAT_ELEMS, len = op_min64(OP_FLAT_ELEMS, s->n - i0);
-  drop_range(op, b, b->in[0], op->desc.in_dtype[0], b->out,
+  bool masked = b->training && op->desc.attrs.dropout > 0.0f;
+  drop_range(op, b, masked, b->in[0], op->desc.in_dtype[0], b->out,
              op->desc.out_dtype, false, i0, len, w);
   return REMAT_OK;
 }
@@ -89,7 +90,8 @@ static int dropout_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
   const dropout_state *s = op->state;
   if (!b->din[0]) return REMAT_OK;
   int64_t i0 = tile * OP_FLAT_ELEMS, len = op_min64(OP_FLAT_ELEMS, s->n - i0);
-  drop_range(op, b, b->dout, op->desc.out_dtype, b->din[0],
+  bool with_mask = op->desc.attrs.dropout > 0.0f; /* training only */
+  drop_range(op, b, with_mask, b->dout, op->desc.out_dtype, b->din[0],
              op->desc.din_dtype[0], b->din_accumulate[0], i0, len, w);
   return REMAT_OK;
 }
