@@ -179,7 +179,7 @@ remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
   op_gemm_init(&s->dy, S, hd, T, S, hd);
   op_gemm_layout(&s->dy, op_transposed(S), op_plain(a.q_ld), a.k_ld);
   op_gemm_dtypes(&s->dy, st, qt, d->din_dtype[ki]); /* dK = scale dS^T Q */
-  s->dy.alpha = a.scale;
+  s->dy.alpha = 1.0f;
   rs = op_gemm_plan(&s->fwd, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dx, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dy, &s->base, err);
