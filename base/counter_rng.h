@@ -24,7 +24,8 @@ static inline uint64_t counter_rng_key(uint64_t seed, uint64_t stream,
 
 /* 32 uniform bits of element i under key. */
 static inline uint32_t counter_rng_bits(uint64_t key, uint64_t i) {
-  return (uint32_t)(counter_rng_mix(key + (i + 1) * UINT64_C(0x9e3779b97f4a7c15)) >> 32);
+  uint64_t z = key + (i + 1) * UINT64_C(0x9e3779b97f4a7c15);
+  return (uint32_t)(counter_rng_mix(z) >> 32);
 }
 
 /* The threshold below which bits drop an element with probability p in

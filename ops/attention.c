@@ -75,9 +75,9 @@ static void mask_scores(const attn_geom *a, void *sc, op_dtype st,
       for (int64_t j = attn_keys(a, i, len); j < S; j++) sh[i * S + j] = ninf;
     return;
   }
-  float *sf = sc;
+  float *sf = sc, ninf = -INFINITY;
   for (int64_t i = 0; i < T; i++)
-    for (int64_t j = attn_keys(a, i, len); j < S; j++) sf[i * S + j] = -INFINITY;
+    for (int64_t j = attn_keys(a, i, len); j < S; j++) sf[i * S + j] = ninf;
 }
 
 // q is (B,T,H,hd), k is (B,S,KVH,hd), s is (B,H,T,S):
@@ -179,7 +179,7 @@ remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
   op_gemm_init(&s->dy, S, hd, T, S, hd);
   op_gemm_layout(&s->dy, op_transposed(S), op_plain(a.q_ld), a.k_ld);
   op_gemm_dtypes(&s->dy, st, qt, d->din_dtype[ki]); /* dK = scale dS^T Q */
-  s->dy.alpha = 1.0f;
+  s->dy.alpha = a.scale;
   rs = op_gemm_plan(&s->fwd, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dx, &s->base, err);
   if (rs == REMAT_OK) rs = op_gemm_plan(&s->dy, &s->base, err);

@@ -165,7 +165,8 @@ typedef int (*op_tile_fn)(const struct op_instance *op, const op_bufs *b,
 typedef struct op_span {
   int64_t rows, row_block, row_tiles;
   uint32_t row_slots, tile_slots, spread_slots;
-  int64_t row_parts[OP_NUM_SLOTS]; /* by slot index; 0 means 1 */
+  int32_t row_parts[OP_NUM_SLOTS]; /* by slot index; 0 means 1 (int32:
+                                      graph ops stay small) */
 } op_span;
 
 typedef struct op_kernel {

@@ -6,8 +6,8 @@
  * gradients against central finite differences; bf16 kernels against f32
  * ones; grouped-query attention against multi-head attention on repeated
  * key/value heads; padded keys that change nothing. At the graph level,
- * dropout's mask replayed bitwise by recomputes under every policy, at 1
- * and 2 threads and on a synthetic 2-node machine; a new mask each step;
+ * dropout's mask replayed bitwise by recomputes under every policy, at 1,
+ * 2 and 4 threads and on a synthetic 2-node machine; a new mask each step;
  * none in remat_forward; key lengths refused by remat_feed; and the
  * builders' messages. */
 #include <math.h>
@@ -520,7 +520,8 @@ static void test_bf16_against_f32(void **state) {
       tensors_new(c, &a);
       tensors_new(c, &b);
       /* the same values, rounded to bf16 for both */
-      float *src[4] = {a.q, a.k, a.v, a.dout}, *dst[4] = {b.q, b.k, b.v, b.dout};
+      float *src[4] = {a.q, a.k, a.v, a.dout};
+      float *dst[4] = {b.q, b.k, b.v, b.dout};
       int64_t n[4] = {nq(c), nk(c), nk(c), nq(c)};
       for (int x = 0; x < 4; x++)
         for (int64_t e = 0; e < n[x]; e++)
@@ -819,7 +820,7 @@ static void test_dropout_replayed_by_recompute(void **state) {
     graph_grads(1, NULL, policies[0], fused, want);
     assert_true(want[0] != want[1]); /* the second step's mask differs */
     for (int p = 0; p < (fused ? 3 : 4); p++) /* fused: no attn_probs */
-      for (int threads = 1; threads <= 2; threads++) {
+      for (int threads = 1; threads <= 4; threads *= 2) {
         uint64_t got[2];
         graph_grads(threads, NULL, policies[p], fused, got);
         if (got[0] != want[0] || got[1] != want[1])
