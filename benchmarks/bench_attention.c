@@ -45,17 +45,20 @@ static void open_graph(bench_graph *b, const char *name, int kv_heads,
   remat_tensor *q = remat_param(b->g, "q", 3, qd, REMAT_INIT_NORMAL, 1.0f);
   remat_tensor *k = remat_param(b->g, "k", 3, kd, REMAT_INIT_NORMAL, 1.0f);
   remat_tensor *v = remat_param(b->g, "v", 3, kd, REMAT_INIT_NORMAL, 1.0f);
-  remat_attention_config c = {.heads = H, .kv_heads = kv_heads, .causal = 1,
-                              .fused = fused};
+  remat_attention_config c = {
+      .heads = H, .kv_heads = kv_heads, .causal = 1, .fused = fused};
   remat_tensor *loss = remat_sum(b->g, remat_attention(b->g, q, k, v, &c));
-  if (remat_compile(b->g, loss, NULL) != REMAT_OK) die(name);
+  if (remat_compile(b->g, loss, NULL) != REMAT_OK)
+    die(name);
   b->ms = calloc((size_t)rounds, sizeof *b->ms);
-  if (!b->ms) die("out of memory");
+  if (!b->ms)
+    die("out of memory");
 }
 
 static double step_ms(bench_graph *b) {
   double t0 = now_ms();
-  if (remat_step(b->g, NULL) != REMAT_OK) die(b->name);
+  if (remat_step(b->g, NULL) != REMAT_OK)
+    die(b->name);
   return now_ms() - t0;
 }
 
@@ -79,22 +82,26 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (rounds < 1) rounds = 1;
+  if (rounds < 1)
+    rounds = 1;
   bench_graph g[3];
   open_graph(&g[0], "fused_kv8", 8, 1, rounds);
   open_graph(&g[1], "fused_kv2", 2, 1, rounds);
   open_graph(&g[2], "materialized_kv8", 8, 0, rounds);
   for (int r = 0; r < WARMUP; r++)
-    for (int i = 0; i < 3; i++) step_ms(&g[i]);
+    for (int i = 0; i < 3; i++)
+      step_ms(&g[i]);
   for (int r = 0; r < rounds; r++) /* interleaved, order rotating */
     for (int i = 0; i < 3; i++) {
       bench_graph *b = &g[(r + i) % 3];
       b->ms[r] = step_ms(b);
     }
   double med[3];
-  for (int i = 0; i < 3; i++) med[i] = median(g[i].ms, rounds);
+  for (int i = 0; i < 3; i++)
+    med[i] = median(g[i].ms, rounds);
   printf("{\"B\": %d, \"T\": %d, \"heads\": %d, \"head_dim\": %d, "
-         "\"threads\": 1, \"rounds\": %d,\n", B, T, H, HD, rounds);
+         "\"threads\": 1, \"rounds\": %d,\n",
+         B, T, H, HD, rounds);
   for (int i = 0; i < 3; i++)
     printf(" \"%s_ms\": %.3f,\n", g[i].name, med[i]);
   printf(" \"gqa_over_mha\": %.3f, \"materialized_over_fused\": %.3f}\n",
