@@ -256,15 +256,53 @@ REMAT_API remat_tensor *remat_attention_values(remat_graph *g,
                                                const remat_tensor *qkv,
                                                int heads);
 /* The three steps above; the scores and probs tensors are named
- * "attn_scores" and "attn_probs". */
+ * "attn_scores" and "attn_probs". remat_attention with a packed qkv and
+ * causal = 1. */
 REMAT_API remat_tensor *
 remat_causal_self_attention(remat_graph *g, const remat_tensor *qkv, int heads);
 /* The same causal attention fused into one op that never stores a T x T
  * matrix: it saves out[B,T,D] and the per-row log-sum-exp [B,H,T], and its
  * backward recomputes the probabilities block by block. It has no
- * "attn_scores" or "attn_probs" tensors. Tags: dot, batched. */
+ * "attn_scores" or "attn_probs" tensors. remat_attention with a packed
+ * qkv, causal = 1 and fused = 1. Tags: dot, batched. */
 REMAT_API remat_tensor *
 remat_fused_attention(remat_graph *g, const remat_tensor *qkv, int heads);
+/* How remat_attention attends. A config with only heads set is
+ * bidirectional, materialized, without dropout. */
+typedef struct remat_attention_config {
+  int heads;    /* H query heads */
+  int kv_heads; /* KVH key/value heads; 0 means H; H must be a multiple of
+                   KVH (grouped-query attention: query head h reads
+                   key/value head h / (H / KVH)) */
+  int causal;   /* 0 or 1: query t sees keys 0..t only */
+  const remat_tensor *key_lengths; /* NULL, or an int32 input [B]: keys at
+                   positions >= its row's length are masked; remat_feed
+                   refuses a length of 0 or above S */
+  float dropout; /* probability in [0,1) of dropping an attention
+                   probability (training only; the rest scaled by
+                   1 / (1 - p)) */
+  float scale;  /* multiplies q.k; 0 means 1/sqrt(head dim) */
+  int fused;    /* 1: one op that never stores a T x S matrix; 0: scores,
+                   softmax (and dropout) and values, the scores and
+                   probabilities named "attn_scores" and "attn_probs" */
+} remat_attention_config;
+/* out[B,T,H*hd] = softmax(scale q.k^T + mask) . v per head, with
+ * q[B,T,H*hd], k and v [B,S,KVH*hd] (S may differ from T: cross
+ * attention), or, when k and v are both NULL, q a packed qkv
+ * [B,T,(H+2 KVH)*hd] (the q heads, then the k heads, then the v heads).
+ * The mask is -inf where a query may not see a key (causal, key lengths).
+ * Tags: dot, batched. */
+REMAT_API remat_tensor *remat_attention(remat_graph *g, const remat_tensor *q,
+                                        const remat_tensor *k,
+                                        const remat_tensor *v,
+                                        const remat_attention_config *cfg);
+/* Zeroes each element of x with probability p in [0,1) and scales the
+ * others by 1 / (1 - p) in training; remat_forward passes x unchanged.
+ * The mask is drawn from the graph's seed, the op and the step's number
+ * (remat_step and remat_accumulate draw a new one each run), so a
+ * recompute draws the forward's mask again, whatever the threads. */
+REMAT_API remat_tensor *remat_dropout(remat_graph *g, const remat_tensor *x,
+                                      float p);
 /* x[B,T,D] = wte[tokens] + wpe[0..T); tokens[B,T] int32. wpe may be NULL
  * (no learned positions): x[B,T,D] = wte[tokens]. A table may also be read
  * by other ops (an LM head tied to wte): its gradient is the sum of theirs,

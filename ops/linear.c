@@ -245,8 +245,10 @@ static void linear_dw_kernels(op_instance *inst, linear_state *s, bool bias) {
   k->span = op_span_rows(N, s->chunk_rows, OP_SLOT_DOUT | OP_SLOT_IN(0));
   k->span.row_tiles = per;
   k->span.tile_slots = ws;
-  k->span.row_parts[op_slot_index(OP_SLOT_DOUT)] = op_div_up(M, s->dw.bm);
-  k->span.row_parts[op_slot_index(OP_SLOT_IN(0))] = op_div_up(K, s->dw.bn);
+  k->span.row_parts[op_slot_index(OP_SLOT_DOUT)] =
+      (int32_t)op_div_up(M, s->dw.bm);
+  k->span.row_parts[op_slot_index(OP_SLOT_IN(0))] =
+      (int32_t)op_div_up(K, s->dw.bn);
   inst->nws = bias ? 2 : 1;
   inst->ws_bytes[0] = (size_t)(s->chunks * M * K) * sizeof(float);
   inst->ws_bytes[1] = bias ? (size_t)(s->chunks * M) * sizeof(float) : 0;

@@ -32,6 +32,7 @@ static const op_entry op_table[OP_NUM_TYPES] = {
     [OP_MEAN] = {0, op_reduce_infer, op_reduce_plan},
     [OP_ATTENTION] = {OP_TAG_DOT | OP_TAG_BATCHED, op_attention_infer,
                       op_attention_plan},
+    [OP_DROPOUT] = {0, op_dropout_infer, op_dropout_plan},
 };
 
 static bool valid_type(op_type type) {

@@ -13,7 +13,7 @@
 #include "remat.h"
 
 #define OP_MAX_DIMS 4
-#define OP_MAX_IN 3
+#define OP_MAX_IN 4
 #define OP_MAX_AUX 2
 #define OP_MAX_WS 2
 #define OP_MAX_KERNELS 4
@@ -28,13 +28,16 @@ typedef enum op_type {
   OP_GELU,          /* attrs.gelu_erf ? erf form : tanh form */
   OP_LAYERNORM,     /* y[..,C] = (x - mean) * rstd * gamma[C] + beta[C] */
   OP_SOFTMAX,       /* softmax over the last dim */
-  OP_ATTN_SCORES,   /* qkv[B,T,3D] -> s[B,H,T,T] = q.k^T/sqrt(D/H), causal mask -inf */
-  OP_ATTN_VALUES,   /* p[B,H,T,T], qkv[B,T,3D] -> o[B,T,D], o[b,t,h*hd..] = p . v */
+  OP_ATTN_SCORES,   /* qkv (or q, k) [, lens] -> s[B,H,T,S] = scale q.k^T,
+                       masked -inf (causal, key lengths); ops/attn_geom.h */
+  OP_ATTN_VALUES,   /* p[B,H,T,S], qkv (or v) -> o[B,T,H*hd] = p . v */
   OP_EMBED,         /* tokens[B,T] int32, wte[V,D], wpe[Tmax,D] -> x[B,T,D] */
   OP_CROSS_ENTROPY, /* logits[..,V], targets[..] int32 -> [1] mean over rows */
   OP_SUM,           /* x -> [1], sum of all elements */
   OP_MEAN,          /* x -> [1], mean of all elements */
-  OP_ATTENTION,     /* qkv[B,T,3D] -> o[B,T,D]: fused causal attention, aux lse[B,H,T] */
+  OP_ATTENTION,     /* qkv (or q, k, v) [, lens] -> o[B,T,H*hd]: fused
+                       attention, aux lse[B,H,T] */
+  OP_DROPOUT,       /* y = x * keep / (1 - p), keep drawn per element */
   OP_NUM_TYPES
 } op_type;
 
@@ -56,9 +59,20 @@ typedef struct op_shape {
 } op_shape;
 
 typedef struct op_attrs {
-  int heads;    /* OP_ATTN_*: number of heads */
+  int heads;    /* OP_ATTN_*, OP_ATTENTION: number of query heads H */
   int gelu_erf; /* OP_GELU: 1 erf form, 0 tanh form */
   float eps;    /* OP_LAYERNORM: added to the variance (0 means 1e-5) */
+  /* attention (ops/attn_geom.h); a zero-initialized desc is causal
+   * self-attention on a packed qkv with H key/value heads */
+  int kv_heads;       /* key/value heads KVH, 0 means H */
+  bool attn_full;     /* every query sees every key (no causal mask) */
+  bool attn_separate; /* inputs q, k, v (scores: q, k; values: p, v)
+                         instead of a packed qkv */
+  bool attn_lens;     /* the last input is an int32 [B] of key lengths */
+  float attn_scale;   /* multiplies q.k; 0 means 1/sqrt(head dim) */
+  /* dropout (OP_DROPOUT, OP_ATTENTION on its probabilities) */
+  float dropout;      /* probability of dropping an element, [0,1) */
+  int rng_stream;     /* the graph's dropout site: keys the mask bits */
 } op_attrs;
 
 /* What shape inference and planning see of one op node.
@@ -86,12 +100,12 @@ typedef struct op_desc {
 
 /* Buffer slots of an op, as bits of op_kernel.reads / op_kernel.writes. */
 #define OP_SLOT_IN(i) (1u << (i))        /* forward input i */
-#define OP_SLOT_OUT (1u << 3)            /* forward output */
-#define OP_SLOT_AUX(k) (1u << (4 + (k))) /* op-owned forward tensor k */
-#define OP_SLOT_DIN(i) (1u << (6 + (i))) /* gradient of input i */
-#define OP_SLOT_DOUT (1u << 9)           /* gradient of the output */
-#define OP_SLOT_WS(k) (1u << (10 + (k))) /* backward workspace k */
-#define OP_NUM_SLOTS 12                  /* bits of the slots above */
+#define OP_SLOT_OUT (1u << 4)            /* forward output */
+#define OP_SLOT_AUX(k) (1u << (5 + (k))) /* op-owned forward tensor k */
+#define OP_SLOT_DIN(i) (1u << (7 + (i))) /* gradient of input i */
+#define OP_SLOT_DOUT (1u << 11)          /* gradient of the output */
+#define OP_SLOT_WS(k) (1u << (12 + (k))) /* backward workspace k */
+#define OP_NUM_SLOTS 14                  /* bits of the slots above */
 /* Index (0..OP_NUM_SLOTS-1) of a slot bit. */
 static inline int op_slot_index(uint32_t bit) { return __builtin_ctz(bit); }
 
@@ -107,6 +121,12 @@ typedef struct op_bufs {
   float *dout;
   float *ws[OP_MAX_WS];
   bool din_accumulate[OP_MAX_IN]; /* add into din instead of overwriting */
+  /* The run: dropout draws its mask bits from counter_rng_key(rng_seed,
+   * attrs.rng_stream, rng_step) (base/counter_rng.h); it drops nothing
+   * unless training. Zero-initialized: not training. */
+  uint64_t rng_seed; /* the graph's seed */
+  uint64_t rng_step; /* the run's number: a recompute shares its forward's */
+  bool training;     /* a step or accumulation, not remat_forward */
 } op_bufs;
 
 /* Per-worker execution context: a oneDNN stream and a user-mode
@@ -145,7 +165,8 @@ typedef int (*op_tile_fn)(const struct op_instance *op, const op_bufs *b,
 typedef struct op_span {
   int64_t rows, row_block, row_tiles;
   uint32_t row_slots, tile_slots, spread_slots;
-  int64_t row_parts[OP_NUM_SLOTS]; /* by slot index; 0 means 1 */
+  int32_t row_parts[OP_NUM_SLOTS]; /* by slot index; 0 means 1 (int32:
+                                      graph ops stay small) */
 } op_span;
 
 typedef struct op_kernel {

@@ -80,13 +80,12 @@ remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
 remat_status op_attn_values_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
 remat_status op_attn_values_plan(op_instance *inst, dnnl_engine_t engine,
                                  char err[OP_ERRMSG_MAX]);
-/* Checks that qkv is [B,T,3D] with D divisible by d->attrs.heads; prefix
- * starts the message (the other inputs' shapes). */
-remat_status op_check_qkv(const op_desc *d, const op_shape *qkv,
-                          const char *prefix, char err[OP_ERRMSG_MAX]);
 remat_status op_attention_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
 remat_status op_attention_plan(op_instance *inst, dnnl_engine_t engine,
                                char err[OP_ERRMSG_MAX]);
+remat_status op_dropout_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_dropout_plan(op_instance *inst, dnnl_engine_t engine,
+                             char err[OP_ERRMSG_MAX]);
 remat_status op_embed_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
 remat_status op_embed_plan(op_instance *inst, dnnl_engine_t engine,
                            char err[OP_ERRMSG_MAX]);

@@ -15,7 +15,7 @@ static const char *const op_names[OP_NUM_TYPES] = {
     [OP_ATTN_SCORES] = "attn_scores", [OP_ATTN_VALUES] = "attn_values",
     [OP_EMBED] = "embed",           [OP_CROSS_ENTROPY] = "cross_entropy",
     [OP_SUM] = "sum",               [OP_MEAN] = "mean",
-    [OP_ATTENTION] = "attention",
+    [OP_ATTENTION] = "attention",   [OP_DROPOUT] = "dropout",
 };
 
 const char *op_name(op_type type) {

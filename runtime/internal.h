@@ -180,6 +180,9 @@ struct remat_graph {
   name_index param_names;             /* parameter name -> tensor id */
   graph_op *ops;
   int32_t nops, cap_ops;
+  int32_t ndropout;                   /* dropout sites so far: each op that
+                                         drops gets the next as its
+                                         op_attrs.rng_stream */
   graph_region *regions;
   int32_t nregions, cap_regions;
   int32_t region_stack[REMAT__MAX_REGION_DEPTH];

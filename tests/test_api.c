@@ -172,6 +172,11 @@ static void test_null_graph_builders(void **state) {
   assert_string_equal(remat_last_error(), "attn_values: graph is NULL");
   assert_null(remat_causal_self_attention(NULL, NULL, 2));
   assert_string_equal(remat_last_error(), "attn_values: graph is NULL");
+  remat_attention_config fused = {.heads = 2, .fused = 1};
+  assert_null(remat_attention(NULL, NULL, NULL, NULL, &fused));
+  assert_string_equal(remat_last_error(), "attention: graph is NULL");
+  assert_null(remat_dropout(NULL, NULL, 0.5f));
+  assert_string_equal(remat_last_error(), "dropout: graph is NULL");
   assert_null(remat_embed(NULL, NULL, NULL, NULL));
   assert_string_equal(remat_last_error(), "embed: graph is NULL");
   assert_null(remat_cross_entropy(NULL, NULL, NULL));

@@ -48,9 +48,13 @@ bool sim_reduces_rows(const sim_step *s, int32_t task) {
 
 /* Share of the columns of a row that attention tiles read of qkv. */
 static double column_share(const plan_knode *kn, uint32_t slot) {
-  if ((name_is(kn, "attn_scores.fwd") || name_is(kn, "attn_scores.bwd")) &&
-      (slot == OP_SLOT_IN(0) || slot == OP_SLOT_DIN(0)))
-    return 2.0 / 3.0;
+  bool scores_bwd =
+      name_is(kn, "attn_scores.dq") || name_is(kn, "attn_scores.dk");
+  if ((name_is(kn, "attn_scores.fwd") || scores_bwd) &&
+      slot == OP_SLOT_IN(0))
+    return 2.0 / 3.0; /* q and k */
+  if (scores_bwd && slot == OP_SLOT_DIN(0))
+    return 1.0 / 3.0; /* dq or dk */
   if ((name_is(kn, "attn_values.fwd") || name_is(kn, "attn_values.dp") ||
        name_is(kn, "attn_values.dv")) &&
       (slot == OP_SLOT_IN(1) || slot == OP_SLOT_DIN(1)))

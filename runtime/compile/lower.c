@@ -329,7 +329,7 @@ static remat_status emit_backward_op(lower_ctx *p, op_buffers *ob,
                                      int32_t o) {
   const remat_graph *g = p->g;
   const graph_op *op = &g->ops[o];
-  int32_t din_buf[OP_MAX_IN] = {-1, -1, -1};
+  int32_t din_buf[OP_MAX_IN] = {-1, -1, -1, -1};
   bool any = false;
   for (int i = 0; i < op->desc.nin; i++) {
     din_buf[i] = p->l->grad_buf[op->in[i]];

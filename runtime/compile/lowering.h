@@ -41,7 +41,8 @@ typedef enum knode_kind {
 } knode_kind;
 
 #define PLAN_SLOTS OP_NUM_SLOTS /* bits of OP_SLOT_* */
-#define PLAN_DIN_SLOTS (OP_SLOT_DIN(0) | OP_SLOT_DIN(1) | OP_SLOT_DIN(2))
+#define PLAN_DIN_SLOTS                                                  \
+  (OP_SLOT_DIN(0) | OP_SLOT_DIN(1) | OP_SLOT_DIN(2) | OP_SLOT_DIN(3))
 #define PLAN_MAX_USES PLAN_SLOTS
 
 /* Index in plan_knode.slot_buf of an OP_SLOT_* bit. */

@@ -92,6 +92,32 @@ static remat_status check_ids(const remat_graph *g, const remat_tensor *input,
   return REMAT_OK;
 }
 
+/* Keys of the attention op that reads key lengths: S, the second dim of
+ * its k (separate) or of its packed qkv. */
+static int64_t attn_key_count(const op_desc *d) {
+  return d->attrs.attn_separate ? d->in[1].dim[1] : d->in[0].dim[1];
+}
+
+/* Lengths an attention op reads as key lengths must be 1 to its keys. */
+static remat_status check_key_lengths(const remat_graph *g,
+                                      const remat_tensor *input,
+                                      const int32_t *len, size_t n) {
+  for (int32_t o = 0; o < g->nops; o++) {
+    const graph_op *op = &g->ops[o];
+    if (!op->desc.attrs.attn_lens || op->in[op->desc.nin - 1] != input->id)
+      continue;
+    int64_t S = attn_key_count(&op->desc);
+    for (size_t i = 0; i < n; i++)
+      if (len[i] < 1 || len[i] > S)
+        return remat__fail(REMAT_ERR_INVALID_ARG,
+                           "remat_feed: '%s' holds key length %d for batch "
+                           "row %zu: each row's key length must be 1 to %lld "
+                           "(the attention's keys)",
+                           input->name, (int)len[i], i, (long long)S);
+  }
+  return REMAT_OK;
+}
+
 static remat_status do_feed(remat_graph *g, const remat_tensor *input, const void *data,
                         size_t bytes) {
   remat_status s = check_tensor(g, input, bytes, "remat_feed");
@@ -104,6 +130,10 @@ static remat_status do_feed(remat_graph *g, const remat_tensor *input, const voi
     return remat__fail(REMAT_ERR_INVALID_ARG, "remat_feed: data is NULL");
   if (input->dtype == OP_I32 &&
       (s = check_ids(g, input, data, bytes / sizeof(int32_t))) != REMAT_OK)
+    return s;
+  if (input->dtype == OP_I32 &&
+      (s = check_key_lengths(g, input, data, bytes / sizeof(int32_t))) !=
+          REMAT_OK)
     return s;
   const compiled_step *c = &g->step->compiled;
   int32_t b = c->low.value_buf[input->id];
@@ -381,6 +411,8 @@ static remat_status run_step(graph_step *gs, run_mode mode,
                        "counts (REMAT_MAX_STEPS, 2^53)",
                        what, (long long)st->opt_step);
   step_run run = {c, st, mode, st->opt_step + 1};
+  st->rng_step = ((uint64_t)run.opt_step << 32) + (uint64_t)st->accum_count;
+  st->training = mode != RUN_FORWARD;
   reset_counters(c, st);
   sched_run_opts opts = {.context = &run};
   double t0 = now_seconds();

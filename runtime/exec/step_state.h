@@ -34,6 +34,9 @@ typedef struct step_state {
   float lr;                    /* remat_set_lr, else the compiled one */
   float clip;                  /* max global gradient norm; 0: no clipping */
   int64_t opt_step;            /* updates applied */
+  uint64_t rng_step;           /* the run's dropout step (op_bufs.rng_step):
+                                  its update's number and micro-step */
+  bool training;               /* the run is a step or an accumulation */
   _Atomic int nonfinite;
   remat_step_stats last;
   /* Clipping: a check tile writes its gradient's sum of squares in

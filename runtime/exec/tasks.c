@@ -35,6 +35,9 @@ void tasks_bind(const compiled_step *c, step_state *s, int32_t i) {
   o->dout = buf_data(s, kn->slot_buf[plan_slot(OP_SLOT_DOUT)]);
   for (int k = 0; k < OP_MAX_WS; k++)
     o->ws[k] = buf_data(s, kn->slot_buf[plan_slot(OP_SLOT_WS(k))]);
+  o->rng_seed = c->g->seed;
+  o->rng_step = s->rng_step;
+  o->training = s->training;
 }
 
 static int worker_node(const compiled_step *c, int worker) {

@@ -80,19 +80,152 @@ remat_tensor *remat_attention_values(remat_graph *g, const remat_tensor *probs,
 
 remat_tensor *remat_causal_self_attention(remat_graph *g,
                                           const remat_tensor *qkv, int heads) {
-  remat_tensor *scores = remat_attention_scores(g, qkv, heads);
+  remat_attention_config c = {.heads = heads, .causal = 1};
+  return remat_attention(g, qkv, NULL, NULL, &c);
+}
+
+remat_tensor *remat_fused_attention(remat_graph *g, const remat_tensor *qkv,
+                                    int heads) {
+  remat_attention_config c = {.heads = heads, .causal = 1, .fused = 1};
+  return remat_attention(g, qkv, NULL, NULL, &c);
+}
+
+static bool dropout_ok(remat_graph *g, const char *what, float p) {
+  if (p >= 0.0f && p < 1.0f)
+    return true;
+  graph_fail(g, REMAT_ERR_INVALID_ARG,
+             "%s: dropout probability %g is not valid: expected a "
+             "probability in [0,1)",
+             what, (double)p);
+  return false;
+}
+
+remat_tensor *remat_dropout(remat_graph *g, const remat_tensor *x, float p) {
+  if (g != NULL && g->status == REMAT_OK && !dropout_ok(g, "dropout", p))
+    return NULL;
+  op_attrs attrs = {.dropout = p, .rng_stream = g ? g->ndropout : 0};
+  remat_tensor *y = graph_add_op(g, OP_DROPOUT, &x, 1, &attrs);
+  if (y != NULL)
+    g->ndropout++;
+  return y;
+}
+
+static bool same_shape(const op_shape *a, const op_shape *b) {
+  if (a->ndim != b->ndim)
+    return false;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->dim[i] != b->dim[i])
+      return false;
+  return true;
+}
+
+/* The config's fields that no shape check covers, and k against v. */
+static bool attention_config_ok(remat_graph *g, const remat_tensor *k,
+                                const remat_tensor *v,
+                                const remat_attention_config *c) {
+  const char *what = "attention";
+  if (c == NULL) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG, "%s: the config is NULL", what);
+    return false;
+  }
+  if ((k == NULL) != (v == NULL)) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "%s: k is %s and v %s: give both (separate q, k, v) or "
+               "neither (q is then a packed qkv)",
+               what, k ? "given" : "NULL", v ? "given" : "NULL");
+    return false;
+  }
+  if (k != NULL && graph_tensor_ok(g, k, what) &&
+      graph_tensor_ok(g, v, what) && !same_shape(&k->shape, &v->shape)) {
+    char bk[OP_SHAPE_STR_MAX], bv[OP_SHAPE_STR_MAX];
+    graph_fail(g, REMAT_ERR_SHAPE,
+               "%s: k %s and v %s: k and v must have the same shape", what,
+               op_shape_str(&k->shape, bk), op_shape_str(&v->shape, bv));
+    return false;
+  }
+  if (c->causal != 0 && c->causal != 1) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "%s: causal %d is not valid: expected 0 or 1", what,
+               c->causal);
+    return false;
+  }
+  if (!isfinite(c->scale)) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "%s: scale %g is not valid: expected a finite scale (0 for "
+               "1/sqrt(head dim))",
+               what, (double)c->scale);
+    return false;
+  }
+  if (c->kv_heads < 0) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "%s: kv_heads %d is not valid: expected 0 (as many as the "
+               "heads) or a divisor of the heads",
+               what, c->kv_heads);
+    return false;
+  }
+  if (c->key_lengths != NULL && graph_tensor_ok(g, c->key_lengths, what) &&
+      c->key_lengths->kind != TENSOR_INPUT) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "%s: key lengths '%s' must be an input (remat_input, int32 "
+               "[B]): remat_feed checks its lengths",
+               what, c->key_lengths->name);
+    return false;
+  }
+  return g->status == REMAT_OK && dropout_ok(g, what, c->dropout);
+}
+
+/* Scores, softmax, (dropout,) values, the scores and probabilities named
+ * "attn_scores" and "attn_probs". */
+static remat_tensor *materialized_attention(remat_graph *g,
+                                            const remat_tensor *q,
+                                            const remat_tensor *k,
+                                            const remat_tensor *v,
+                                            const remat_tensor *lens,
+                                            op_attrs attrs) {
+  const remat_tensor *in[3] = {q, k, lens};
+  int n = k ? 2 : 1;
+  if (lens)
+    in[n++] = lens;
+  remat_tensor *scores = graph_add_op(g, OP_ATTN_SCORES, in, n, &attrs);
   if (scores != NULL)
     remat_checkpoint_name(g, scores, "attn_scores");
   remat_tensor *probs = remat_softmax(g, scores);
   if (probs != NULL)
     remat_checkpoint_name(g, probs, "attn_probs");
-  return remat_attention_values(g, probs, qkv, heads);
+  if (attrs.dropout > 0.0f)
+    probs = remat_dropout(g, probs, attrs.dropout);
+  const remat_tensor *vin[2] = {probs, v ? v : q};
+  attrs.attn_lens = false;
+  return graph_add_op(g, OP_ATTN_VALUES, vin, 2, &attrs);
 }
 
-remat_tensor *remat_fused_attention(remat_graph *g, const remat_tensor *qkv,
-                                    int heads) {
-  op_attrs attrs = {.heads = heads};
-  return graph_add_op(g, OP_ATTENTION, &qkv, 1, &attrs);
+remat_tensor *remat_attention(remat_graph *g, const remat_tensor *q,
+                              const remat_tensor *k, const remat_tensor *v,
+                              const remat_attention_config *cfg) {
+  if (g == NULL || g->status != REMAT_OK) /* names the last op it adds */
+    return graph_add_op(g, cfg && !cfg->fused ? OP_ATTN_VALUES : OP_ATTENTION,
+                        &q, 1, NULL);
+  if (!attention_config_ok(g, k, v, cfg))
+    return NULL;
+  op_attrs attrs = {.heads = cfg->heads,
+                    .kv_heads = cfg->kv_heads,
+                    .attn_full = cfg->causal == 0,
+                    .attn_separate = k != NULL,
+                    .attn_lens = cfg->key_lengths != NULL,
+                    .attn_scale = cfg->scale,
+                    .dropout = cfg->dropout};
+  if (!cfg->fused)
+    return materialized_attention(g, q, k, v, cfg->key_lengths, attrs);
+  const remat_tensor *in[4] = {q, k, v, NULL};
+  int n = k ? 3 : 1;
+  if (cfg->key_lengths)
+    in[n++] = cfg->key_lengths;
+  if (attrs.dropout > 0.0f)
+    attrs.rng_stream = g->ndropout;
+  remat_tensor *o = graph_add_op(g, OP_ATTENTION, in, n, &attrs);
+  if (o != NULL && attrs.dropout > 0.0f)
+    g->ndropout++;
+  return o;
 }
 
 remat_tensor *remat_embed(remat_graph *g, const remat_tensor *tokens,
