@@ -245,6 +245,41 @@ REMAT_API remat_tensor *remat_gelu(remat_graph *g, const remat_tensor *x,
 REMAT_API remat_tensor *remat_layernorm(remat_graph *g, const remat_tensor *x,
                                         const remat_tensor *gamma,
                                         const remat_tensor *beta, float eps);
+/* RMS norm (Llama's) over the last dim with scale gamma[C]:
+ * y = x / sqrt(mean(x^2) + eps) * gamma. eps <= 0 means 1e-6; a NaN or
+ * infinite eps is refused. */
+REMAT_API remat_tensor *remat_rmsnorm(remat_graph *g, const remat_tensor *x,
+                                      const remat_tensor *gamma, float eps);
+/* Columns [start, start + len) of x's last dim: y has x's shape with len
+ * as its last dim (to split a packed qkv, or a feed-forward's gate and up
+ * halves). Several slices of one tensor may be taken: its gradient is the
+ * sum of theirs. start < 0, len < 1 or start + len past the last dim is
+ * refused. */
+REMAT_API remat_tensor *remat_slice(remat_graph *g, const remat_tensor *x,
+                                    int64_t start, int64_t len);
+/* y = a * b, elementwise; a and b of the same shape. */
+REMAT_API remat_tensor *remat_mul(remat_graph *g, const remat_tensor *a,
+                                  const remat_tensor *b);
+/* y = x * sigmoid(x) (SiLU, or swish). */
+REMAT_API remat_tensor *remat_silu(remat_graph *g, const remat_tensor *x);
+/* y = silu(gate) * up in one pass over memory (the gated feed-forward of
+ * Llama): remat_mul(g, remat_silu(g, gate), up) without storing
+ * silu(gate) between them. gate and up of the same shape. */
+REMAT_API remat_tensor *remat_swiglu(remat_graph *g, const remat_tensor *gate,
+                                     const remat_tensor *up);
+/* y = x * s for a constant s (LoRA's alpha / r, say); a NaN or infinite s
+ * is refused. */
+REMAT_API remat_tensor *remat_scale(remat_graph *g, const remat_tensor *x,
+                                    float s);
+/* Rotary position embeddings on x[B,T,heads*hd] at positions 0..T-1, in
+ * Hugging Face's half-split layout: in each head, with x1 its first hd/2
+ * columns and x2 its last, y = x * cos + rotate_half(x) * sin where
+ * rotate_half(x) = (-x2, x1), and the angle of position t and pair i
+ * (0 <= i < hd/2) is t * theta^(-2i/hd). theta <= 0 means 10000; a NaN or
+ * infinite theta is refused. heads must divide the last dim and hd must be
+ * even. The cos and sin tables are computed once, at compile time. */
+REMAT_API remat_tensor *remat_rope(remat_graph *g, const remat_tensor *x,
+                                   int heads, float theta);
 REMAT_API remat_tensor *remat_softmax(remat_graph *g, const remat_tensor *x);
 /* Causal attention in three named steps: scores[B,H,T,T] (q.k^T/sqrt(hd),
  * masked), probs = softmax(scores), out[B,T,D] = probs . v, where

@@ -35,6 +35,13 @@ typedef enum op_type {
   OP_SUM,           /* x -> [1], sum of all elements */
   OP_MEAN,          /* x -> [1], mean of all elements */
   OP_ATTENTION,     /* qkv[B,T,3D] -> o[B,T,D]: fused causal attention, aux lse[B,H,T] */
+  OP_SLICE,         /* y[..,len] = x[..,start:start+len] */
+  OP_MUL,           /* y = a * b, same shapes */
+  OP_SILU,          /* y = x * sigmoid(x) */
+  OP_SCALE,         /* y = x * attrs.scale */
+  OP_RMSNORM,       /* y[..,C] = x / sqrt(mean(x^2) + eps) * gamma[C], aux rstd */
+  OP_ROPE,          /* x[B,T,H*hd] rotated pairwise (i, i+hd/2) by t*theta^(-2i/hd) */
+  OP_SWIGLU,        /* y = silu(gate) * up, same shapes */
   OP_NUM_TYPES
 } op_type;
 
@@ -56,9 +63,14 @@ typedef struct op_shape {
 } op_shape;
 
 typedef struct op_attrs {
-  int heads;    /* OP_ATTN_*: number of heads */
-  int gelu_erf; /* OP_GELU: 1 erf form, 0 tanh form */
-  float eps;    /* OP_LAYERNORM: added to the variance (0 means 1e-5) */
+  int heads;     /* OP_ATTN_*, OP_ROPE: number of heads */
+  int gelu_erf;  /* OP_GELU: 1 erf form, 0 tanh form */
+  float eps;     /* OP_LAYERNORM: added to the variance (0 means 1e-5);
+                  * OP_RMSNORM: to the mean square (0 means 1e-6) */
+  float scale;   /* OP_SCALE: the constant factor */
+  float theta;   /* OP_ROPE: the base of the angles (0 means 10000) */
+  int64_t start; /* OP_SLICE: first column of the last dim */
+  int64_t len;   /* OP_SLICE: columns kept */
 } op_attrs;
 
 /* What shape inference and planning see of one op node.
