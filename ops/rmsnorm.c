@@ -63,6 +63,7 @@ static int rmsnorm_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
 // in the forward pass y = xhat * gamma with xhat = x * rstd, so with
 // g = dy * gamma: dx = rstd * (g - xhat * sum_c(g * xhat) / C), and the
 // tile's partial dgamma = sum over its rows of dy * xhat goes to ws[0]
+// (always: this kernel does not see whether gamma has a gradient)
 static int rmsnorm_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
                        op_worker *w) {
   const rmsnorm_state *s = op->state;
@@ -71,8 +72,7 @@ static int rmsnorm_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
   float *t = op_temp(&s->base, w);
   const float *restrict gamma = b->in[1];
   float *restrict part = b->ws[0] + tile * C;
-  if (b->din[1])
-    for (int64_t c = 0; c < C; c++) part[c] = 0.0f;
+  for (int64_t c = 0; c < C; c++) part[c] = 0.0f;
   bool acc = b->din_accumulate[0];
   bool direct = d->din_dtype[0] == OP_F32 && !acc;
   for (int64_t r = tile * s->row_block; r < tile_end(s, tile); r++) {
@@ -81,8 +81,7 @@ static int rmsnorm_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
     const float *restrict dy =
         op_load_f32(b->dout, d->out_dtype, r * C, C, t + C);
     float rstd = b->aux[0][r];
-    if (b->din[1])
-      for (int64_t c = 0; c < C; c++) part[c] += dy[c] * x[c] * rstd;
+    for (int64_t c = 0; c < C; c++) part[c] += dy[c] * x[c] * rstd;
     if (!b->din[0]) continue;
     float dot = 0.0f;
     for (int64_t c = 0; c < C; c++) dot += dy[c] * gamma[c] * x[c] * rstd;
