@@ -245,6 +245,39 @@ REMAT_API remat_tensor *remat_gelu(remat_graph *g, const remat_tensor *x,
 REMAT_API remat_tensor *remat_layernorm(remat_graph *g, const remat_tensor *x,
                                         const remat_tensor *gamma,
                                         const remat_tensor *beta, float eps);
+REMAT_API remat_tensor *remat_softmax(remat_graph *g, const remat_tensor *x);
+/* Causal attention in three named steps: scores[B,H,T,T] (q.k^T/sqrt(hd),
+ * masked), probs = softmax(scores), out[B,T,D] = probs . v, where
+ * qkv[B,T,3D] holds q, k, v side by side. Tags: dot, batched. */
+REMAT_API remat_tensor *
+remat_attention_scores(remat_graph *g, const remat_tensor *qkv, int heads);
+REMAT_API remat_tensor *remat_attention_values(remat_graph *g,
+                                               const remat_tensor *probs,
+                                               const remat_tensor *qkv,
+                                               int heads);
+/* The three steps above; the scores and probs tensors are named
+ * "attn_scores" and "attn_probs". */
+REMAT_API remat_tensor *
+remat_causal_self_attention(remat_graph *g, const remat_tensor *qkv, int heads);
+/* The same causal attention fused into one op that never stores a T x T
+ * matrix: it saves out[B,T,D] and the per-row log-sum-exp [B,H,T], and its
+ * backward recomputes the probabilities block by block. It has no
+ * "attn_scores" or "attn_probs" tensors. Tags: dot, batched. */
+REMAT_API remat_tensor *
+remat_fused_attention(remat_graph *g, const remat_tensor *qkv, int heads);
+/* x[B,T,D] = wte[tokens] + wpe[0..T); tokens[B,T] int32. wpe may be NULL
+ * (no learned positions): x[B,T,D] = wte[tokens]. A table may also be read
+ * by other ops (an LM head tied to wte): its gradient is the sum of theirs,
+ * in a fixed order. */
+REMAT_API remat_tensor *remat_embed(remat_graph *g, const remat_tensor *tokens,
+                                    const remat_tensor *wte,
+                                    const remat_tensor *wpe);
+/* Mean over rows of -log softmax(logits[..,V])[targets[..]]: a [1] tensor. */
+REMAT_API remat_tensor *remat_cross_entropy(remat_graph *g,
+                                            const remat_tensor *logits,
+                                            const remat_tensor *targets);
+REMAT_API remat_tensor *remat_sum(remat_graph *g, const remat_tensor *x);
+REMAT_API remat_tensor *remat_mean(remat_graph *g, const remat_tensor *x);
 /* RMS norm (Llama's) over the last dim with scale gamma[C]:
  * y = x / sqrt(mean(x^2) + eps) * gamma. eps <= 0 means 1e-6; a NaN or
  * infinite eps is refused. */
@@ -280,39 +313,6 @@ REMAT_API remat_tensor *remat_scale(remat_graph *g, const remat_tensor *x,
  * even. The cos and sin tables are computed once, at compile time. */
 REMAT_API remat_tensor *remat_rope(remat_graph *g, const remat_tensor *x,
                                    int heads, float theta);
-REMAT_API remat_tensor *remat_softmax(remat_graph *g, const remat_tensor *x);
-/* Causal attention in three named steps: scores[B,H,T,T] (q.k^T/sqrt(hd),
- * masked), probs = softmax(scores), out[B,T,D] = probs . v, where
- * qkv[B,T,3D] holds q, k, v side by side. Tags: dot, batched. */
-REMAT_API remat_tensor *
-remat_attention_scores(remat_graph *g, const remat_tensor *qkv, int heads);
-REMAT_API remat_tensor *remat_attention_values(remat_graph *g,
-                                               const remat_tensor *probs,
-                                               const remat_tensor *qkv,
-                                               int heads);
-/* The three steps above; the scores and probs tensors are named
- * "attn_scores" and "attn_probs". */
-REMAT_API remat_tensor *
-remat_causal_self_attention(remat_graph *g, const remat_tensor *qkv, int heads);
-/* The same causal attention fused into one op that never stores a T x T
- * matrix: it saves out[B,T,D] and the per-row log-sum-exp [B,H,T], and its
- * backward recomputes the probabilities block by block. It has no
- * "attn_scores" or "attn_probs" tensors. Tags: dot, batched. */
-REMAT_API remat_tensor *
-remat_fused_attention(remat_graph *g, const remat_tensor *qkv, int heads);
-/* x[B,T,D] = wte[tokens] + wpe[0..T); tokens[B,T] int32. wpe may be NULL
- * (no learned positions): x[B,T,D] = wte[tokens]. A table may also be read
- * by other ops (an LM head tied to wte): its gradient is the sum of theirs,
- * in a fixed order. */
-REMAT_API remat_tensor *remat_embed(remat_graph *g, const remat_tensor *tokens,
-                                    const remat_tensor *wte,
-                                    const remat_tensor *wpe);
-/* Mean over rows of -log softmax(logits[..,V])[targets[..]]: a [1] tensor. */
-REMAT_API remat_tensor *remat_cross_entropy(remat_graph *g,
-                                            const remat_tensor *logits,
-                                            const remat_tensor *targets);
-REMAT_API remat_tensor *remat_sum(remat_graph *g, const remat_tensor *x);
-REMAT_API remat_tensor *remat_mean(remat_graph *g, const remat_tensor *x);
 
 REMAT_API int remat_tensor_ndim(const remat_tensor *t);
 REMAT_API int64_t remat_tensor_dim(const remat_tensor *t, int i);
