@@ -94,8 +94,9 @@ typedef enum remat_bind {
  * [1]-shaped results (losses) stay f32, and each update refreshes a bf16
  * copy of the weights that matmuls read. Reads and writes through the API
  * are f32 in both: a bf16 tensor (an input included) reads back as its
- * values rounded to bf16. In bf16, layer norm's gain and bias and the
- * embedding tables must be parameters (they are read as f32). */
+ * values rounded to bf16. In bf16, layer norm's gain and bias, rms norm's
+ * gain and the embedding tables must be parameters (they are read as
+ * f32). */
 typedef enum remat_precision {
   REMAT_PRECISION_F32 = 0,
   REMAT_PRECISION_BF16 = 1
@@ -209,7 +210,7 @@ REMAT_API remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
  * allreduce; a linear whose weight is frozen computes only the gradient of
  * its input. Its bytes count as REMAT_MEM_PARAMS. In bf16 precision a
  * frozen parameter that every op reads in bf16 (linear and matmul
- * operands, not embedding tables, layer-norm scales or biases) is stored
+ * operands, not embedding tables, norm scales or biases) is stored
  * once, in bf16: remat_read returns its bf16 values widened and remat_write
  * and the loads round into it. A graph whose every parameter is frozen
  * cannot be compiled with an optimizer (nothing to update): compile it with

@@ -39,8 +39,8 @@ typedef enum op_type {
   OP_MUL,           /* y = a * b, same shapes */
   OP_SILU,          /* y = x * sigmoid(x) */
   OP_SCALE,         /* y = x * attrs.scale */
-  OP_RMSNORM,       /* y[..,C] = x / sqrt(mean(x^2) + eps) * gamma[C], aux rstd */
-  OP_ROPE,          /* x[B,T,H*hd] rotated pairwise (i, i+hd/2) by t*theta^(-2i/hd) */
+  OP_RMSNORM,       /* y[..,C] = x * rstd * gamma[C], aux rstd[..] */
+  OP_ROPE,          /* x[B,T,H*hd]: pairs (i, i+hd/2) of each head rotated */
   OP_SWIGLU,        /* y = silu(gate) * up, same shapes */
   OP_NUM_TYPES
 } op_type;
