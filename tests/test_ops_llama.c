@@ -980,13 +980,15 @@ static void test_bad_input(void **state) {
   remat_runtime *rt = runtime_with(1);
   const int64_t x3[3] = {2, 4, 12}, x2[2] = {4, 12};
   const char *slice_msg =
-      "slice: x [2,4,12], start %d, len %d: expected start >= 0, len >= 1 "
-      "and start + len <= 12 (last dim of x)";
-  const int64_t bad_slices[4][2] = {{-1, 4}, {10, 3}, {12, 1}, {0, 0}};
-  for (int i = 0; i < 4; i++) {
+      "slice: x [2,4,12], start %lld, len %lld: expected start >= 0, len >= "
+      "1 and start + len <= 12 (last dim of x)";
+  /* start + len would wrap in the last one */
+  const int64_t bad_slices[5][2] = {
+      {-1, 4}, {10, 3}, {12, 1}, {0, 0}, {1, INT64_MAX}};
+  for (int i = 0; i < 5; i++) {
     char msg[256];
-    snprintf(msg, sizeof msg, slice_msg, (int)bad_slices[i][0],
-             (int)bad_slices[i][1]);
+    snprintf(msg, sizeof msg, slice_msg, (long long)bad_slices[i][0],
+             (long long)bad_slices[i][1]);
     expect_error(rt, BAD_SLICE, 3, x3, bad_slices[i][0], bad_slices[i][1], 0,
                  REMAT_ERR_SHAPE, msg);
   }
