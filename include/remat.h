@@ -94,8 +94,9 @@ typedef enum remat_bind {
  * [1]-shaped results (losses) stay f32, and each update refreshes a bf16
  * copy of the weights that matmuls read. Reads and writes through the API
  * are f32 in both: a bf16 tensor (an input included) reads back as its
- * values rounded to bf16. In bf16, layer norm's gain and bias and the
- * embedding tables must be parameters (they are read as f32). */
+ * values rounded to bf16. In bf16, layer norm's gain and bias, rms norm's
+ * gain and the embedding tables must be parameters (they are read as
+ * f32). */
 typedef enum remat_precision {
   REMAT_PRECISION_F32 = 0,
   REMAT_PRECISION_BF16 = 1
@@ -209,7 +210,7 @@ REMAT_API remat_tensor *remat_param(remat_graph *g, const char *name, int ndim,
  * allreduce; a linear whose weight is frozen computes only the gradient of
  * its input. Its bytes count as REMAT_MEM_PARAMS. In bf16 precision a
  * frozen parameter that every op reads in bf16 (linear and matmul
- * operands, not embedding tables, layer-norm scales or biases) is stored
+ * operands, not embedding tables, norm scales or biases) is stored
  * once, in bf16: remat_read returns its bf16 values widened and remat_write
  * and the loads round into it. A graph whose every parameter is frozen
  * cannot be compiled with an optimizer (nothing to update): compile it with
@@ -316,6 +317,41 @@ REMAT_API remat_tensor *remat_cross_entropy(remat_graph *g,
                                             const remat_tensor *targets);
 REMAT_API remat_tensor *remat_sum(remat_graph *g, const remat_tensor *x);
 REMAT_API remat_tensor *remat_mean(remat_graph *g, const remat_tensor *x);
+/* RMS norm (Llama's) over the last dim with scale gamma[C]:
+ * y = x / sqrt(mean(x^2) + eps) * gamma. eps <= 0 means 1e-6; a NaN or
+ * infinite eps is refused. */
+REMAT_API remat_tensor *remat_rmsnorm(remat_graph *g, const remat_tensor *x,
+                                      const remat_tensor *gamma, float eps);
+/* Columns [start, start + len) of x's last dim: y has x's shape with len
+ * as its last dim (to split a packed qkv, or a feed-forward's gate and up
+ * halves). Several slices of one tensor may be taken: its gradient is the
+ * sum of theirs. start < 0, len < 1 or start + len past the last dim is
+ * refused. */
+REMAT_API remat_tensor *remat_slice(remat_graph *g, const remat_tensor *x,
+                                    int64_t start, int64_t len);
+/* y = a * b, elementwise; a and b of the same shape. */
+REMAT_API remat_tensor *remat_mul(remat_graph *g, const remat_tensor *a,
+                                  const remat_tensor *b);
+/* y = x * sigmoid(x) (SiLU, or swish). */
+REMAT_API remat_tensor *remat_silu(remat_graph *g, const remat_tensor *x);
+/* y = silu(gate) * up in one pass over memory (the gated feed-forward of
+ * Llama): remat_mul(g, remat_silu(g, gate), up) without storing
+ * silu(gate) between them. gate and up of the same shape. */
+REMAT_API remat_tensor *remat_swiglu(remat_graph *g, const remat_tensor *gate,
+                                     const remat_tensor *up);
+/* y = x * s for a constant s (LoRA's alpha / r, say); a NaN or infinite s
+ * is refused. */
+REMAT_API remat_tensor *remat_scale(remat_graph *g, const remat_tensor *x,
+                                    float s);
+/* Rotary position embeddings on x[B,T,heads*hd] at positions 0..T-1, in
+ * Hugging Face's half-split layout: in each head, with x1 its first hd/2
+ * columns and x2 its last, y = x * cos + rotate_half(x) * sin where
+ * rotate_half(x) = (-x2, x1), and the angle of position t and pair i
+ * (0 <= i < hd/2) is t * theta^(-2i/hd). theta <= 0 means 10000; a NaN or
+ * infinite theta is refused. heads must divide the last dim and hd must be
+ * even. The cos and sin tables are computed once, at compile time. */
+REMAT_API remat_tensor *remat_rope(remat_graph *g, const remat_tensor *x,
+                                   int heads, float theta);
 
 REMAT_API int remat_tensor_ndim(const remat_tensor *t);
 REMAT_API int64_t remat_tensor_dim(const remat_tensor *t, int i);

@@ -33,6 +33,13 @@ static const op_entry op_table[OP_NUM_TYPES] = {
     [OP_ATTENTION] = {OP_TAG_DOT | OP_TAG_BATCHED, op_attention_infer,
                       op_attention_plan},
     [OP_DROPOUT] = {0, op_dropout_infer, op_dropout_plan},
+    [OP_SLICE] = {0, op_slice_infer, op_slice_plan},
+    [OP_MUL] = {0, op_mul_infer, op_mul_plan},
+    [OP_SILU] = {0, op_unary_infer, op_silu_plan},
+    [OP_SCALE] = {0, op_unary_infer, op_scale_plan},
+    [OP_RMSNORM] = {0, op_rmsnorm_infer, op_rmsnorm_plan},
+    [OP_ROPE] = {0, op_rope_infer, op_rope_plan},
+    [OP_SWIGLU] = {0, op_mul_infer, op_swiglu_plan},
 };
 
 static bool valid_type(op_type type) {

@@ -38,6 +38,13 @@ typedef enum op_type {
   OP_ATTENTION,     /* qkv (or q, k, v) [, lens] -> o[B,T,H*hd]: fused
                        attention, aux lse[B,H,T] */
   OP_DROPOUT,       /* y = x * keep / (1 - p), keep drawn per element */
+  OP_SLICE,         /* y[..,len] = x[..,start:start+len] */
+  OP_MUL,           /* y = a * b, same shapes */
+  OP_SILU,          /* y = x * sigmoid(x) */
+  OP_SCALE,         /* y = x * attrs.scale */
+  OP_RMSNORM,       /* y[..,C] = x * rstd * gamma[C], aux rstd[..] */
+  OP_ROPE,          /* x[B,T,H*hd]: pairs (i, i+hd/2) of each head rotated */
+  OP_SWIGLU,        /* y = silu(gate) * up, same shapes */
   OP_NUM_TYPES
 } op_type;
 
@@ -59,9 +66,10 @@ typedef struct op_shape {
 } op_shape;
 
 typedef struct op_attrs {
-  int heads;    /* OP_ATTN_*, OP_ATTENTION: number of query heads H */
+  int heads;    /* OP_ATTN_*, OP_ATTENTION: query heads H; OP_ROPE: heads */
   int gelu_erf; /* OP_GELU: 1 erf form, 0 tanh form */
-  float eps;    /* OP_LAYERNORM: added to the variance (0 means 1e-5) */
+  float eps;    /* OP_LAYERNORM: added to the variance (0 means 1e-5);
+                 * OP_RMSNORM: to the mean square (0 means 1e-6) */
   /* attention (ops/attn_geom.h); a zero-initialized desc is causal
    * self-attention on a packed qkv with H key/value heads */
   int kv_heads;       /* key/value heads KVH, 0 means H */
@@ -73,6 +81,10 @@ typedef struct op_attrs {
   /* dropout (OP_DROPOUT, OP_ATTENTION on its probabilities) */
   float dropout;      /* probability of dropping an element, [0,1) */
   int rng_stream;     /* the graph's dropout site: keys the mask bits */
+  float scale;   /* OP_SCALE: the constant factor */
+  float theta;   /* OP_ROPE: the base of the angles (0 means 10000) */
+  int64_t start; /* OP_SLICE: first column of the last dim */
+  int64_t len;   /* OP_SLICE: columns kept */
 } op_attrs;
 
 /* What shape inference and planning see of one op node.

@@ -95,5 +95,23 @@ remat_status op_cross_entropy_plan(op_instance *inst, dnnl_engine_t engine,
 remat_status op_reduce_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
 remat_status op_reduce_plan(op_instance *inst, dnnl_engine_t engine,
                             char err[OP_ERRMSG_MAX]);
+remat_status op_slice_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_slice_plan(op_instance *inst, dnnl_engine_t engine,
+                           char err[OP_ERRMSG_MAX]);
+remat_status op_mul_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_mul_plan(op_instance *inst, dnnl_engine_t engine,
+                         char err[OP_ERRMSG_MAX]);
+remat_status op_silu_plan(op_instance *inst, dnnl_engine_t engine,
+                          char err[OP_ERRMSG_MAX]);
+remat_status op_scale_plan(op_instance *inst, dnnl_engine_t engine,
+                           char err[OP_ERRMSG_MAX]);
+remat_status op_swiglu_plan(op_instance *inst, dnnl_engine_t engine,
+                            char err[OP_ERRMSG_MAX]);
+remat_status op_rmsnorm_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_rmsnorm_plan(op_instance *inst, dnnl_engine_t engine,
+                             char err[OP_ERRMSG_MAX]);
+remat_status op_rope_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+remat_status op_rope_plan(op_instance *inst, dnnl_engine_t engine,
+                          char err[OP_ERRMSG_MAX]);
 
 #endif

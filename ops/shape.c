@@ -16,6 +16,10 @@ static const char *const op_names[OP_NUM_TYPES] = {
     [OP_EMBED] = "embed",           [OP_CROSS_ENTROPY] = "cross_entropy",
     [OP_SUM] = "sum",               [OP_MEAN] = "mean",
     [OP_ATTENTION] = "attention",   [OP_DROPOUT] = "dropout",
+    [OP_SLICE] = "slice",
+    [OP_MUL] = "mul",               [OP_SILU] = "silu",
+    [OP_SCALE] = "scale",           [OP_RMSNORM] = "rmsnorm",
+    [OP_ROPE] = "rope",             [OP_SWIGLU] = "swiglu",
 };
 
 const char *op_name(op_type type) {
@@ -55,6 +59,7 @@ const char *op_dtype_name(op_dtype t) {
 bool op_input_keeps_f32(op_type type, int i) {
   switch (type) {
   case OP_LAYERNORM: return i >= 1;          /* gamma, beta */
+  case OP_RMSNORM: return i == 1;            /* gamma */
   case OP_EMBED: return i >= 1;              /* wte, wpe */
   case OP_LINEAR: return i == 2;             /* b */
   case OP_BIAS_ADD: return i == 1;           /* b */

@@ -25,6 +25,25 @@ static remat_status collect_touch(plan_lowering *l) {
   return REMAT_OK;
 }
 
+/* Extra writers of an op kernel that writes the gradient of one tensor
+ * through two of its din slots (mul(y, y), add(x, x)): each slot counts,
+ * so that the buffer is zero-filled and both slots add into it. */
+static void count_shared_dins(const plan_knode *kn, int32_t *writers) {
+  if (kn->kernel == NULL)
+    return;
+  for (int k = 1; k < OP_MAX_IN; k++) {
+    int32_t b = kn->slot_buf[plan_slot(OP_SLOT_DIN(k))];
+    if (b < 0 || !(kn->kernel->writes & OP_SLOT_DIN(k)))
+      continue;
+    for (int j = 0; j < k; j++)
+      if (kn->slot_buf[plan_slot(OP_SLOT_DIN(j))] == b &&
+          (kn->kernel->writes & OP_SLOT_DIN(j))) {
+        writers[b]++;
+        break;
+      }
+  }
+}
+
 static void count_writers(const plan_lowering *l, int32_t *writers,
                           int32_t *first) {
   for (int32_t b = 0; b < l->nbufs; b++)
@@ -39,6 +58,7 @@ static void count_writers(const plan_lowering *l, int32_t *writers,
       if (first[uses[j].buf] < 0)
         first[uses[j].buf] = i;
     }
+    count_shared_dins(&l->knodes[i], writers);
   }
 }
 

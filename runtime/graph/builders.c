@@ -61,6 +61,66 @@ remat_tensor *remat_layernorm(remat_graph *g, const remat_tensor *x,
   return graph_add_op(g, OP_LAYERNORM, in, 3, &attrs);
 }
 
+remat_tensor *remat_rmsnorm(remat_graph *g, const remat_tensor *x,
+                            const remat_tensor *gamma, float eps) {
+  const remat_tensor *in[2] = {x, gamma};
+  if (g != NULL && g->status == REMAT_OK && !isfinite(eps)) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "rmsnorm: eps %g is not valid: expected a finite eps (> 0, "
+               "or <= 0 for 1e-6)",
+               (double)eps);
+    return NULL;
+  }
+  op_attrs attrs = {.eps = eps > 0.0f ? eps : 1e-6f};
+  return graph_add_op(g, OP_RMSNORM, in, 2, &attrs);
+}
+
+remat_tensor *remat_slice(remat_graph *g, const remat_tensor *x,
+                          int64_t start, int64_t len) {
+  op_attrs attrs = {.start = start, .len = len};
+  return graph_add_op(g, OP_SLICE, &x, 1, &attrs);
+}
+
+remat_tensor *remat_mul(remat_graph *g, const remat_tensor *a,
+                        const remat_tensor *b) {
+  const remat_tensor *in[2] = {a, b};
+  return graph_add_op(g, OP_MUL, in, 2, NULL);
+}
+
+remat_tensor *remat_silu(remat_graph *g, const remat_tensor *x) {
+  return graph_add_op(g, OP_SILU, &x, 1, NULL);
+}
+
+remat_tensor *remat_swiglu(remat_graph *g, const remat_tensor *gate,
+                           const remat_tensor *up) {
+  const remat_tensor *in[2] = {gate, up};
+  return graph_add_op(g, OP_SWIGLU, in, 2, NULL);
+}
+
+remat_tensor *remat_scale(remat_graph *g, const remat_tensor *x, float s) {
+  if (g != NULL && g->status == REMAT_OK && !isfinite(s)) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "scale: factor %g is not valid: expected a finite factor",
+               (double)s);
+    return NULL;
+  }
+  op_attrs attrs = {.scale = s};
+  return graph_add_op(g, OP_SCALE, &x, 1, &attrs);
+}
+
+remat_tensor *remat_rope(remat_graph *g, const remat_tensor *x, int heads,
+                         float theta) {
+  if (g != NULL && g->status == REMAT_OK && !isfinite(theta)) {
+    graph_fail(g, REMAT_ERR_INVALID_ARG,
+               "rope: theta %g is not valid: expected a finite theta (> 0, "
+               "or <= 0 for 10000)",
+               (double)theta);
+    return NULL;
+  }
+  op_attrs attrs = {.heads = heads, .theta = theta > 0.0f ? theta : 1e4f};
+  return graph_add_op(g, OP_ROPE, &x, 1, &attrs);
+}
+
 remat_tensor *remat_softmax(remat_graph *g, const remat_tensor *x) {
   return graph_add_op(g, OP_SOFTMAX, &x, 1, NULL);
 }
