@@ -1,0 +1,346 @@
+/* Tests of the Llama-style model (remat_llama_build, built from the
+ * public ops: RMSNorm, RoPE, grouped-query attention with 4 query heads per
+ * key/value head, SwiGLU, no biases, tied embeddings): it trains in both attention forms, its gradients are
+ * bitwise the same under every policy, thread count and NUMA layout, a
+ * name policy saves exactly the tensors it names, a memory budget holds,
+ * and every allocation of its compile can fail cleanly. Run in f32 and,
+ * as test_llama_bf16, in bf16 (REMAT_PRECISION). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/alloc.h"
+#include "remat_llama.h"
+
+/* 4 query heads per key/value head; gate/up of 96 columns. */
+static const remat_llama_config small = {.hidden_size = 64,
+                                         .intermediate_size = 96,
+                                         .num_hidden_layers = 2,
+                                         .num_attention_heads = 8,
+                                         .num_key_value_heads = 2,
+                                         .vocab_size = 29,
+                                         .tie_word_embeddings = 1,
+                                         .seq = 24,
+                                         .batch = 4};
+
+/* Tokens and targets of a fixed task: each target is a function of the
+ * token and the one three positions back (attention must look back). */
+static void llama_batch(const remat_llama_config *c, int32_t *tokens,
+                        int32_t *targets, uint32_t seed) {
+  uint32_t x = seed * 2654435761u + 777u;
+  for (int b = 0; b < c->batch; b++)
+    for (int t = 0; t < c->seq; t++) {
+      x = x * 1664525u + 1013904223u;
+      int i = b * c->seq + t;
+      tokens[i] = (int32_t)((x >> 16) % (uint32_t)c->vocab_size);
+      targets[i] = (int32_t)((tokens[i] + 2 * (t >= 3 ? tokens[i - 3] : 0)) %
+                             c->vocab_size);
+    }
+}
+
+static const remat_optimizer adamw = {.kind = REMAT_OPT_ADAMW, .lr = 1e-2f};
+
+typedef struct run {
+  remat_runtime *rt;
+  remat_graph *g;
+  remat_gpt m;
+  int32_t tokens[4 * 24], targets[4 * 24];
+} run;
+
+/* Builds, compiles (opt NULL: gradients only) and feeds batch `seed`. */
+static remat_status open_run(run *r, const remat_llama_config *c,
+                             const remat_config *rc,
+                             const remat_optimizer *opt, uint32_t seed) {
+  memset(r, 0, sizeof *r);
+  remat_status s = remat_runtime_create(rc, &r->rt);
+  if (s == REMAT_OK)
+    s = remat_graph_create(r->rt, &r->g);
+  if (s == REMAT_OK)
+    s = remat_graph_seed(r->g, 3);
+  if (s == REMAT_OK)
+    s = remat_llama_build(r->g, c, &r->m);
+  if (s == REMAT_OK)
+    s = remat_compile(r->g, r->m.loss, opt);
+  if (s != REMAT_OK)
+    return s;
+  llama_batch(c, r->tokens, r->targets, seed);
+  size_t n = (size_t)c->batch * c->seq * sizeof(int32_t);
+  s = remat_feed(r->g, r->m.tokens, r->tokens, n);
+  if (s == REMAT_OK)
+    s = remat_feed(r->g, r->m.targets, r->targets, n);
+  return s;
+}
+
+static void close_run(run *r) {
+  remat_graph_destroy(r->g);
+  remat_runtime_destroy(r->rt);
+  memset(r, 0, sizeof *r);
+}
+
+static remat_config threads_policy(int threads, const char *policy) {
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
+                            REMAT_SET_TRACE | REMAT_SET_MEMORY_BUDGET |
+                            REMAT_SET_TOPOLOGY,
+                     .num_threads = threads,
+                     .policy = policy};
+  return rc;
+}
+
+static void must(remat_status s, const char *what) {
+  if (s != REMAT_OK)
+    fail_msg("%s: %s: %s", what, remat_status_string(s), remat_last_error());
+}
+
+/* FNV-1a over every gradient's bytes in parameter order, and the loss. */
+static uint64_t grad_hash(run *r) {
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < remat_num_params(r->g); i++) {
+    remat_tensor *p = remat_param_at(r->g, i);
+    size_t n = (size_t)remat_tensor_numel(p);
+    float *grad = malloc(n * sizeof *grad);
+    assert_non_null(grad);
+    must(remat_read_grad(r->g, p, grad, n * sizeof *grad), "remat_read_grad");
+    const unsigned char *b = (const unsigned char *)grad;
+    for (size_t k = 0; k < n * sizeof *grad; k++)
+      h = (h ^ b[k]) * 1099511628211ull;
+    free(grad);
+  }
+  float loss;
+  must(remat_read(r->g, r->m.loss, &loss, sizeof loss), "remat_read loss");
+  const unsigned char *b = (const unsigned char *)&loss;
+  for (size_t k = 0; k < sizeof loss; k++)
+    h = (h ^ b[k]) * 1099511628211ull;
+  return h;
+}
+
+/* ---- training ---- */
+
+static void trains(const remat_llama_config *c) {
+  run r;
+  remat_config rc = threads_policy(2, "nothing_saveable");
+  must(open_run(&r, c, &rc, &adamw, 1), "open");
+  float first = 0, last = 0;
+  for (int step = 0; step < 40; step++) {
+    /* two batches in turn: the task, not one batch, is learned */
+    llama_batch(c, r.tokens, r.targets, 1 + step % 2);
+    size_t n = (size_t)c->batch * c->seq * sizeof(int32_t);
+    must(remat_feed(r.g, r.m.tokens, r.tokens, n), "feed");
+    must(remat_feed(r.g, r.m.targets, r.targets, n), "feed");
+    must(remat_step(r.g, NULL), "remat_step");
+    float loss;
+    must(remat_read(r.g, r.m.loss, &loss, sizeof loss), "read loss");
+    if (step < 2)
+      first += loss / 2;
+    if (step >= 38)
+      last += loss / 2;
+  }
+  if (!(last < 0.6f * first))
+    fail_msg("attention %d: loss %.4f over the first two steps, %.4f "
+             "over the last two: expected below 0.6x",
+             (int)c->attention, first, last);
+  close_run(&r);
+}
+
+static void test_trains_materialized(void **state) {
+  (void)state;
+  trains(&small);
+}
+
+static void test_trains_fused_untied(void **state) {
+  (void)state;
+  remat_llama_config c = small;
+  c.attention = REMAT_ATTENTION_FUSED;
+  c.tie_word_embeddings = 0;
+  trains(&c);
+}
+
+/* ---- bitwise under policies, threads and NUMA layouts ---- */
+
+static uint64_t hash_of(const remat_llama_config *c, int threads, const char *topo,
+                        const char *policy_text) {
+  run r;
+  remat_config rc = threads_policy(threads, policy_text);
+  rc.topology = topo;
+  must(open_run(&r, c, &rc, NULL, 5), policy_text);
+  must(remat_step(r.g, NULL), "remat_step");
+  uint64_t h = grad_hash(&r);
+  close_run(&r);
+  return h;
+}
+
+static void bitwise(const remat_llama_config *c) {
+  static const char *const policies[] = {
+      "everything_saveable", "nothing_saveable", "dots_saveable",
+      "dots_with_no_batch_dims_saveable", "save_only_these_names:gate,up"};
+  uint64_t want = hash_of(c, 1, NULL, policies[0]);
+  for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
+    for (int threads = 1; threads <= 2; threads++) {
+      uint64_t h = hash_of(c, threads, NULL, policies[p]);
+      if (h != want)
+        fail_msg("attention %d: gradients under %s at %d threads differ "
+                 "from everything_saveable at 1 thread",
+                 (int)c->attention, policies[p], threads);
+    }
+  uint64_t h = hash_of(c, 2, "package:2 numa:1 core:1 pu:1",
+                       "nothing_saveable");
+  if (h != want)
+    fail_msg("attention %d: gradients on two NUMA nodes differ",
+             (int)c->attention);
+}
+
+static void test_bitwise_materialized(void **state) {
+  (void)state;
+  bitwise(&small);
+}
+
+static void test_bitwise_fused_untied(void **state) {
+  (void)state;
+  remat_llama_config c = small;
+  c.attention = REMAT_ATTENTION_FUSED;
+  c.tie_word_embeddings = 0;
+  bitwise(&c);
+}
+
+/* ---- what a name policy saves ---- */
+
+/* The tensor named `name` (remat_checkpoint_name) in block `layer`: the
+ * layer-th of that name, as blocks are built in order. */
+static const remat_tensor *named_tensor(remat_graph *g, const char *name,
+                                        int layer) {
+  for (int i = 0, seen = 0; i < remat_num_tensors(g); i++) {
+    remat_tensor *t = remat_tensor_at(g, i);
+    if (strcmp(remat_tensor_name(t), name) == 0 && seen++ == layer)
+      return t;
+  }
+  fail_msg("no tensor %s in block %d", name, layer);
+  return NULL;
+}
+
+static void test_name_policy_saves_named(void **state) {
+  (void)state;
+  run r;
+  remat_config rc = threads_policy(1, "save_only_these_names:gate,up");
+  must(open_run(&r, &small, &rc, &adamw, 1), "open");
+  static const char *const saved[] = {"gate", "up"};
+  static const char *const recomputed[] = {
+      "q", "k", "v", "attn_values", "attn_out", "resid_mid", "ln2_out",
+      "ffn_act"};
+  for (int l = 0; l < small.num_hidden_layers; l++) {
+    remat_tensor_plan tp;
+    for (size_t i = 0; i < 2; i++) {
+      must(remat_tensor_plan_of(r.g, named_tensor(r.g, saved[i], l), &tp),
+           saved[i]);
+      if (!tp.saved || tp.recomputed || tp.region != l)
+        fail_msg("layers.%d.%s: saved %d recomputed %d region %d, expected "
+                 "saved by region %d",
+                 l, saved[i], tp.saved, tp.recomputed, tp.region, l);
+    }
+    for (size_t i = 0; i < sizeof recomputed / sizeof *recomputed; i++) {
+      must(remat_tensor_plan_of(r.g, named_tensor(r.g, recomputed[i], l), &tp),
+           recomputed[i]);
+      if (tp.saved || !tp.recomputed)
+        fail_msg("layers.%d.%s: saved %d recomputed %d, expected recomputed",
+                 l, recomputed[i], tp.saved, tp.recomputed);
+    }
+    /* ffn_out feeds only the residual add, whose backward reads no value:
+     * neither saved nor recomputed */
+    must(remat_tensor_plan_of(r.g, named_tensor(r.g, "ffn_out", l), &tp),
+         "ffn_out");
+    if (tp.saved || tp.recomputed)
+      fail_msg("layers.%d.ffn_out: saved %d recomputed %d, expected neither",
+               l, tp.saved, tp.recomputed);
+  }
+  must(remat_step(r.g, NULL), "remat_step");
+  close_run(&r);
+}
+
+/* ---- a memory budget ---- */
+
+static int64_t peak_of(const char *policy, int64_t budget,
+                       int64_t *predicted) {
+  run r;
+  remat_config rc = threads_policy(1, policy);
+  rc.memory_budget = budget;
+  must(open_run(&r, &small, &rc, &adamw, 1), policy);
+  remat_step_stats st = {.size = sizeof st};
+  must(remat_step(r.g, &st), "remat_step");
+  *predicted = st.predicted_peak_bytes;
+  close_run(&r);
+  return st.peak_bytes;
+}
+
+static void test_budget_holds(void **state) {
+  (void)state;
+  int64_t pred;
+  int64_t lo = peak_of("nothing_saveable", 0, &pred);
+  int64_t hi = peak_of("everything_saveable", 0, &pred);
+  if (!(lo < hi))
+    fail_msg("nothing_saveable peak %lld not below everything_saveable's "
+             "%lld",
+             (long long)lo, (long long)hi);
+  int64_t budget = lo + (hi - lo) / 2;
+  int64_t peak = peak_of("auto", budget, &pred);
+  if (peak > budget)
+    fail_msg("budget %lld: measured peak %lld (predicted %lld)",
+             (long long)budget, (long long)peak, (long long)pred);
+  if (!(peak > lo))
+    fail_msg("budget %lld: peak %lld, no more than nothing_saveable's %lld: "
+             "the budget was not used",
+             (long long)budget, (long long)peak, (long long)lo);
+}
+
+/* ---- allocation failures in compile ---- */
+
+static void test_compile_allocation_failures(void **state) {
+  (void)state;
+  remat_config rc = threads_policy(1, "nothing_saveable");
+  remat_runtime *rt = NULL;
+  must(remat_runtime_create(&rc, &rt), "runtime");
+  remat_llama_config c = small;
+  c.num_hidden_layers = 1;
+  int64_t clean = -1;
+  for (int64_t n = 0;; n++) {
+    remat_graph *g = NULL;
+    remat_gpt m;
+    must(remat_graph_create(rt, &g), "graph");
+    must(remat_llama_build(g, &c, &m), "build");
+    remat__alloc_fail_after(n);
+    remat_status s = remat_compile(g, m.loss, &adamw);
+    int64_t made = remat__alloc_count();
+    remat__alloc_fail_after(0);
+    if (n == 0) {
+      must(s, "clean compile");
+      clean = made;
+    } else if (n <= clean) {
+      if (s != REMAT_ERR_OUT_OF_MEMORY)
+        fail_msg("allocation %lld of %lld failed but compile returned %s",
+                 (long long)n, (long long)clean, remat_status_string(s));
+    } else {
+      must(s, "compile past the last allocation");
+      remat_graph_destroy(g);
+      break;
+    }
+    remat_graph_destroy(g);
+  }
+  assert_true(clean > 10);
+  remat_runtime_destroy(rt);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_trains_materialized),
+      cmocka_unit_test(test_trains_fused_untied),
+      cmocka_unit_test(test_bitwise_materialized),
+      cmocka_unit_test(test_bitwise_fused_untied),
+      cmocka_unit_test(test_name_policy_saves_named),
+      cmocka_unit_test(test_budget_holds),
+      cmocka_unit_test(test_compile_allocation_failures),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
