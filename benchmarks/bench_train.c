@@ -1,4 +1,6 @@
-/* bench_train: training-step benchmark of the GPT-style model. Reports the
+/* bench_train: training-step benchmark of the GPT-style model (or, with
+ * --model, of the Llama-family model or the bidirectional encoder at the
+ * same sizes). Reports the
  * median step time after a warm-up, the runtime's memory peaks, the process's
  * peak RSS, and model FLOP utilization against oneDNN's own matmul
  * throughput (f32, and bf16 for a bf16 run) measured in the same process on
@@ -16,12 +18,23 @@
 
 #include "base/bf16.h"
 #include "remat.h"
+#include "examples/encoder_model.h"
 #include "remat_gpt.h"
+#include "remat_llama.h"
 #include "tools/dp_tool.h"
 #include "tools/json_out.h"
 
+/* The model a run trains. */
+typedef enum model_kind { MODEL_GPT, MODEL_LLAMA, MODEL_ENCODER } model_kind;
+
+static const char *const model_names[] = {"gpt", "llama", "encoder"};
+
 typedef struct options {
   remat_gpt_config cfg;
+  model_kind model;
+  int model_both; /* --model gpt+llama: both side by side */
+  int kv_heads;   /* llama: 0 means heads / 4 where it divides, else heads */
+  int ffn;        /* llama: 0 means 8d/3 rounded up to a multiple of 64 */
   int steps, threads;
   const char *policy;
   int64_t budget;
@@ -145,6 +158,8 @@ static void usage(FILE *f) {
           "                   [--policy P] [--budget BYTES] [--accum K] [--json]\n"
           "                   [--compare-threads] [--attention fused|materialized|both]\n"
           "                   [--precision f32|bf16|both]\n"
+          "                   [--model gpt|llama|encoder|gpt+llama]\n"
+          "                   [--kv-heads KVH] [--ffn I]\n"
           "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
           "--attention: the builder's default (materialized) unless given; both\n"
           "runs the materialized and the fused model in one process, steps\n"
@@ -155,7 +170,13 @@ static void usage(FILE *f) {
           "--accum K: a step is K micro-batches of B rows (remat_accumulate)\n"
           "and one update; step time and tokens count all K (default 1)\n"
           "--compare-threads: also run the model on 1 thread, in interleaved\n"
-          "rounds, and report the speedup of N threads over 1\n");
+          "rounds, and report the speedup of N threads over 1\n"
+          "--model: the GPT (default); llama: remat_llama_build at the same\n"
+          "d_model, layers, heads, seq, batch and vocab, with KVH key/value\n"
+          "heads (default H/4) and a SwiGLU of width I (default 8D/3 rounded\n"
+          "up to 64), no biases, untied head; encoder: the bidirectional\n"
+          "encoder of examples/encoder_model.h; gpt+llama runs the GPT and\n"
+          "the Llama model in one process, steps interleaved, one line each\n");
 }
 
 static int parse_int(const char *opt, const char *v, int *out) {
@@ -179,6 +200,9 @@ static int parse_args(int argc, char **argv, options *o) {
       {"compare-threads", 0, 0, 'C'},
       {"attention", 1, 0, 'A'},
       {"precision", 1, 0, 'R'},
+      {"model", 1, 0, 'm'},
+      {"kv-heads", 1, 0, 'k'},
+      {"ffn", 1, 0, 'f'},
       {0, 0, 0, 0}};
   *o = (options){.cfg = {.layers = 8, .d_model = 512, .heads = 8, .seq = 256,
                          .batch = 8, .vocab = 256},
@@ -232,6 +256,23 @@ static int parse_args(int argc, char **argv, options *o) {
         ok = 0;
       }
       break;
+    case 'm':
+      if (strcmp(optarg, "gpt+llama") == 0)
+        o->model_both = 1;
+      else {
+        ok = 0;
+        for (int m = 0; m < 3; m++)
+          if (strcmp(optarg, model_names[m]) == 0) {
+            o->model = (model_kind)m;
+            ok = 1;
+          }
+        if (!ok)
+          fprintf(stderr, "bench_train: --model '%s': expected gpt, llama, "
+                          "encoder or gpt+llama\n", optarg);
+      }
+      break;
+    case 'k': ok = parse_int("--kv-heads", optarg, &o->kv_heads); break;
+    case 'f': ok = parse_int("--ffn", optarg, &o->ffn); break;
     case 'h': usage(stdout); exit(0);
     default: ok = 0;
     }
@@ -245,11 +286,16 @@ static int parse_args(int argc, char **argv, options *o) {
     usage(stderr);
     return 0;
   }
-  if (o->both + o->compare_threads + o->precision_both > 1) {
-    fprintf(stderr, "bench_train: --attention both, --precision both and "
-                    "--compare-threads exclude each other\n");
+  if (o->both + o->compare_threads + o->precision_both + o->model_both > 1) {
+    fprintf(stderr, "bench_train: --attention both, --precision both, "
+                    "--model gpt+llama and --compare-threads exclude each "
+                    "other\n");
     return 0;
   }
+  if (o->kv_heads == 0)
+    o->kv_heads = o->cfg.heads % 4 == 0 ? o->cfg.heads / 4 : o->cfg.heads;
+  if (o->ffn == 0)
+    o->ffn = (8 * o->cfg.d_model / 3 + 63) / 64 * 64;
   return 1;
 }
 
@@ -293,7 +339,11 @@ static int fail(const char *what) {
  * times and the peaks seen so far. --compare-threads runs two side by side. */
 typedef struct bench {
   int threads, accum;
+  model_kind model;
   remat_gpt_config cfg; /* the options' model with this run's attention */
+  remat_llama_config llama; /* the same sizes, for --model llama */
+  encoder_config enc;       /* and for --model encoder */
+  remat_tensor *lengths;    /* the encoder's key lengths (every row full) */
   remat_precision precision;
   remat_runtime *rt;
   remat_graph *g;
@@ -306,13 +356,53 @@ typedef struct bench {
   int64_t peak, act_peak;
 } bench;
 
+/* Builds the run's model on b->g. */
+static remat_status build_model(bench *b, const options *o) {
+  const remat_gpt_config *c = &b->cfg;
+  if (b->model == MODEL_LLAMA) {
+    b->llama = (remat_llama_config){.hidden_size = c->d_model,
+                                    .intermediate_size = o->ffn,
+                                    .num_hidden_layers = c->layers,
+                                    .num_attention_heads = c->heads,
+                                    .num_key_value_heads = o->kv_heads,
+                                    .vocab_size = c->vocab,
+                                    .seq = c->seq,
+                                    .batch = c->batch,
+                                    .attention = c->attention};
+    return remat_llama_build(b->g, &b->llama, &b->m);
+  }
+  if (b->model == MODEL_ENCODER) {
+    b->enc = (encoder_config){.layers = c->layers, .d_model = c->d_model,
+                              .heads = c->heads, .seq = c->seq,
+                              .batch = c->batch, .vocab = c->vocab,
+                              .fused = c->attention == REMAT_ATTENTION_FUSED};
+    encoder e;
+    remat_status s = encoder_build(b->g, &b->enc, NULL, &e);
+    b->m = (remat_gpt){.tokens = e.tokens, .targets = e.targets,
+                       .logits = e.logits, .loss = e.loss};
+    b->lengths = e.lengths;
+    return s;
+  }
+  return remat_gpt_build(b->g, c, &b->m);
+}
+
+/* Model FLOPs of one step of run b (one micro-batch). */
+static double model_flops(const bench *b) {
+  if (b->model == MODEL_LLAMA)
+    return remat_llama_flops(&b->llama);
+  if (b->model == MODEL_ENCODER)
+    return encoder_flops(&b->enc);
+  return remat_gpt_flops(&b->cfg);
+}
+
 static int bench_open(bench *b, const options *o, int threads,
                       remat_attention_kind attention,
-                      remat_precision precision) {
+                      remat_precision precision, model_kind model) {
   memset(b, 0, sizeof *b);
   b->st.size = sizeof b->st;
   b->threads = threads;
   b->accum = o->accum;
+  b->model = model;
   b->cfg = o->cfg;
   b->cfg.attention = attention;
   b->precision = precision;
@@ -324,7 +414,7 @@ static int bench_open(bench *b, const options *o, int threads,
     return fail("runtime");
   if (remat_graph_create(b->rt, &b->g) != REMAT_OK)
     return fail("graph");
-  if (remat_gpt_build(b->g, &b->cfg, &b->m) != REMAT_OK)
+  if (build_model(b, o) != REMAT_OK)
     return fail("model");
   remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-4f, .weight_decay = 0.01f};
   /* Under mpirun the main run is data parallel (dp_tool.h). */
@@ -345,6 +435,20 @@ static int bench_open(bench *b, const options *o, int threads,
   if (remat_feed(b->g, b->m.tokens, b->tok, n * 4) != REMAT_OK ||
       remat_feed(b->g, b->m.targets, b->tgt, n * 4) != REMAT_OK)
     return fail("feed");
+  if (b->lengths != NULL) {
+    int32_t *len = malloc((size_t)o->cfg.batch * sizeof *len);
+    if (len == NULL) {
+      fprintf(stderr, "bench_train: out of memory\n");
+      return 1;
+    }
+    for (int r = 0; r < o->cfg.batch; r++)
+      len[r] = o->cfg.seq;
+    remat_status s = remat_feed(b->g, b->lengths, len,
+                                (size_t)o->cfg.batch * sizeof *len);
+    free(len);
+    if (s != REMAT_OK)
+      return fail("feed");
+  }
   if (!roofline_open(&b->roof, threads, false) ||
       (precision == REMAT_PRECISION_BF16 &&
        !roofline_open(&b->roof16, threads, true))) {
@@ -405,7 +509,7 @@ static void report(const bench *b, const bench *one, const bench *f32,
   double roofline = median(b->roofs, o->steps);
   bool bf16 = b->precision == REMAT_PRECISION_BF16;
   double roof16 = bf16 ? median(b->roofs16, o->steps) : 0.0;
-  double flops = remat_gpt_flops(&b->cfg) * o->accum;
+  double flops = model_flops(b) * o->accum;
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   /* MFU against the roofline of the run's own precision */
@@ -413,7 +517,10 @@ static void report(const bench *b, const bench *one, const bench *f32,
   char dp_json[1024];
   dp_tool_json(b->g, dp_json, sizeof dp_json); /* collective under MPI */
   json_nulls nulls = {0};
-  printf("{\"policy\": \"%s\", \"attention\": \"%s\", \"precision\": \"%s\", "
+  printf("{\"model\": \"%s\", ", model_names[b->model]);
+  if (b->model == MODEL_LLAMA)
+    printf("\"kv_heads\": %d, \"ffn\": %d, ", o->kv_heads, o->ffn);
+  printf("\"policy\": \"%s\", \"attention\": \"%s\", \"precision\": \"%s\", "
          "\"layers\": %d, "
          "\"d_model\": %d, \"heads\": %d, "
          "\"seq\": %d, \"batch\": %d, \"vocab\": %d, \"threads\": %d, "
@@ -480,16 +587,19 @@ int main(int argc, char **argv) {
    * (--attention both) */
   bench main_run, peer;
   int compare = o.compare_threads && o.threads > 1;
-  int second = compare || o.both || o.precision_both;
+  int second = compare || o.both || o.precision_both || o.model_both;
   remat_attention_kind main_kind =
       o.both ? REMAT_ATTENTION_MATERIALIZED : o.cfg.attention;
   remat_precision main_precision =
       o.precision_both ? REMAT_PRECISION_F32 : o.precision;
-  if (bench_open(&main_run, &o, o.threads, main_kind, main_precision) ||
+  model_kind main_model = o.model_both ? MODEL_GPT : o.model;
+  if (bench_open(&main_run, &o, o.threads, main_kind, main_precision,
+                 main_model) ||
       (second &&
        bench_open(&peer, &o, compare ? 1 : o.threads,
                   o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention,
-                  o.precision_both ? REMAT_PRECISION_BF16 : o.precision)))
+                  o.precision_both ? REMAT_PRECISION_BF16 : o.precision,
+                  o.model_both ? MODEL_LLAMA : main_model)))
     return 1;
   /* Interleaved rounds: the two runs alternate which goes first, so that
    * neither always follows the other's cache and frequency state. */
@@ -504,7 +614,7 @@ int main(int argc, char **argv) {
         return 1;
   }
   report(&main_run, compare ? &peer : NULL, NULL, &o);
-  if (o.both || o.precision_both)
+  if (o.both || o.precision_both || o.model_both)
     report(&peer, NULL, o.precision_both ? &main_run : NULL, &o);
   bench_close(&main_run);
   if (second)

@@ -82,10 +82,34 @@ assert abs(acc["flops_per_step"] - plain["flops_per_step"]) <= 1e-6 * plain["flo
 tokens = 2 * 32 / acc["step_s_median"]
 assert abs(acc["tokens_per_s"] - tokens) <= 1e-3 * tokens, acc
 
+# --model: the GPT's line is the plain run's; the Llama model beside it
+# (4 heads: 1 key/value head, SwiGLU of 8 * 64 / 3 rounded up to 64 = 192)
+# counts its own FLOPs; the encoder alone.
+gpt, llama = run(["--model", "gpt+llama"], 2)
+check_common(gpt)
+check_common(llama)
+assert gpt["model"] == "gpt" and plain["model"] == "gpt", (gpt, plain)
+assert gpt["grad_checksum"] == plain["grad_checksum"], (gpt, plain)
+assert llama["model"] == "llama", llama
+assert llama["kv_heads"] == 1 and llama["ffn"] == 192, llama
+n, d, T, V, L = 2 * 32, 64, 32, plain["vocab"], 2
+per_layer = 2 * n * (2 * d * d + 2 * d * (d // 4) + 3 * d * 192) + 4 * 2 * T * T * d
+want = 3 * (L * per_layer + 2 * n * d * V)
+assert abs(llama["flops_per_step"] - want) <= 1e-6 * want, (llama, want)
+alone = run(["--model", "llama"])
+assert alone["grad_checksum"] == llama["grad_checksum"], (alone, llama)
+enc = run(["--model", "encoder", "--attention", "fused"])
+check_common(enc)
+assert enc["model"] == "encoder" and enc["attention"] == "fused", enc
+assert enc["grad_checksum"] != plain["grad_checksum"], enc
+
 bad = subprocess.run([exe, "--threads", "0"], capture_output=True, text=True)
 assert bad.returncode == 2, bad
 assert "--threads '0': expected a whole number >= 1" in bad.stderr, bad.stderr
 bad = subprocess.run([exe, "--precision", "fp16"], capture_output=True, text=True)
 assert bad.returncode == 2, bad
 assert "--precision 'fp16': expected f32, bf16 or both" in bad.stderr, bad.stderr
+bad = subprocess.run([exe, "--model", "bert"], capture_output=True, text=True)
+assert bad.returncode == 2, bad
+assert "--model 'bert': expected gpt, llama, encoder or gpt+llama" in bad.stderr, bad.stderr
 print("check_bench: ok")
