@@ -1,6 +1,8 @@
-/* Tests of the Llama-style model (remat_llama_build, built from the
- * public ops: RMSNorm, RoPE, grouped-query attention with 4 query heads per
- * key/value head, SwiGLU, no biases, tied embeddings): it trains in both attention forms, its gradients are
+/* Tests of the models beside the GPT, built from the public ops: the
+ * Llama-style model (remat_llama_build: RMSNorm, RoPE, grouped-query
+ * attention with 4 query heads per key/value head, SwiGLU, no biases, tied
+ * embeddings) and the bidirectional encoder of examples/encoder_model.h
+ * (padded rows through key lengths). Each trains in both attention forms, its gradients are
  * bitwise the same under every policy, thread count and NUMA layout, a
  * name policy saves exactly the tensors it names, a memory budget holds,
  * and every allocation of its compile can fail cleanly. Run in f32 and,
@@ -16,6 +18,7 @@
 #include <cmocka.h>
 
 #include "base/alloc.h"
+#include "examples/encoder_model.h"
 #include "remat_llama.h"
 
 /* 4 query heads per key/value head; gate/up of 96 columns. */
@@ -44,6 +47,46 @@ static void llama_batch(const remat_llama_config *c, int32_t *tokens,
     }
 }
 
+/* The encoder at the same sizes, rows padded to lengths 24, 17, 9, 24. */
+static const encoder_config small_encoder = {.layers = 2,
+                                             .d_model = 64,
+                                             .heads = 8,
+                                             .seq = 24,
+                                             .batch = 4,
+                                             .vocab = 29};
+static const int32_t encoder_lengths[4] = {24, 17, 9, 24};
+
+/* One model of the tests: the Llama-style one, or the encoder. */
+typedef struct model_case {
+  int encoder; /* 0: llama, 1: encoder */
+  remat_llama_config llama;
+  encoder_config enc;
+} model_case;
+
+static model_case llama_case(int fused, int tied) {
+  model_case mc = {.llama = small};
+  mc.llama.attention = fused ? REMAT_ATTENTION_FUSED : REMAT_ATTENTION_DEFAULT;
+  mc.llama.tie_word_embeddings = tied;
+  return mc;
+}
+
+static model_case encoder_case(int fused) {
+  model_case mc = {.encoder = 1, .enc = small_encoder};
+  mc.enc.fused = fused;
+  /* the batch function reads the shared sizes from here */
+  mc.llama.seq = small_encoder.seq;
+  mc.llama.batch = small_encoder.batch;
+  mc.llama.vocab_size = small_encoder.vocab;
+  return mc;
+}
+
+static const char *case_name(const model_case *mc) {
+  if (mc->encoder)
+    return mc->enc.fused ? "encoder, fused" : "encoder, materialized";
+  return mc->llama.attention == REMAT_ATTENTION_FUSED ? "llama, fused"
+                                                      : "llama, materialized";
+}
+
 static const remat_optimizer adamw = {.kind = REMAT_OPT_ADAMW, .lr = 1e-2f};
 
 typedef struct run {
@@ -54,7 +97,20 @@ typedef struct run {
 } run;
 
 /* Builds, compiles (opt NULL: gradients only) and feeds batch `seed`. */
-static remat_status open_run(run *r, const remat_llama_config *c,
+static remat_status build_case(remat_graph *g, const model_case *mc,
+                               remat_gpt *m, remat_tensor **lengths) {
+  *lengths = NULL;
+  if (!mc->encoder)
+    return remat_llama_build(g, &mc->llama, m);
+  encoder e;
+  remat_status s = encoder_build(g, &mc->enc, NULL, &e);
+  *m = (remat_gpt){.tokens = e.tokens, .targets = e.targets,
+                   .logits = e.logits, .loss = e.loss};
+  *lengths = e.lengths;
+  return s;
+}
+
+static remat_status open_run(run *r, const model_case *mc,
                              const remat_config *rc,
                              const remat_optimizer *opt, uint32_t seed) {
   memset(r, 0, sizeof *r);
@@ -63,11 +119,17 @@ static remat_status open_run(run *r, const remat_llama_config *c,
     s = remat_graph_create(r->rt, &r->g);
   if (s == REMAT_OK)
     s = remat_graph_seed(r->g, 3);
+  remat_tensor *lengths = NULL;
   if (s == REMAT_OK)
-    s = remat_llama_build(r->g, c, &r->m);
+    s = build_case(r->g, mc, &r->m, &lengths);
   if (s == REMAT_OK)
     s = remat_compile(r->g, r->m.loss, opt);
   if (s != REMAT_OK)
+    return s;
+  const remat_llama_config *c = &mc->llama;
+  if (lengths != NULL &&
+      (s = remat_feed(r->g, lengths, encoder_lengths,
+                      sizeof encoder_lengths)) != REMAT_OK)
     return s;
   llama_batch(c, r->tokens, r->targets, seed);
   size_t n = (size_t)c->batch * c->seq * sizeof(int32_t);
@@ -121,10 +183,11 @@ static uint64_t grad_hash(run *r) {
 
 /* ---- training ---- */
 
-static void trains(const remat_llama_config *c) {
+static void trains(const model_case *mc) {
   run r;
+  const remat_llama_config *c = &mc->llama;
   remat_config rc = threads_policy(2, "nothing_saveable");
-  must(open_run(&r, c, &rc, &adamw, 1), "open");
+  must(open_run(&r, mc, &rc, &adamw, 1), "open");
   float first = 0, last = 0;
   for (int step = 0; step < 40; step++) {
     /* two batches in turn: the task, not one batch, is learned */
@@ -141,70 +204,73 @@ static void trains(const remat_llama_config *c) {
       last += loss / 2;
   }
   if (!(last < 0.6f * first))
-    fail_msg("attention %d: loss %.4f over the first two steps, %.4f "
-             "over the last two: expected below 0.6x",
-             (int)c->attention, first, last);
+    fail_msg("%s: loss %.4f over the first two steps, %.4f over the last "
+             "two: expected below 0.6x",
+             case_name(mc), first, last);
   close_run(&r);
 }
 
-static void test_trains_materialized(void **state) {
+static void test_trains_llama(void **state) {
   (void)state;
-  trains(&small);
+  model_case a = llama_case(0, 1), b = llama_case(1, 0);
+  trains(&a);
+  trains(&b);
 }
 
-static void test_trains_fused_untied(void **state) {
+static void test_trains_encoder(void **state) {
   (void)state;
-  remat_llama_config c = small;
-  c.attention = REMAT_ATTENTION_FUSED;
-  c.tie_word_embeddings = 0;
-  trains(&c);
+  model_case a = encoder_case(0), b = encoder_case(1);
+  trains(&a);
+  trains(&b);
 }
 
 /* ---- bitwise under policies, threads and NUMA layouts ---- */
 
-static uint64_t hash_of(const remat_llama_config *c, int threads, const char *topo,
+static uint64_t hash_of(const model_case *mc, int threads, const char *topo,
                         const char *policy_text) {
   run r;
   remat_config rc = threads_policy(threads, policy_text);
   rc.topology = topo;
-  must(open_run(&r, c, &rc, NULL, 5), policy_text);
+  must(open_run(&r, mc, &rc, NULL, 5), policy_text);
   must(remat_step(r.g, NULL), "remat_step");
   uint64_t h = grad_hash(&r);
   close_run(&r);
   return h;
 }
 
-static void bitwise(const remat_llama_config *c) {
-  static const char *const policies[] = {
+static void bitwise(const model_case *mc) {
+  const char *const policies[] = {
       "everything_saveable", "nothing_saveable", "dots_saveable",
-      "dots_with_no_batch_dims_saveable", "save_only_these_names:gate,up"};
-  uint64_t want = hash_of(c, 1, NULL, policies[0]);
+      "dots_with_no_batch_dims_saveable",
+      mc->encoder ? "save_only_these_names:qkv,ffn_in"
+                  : "save_only_these_names:gate,up"};
+  uint64_t want = hash_of(mc, 1, NULL, policies[0]);
   for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
     for (int threads = 1; threads <= 2; threads++) {
-      uint64_t h = hash_of(c, threads, NULL, policies[p]);
+      uint64_t h = hash_of(mc, threads, NULL, policies[p]);
       if (h != want)
-        fail_msg("attention %d: gradients under %s at %d threads differ "
-                 "from everything_saveable at 1 thread",
-                 (int)c->attention, policies[p], threads);
+        fail_msg("%s: gradients under %s at %d threads differ from "
+                 "everything_saveable at 1 thread",
+                 case_name(mc), policies[p], threads);
     }
-  uint64_t h = hash_of(c, 2, "package:2 numa:1 core:1 pu:1",
+  uint64_t h = hash_of(mc, 2, "package:2 numa:1 core:1 pu:1",
                        "nothing_saveable");
   if (h != want)
-    fail_msg("attention %d: gradients on two NUMA nodes differ",
-             (int)c->attention);
+    fail_msg("%s: gradients on two NUMA nodes differ", case_name(mc));
 }
 
-static void test_bitwise_materialized(void **state) {
+static void test_bitwise_llama(void **state) {
   (void)state;
-  bitwise(&small);
+  model_case a = llama_case(0, 1), b = llama_case(1, 0);
+  bitwise(&a);
+  bitwise(&b);
 }
 
-static void test_bitwise_fused_untied(void **state) {
+static void test_bitwise_encoder(void **state) {
   (void)state;
-  remat_llama_config c = small;
-  c.attention = REMAT_ATTENTION_FUSED;
-  c.tie_word_embeddings = 0;
-  bitwise(&c);
+  model_case a = encoder_case(0), b = encoder_case(1);
+  bitwise(&a);
+  bitwise(&b);
 }
 
 /* ---- what a name policy saves ---- */
@@ -226,7 +292,8 @@ static void test_name_policy_saves_named(void **state) {
   (void)state;
   run r;
   remat_config rc = threads_policy(1, "save_only_these_names:gate,up");
-  must(open_run(&r, &small, &rc, &adamw, 1), "open");
+  model_case mc = llama_case(0, 1);
+  must(open_run(&r, &mc, &rc, &adamw, 1), "open");
   static const char *const saved[] = {"gate", "up"};
   static const char *const recomputed[] = {
       "q", "k", "v", "attn_values", "attn_out", "resid_mid", "ln2_out",
@@ -262,12 +329,12 @@ static void test_name_policy_saves_named(void **state) {
 
 /* ---- a memory budget ---- */
 
-static int64_t peak_of(const char *policy, int64_t budget,
-                       int64_t *predicted) {
+static int64_t peak_of(const model_case *mc, const char *policy,
+                       int64_t budget, int64_t *predicted) {
   run r;
   remat_config rc = threads_policy(1, policy);
   rc.memory_budget = budget;
-  must(open_run(&r, &small, &rc, &adamw, 1), policy);
+  must(open_run(&r, mc, &rc, &adamw, 1), policy);
   remat_step_stats st = {.size = sizeof st};
   must(remat_step(r.g, &st), "remat_step");
   *predicted = st.predicted_peak_bytes;
@@ -275,41 +342,60 @@ static int64_t peak_of(const char *policy, int64_t budget,
   return st.peak_bytes;
 }
 
+/* Budgets halfway between the nothing_saveable and everything_saveable
+ * peaks and at the everything_saveable peak hold at one thread; the second
+ * is used (the plan saves more than nothing_saveable does: the planner
+ * picks per region among four policies, so a budget between two plans'
+ * peaks may get the smaller one). */
+static void budget_holds(const model_case *mc) {
+  int64_t pred;
+  int64_t lo = peak_of(mc, "nothing_saveable", 0, &pred);
+  int64_t hi = peak_of(mc, "everything_saveable", 0, &pred);
+  if (!(lo < hi))
+    fail_msg("%s: nothing_saveable peak %lld not below everything_saveable's "
+             "%lld",
+             case_name(mc), (long long)lo, (long long)hi);
+  int64_t budgets[2] = {lo + (hi - lo) / 2, hi};
+  for (int i = 0; i < 2; i++) {
+    int64_t peak = peak_of(mc, "auto", budgets[i], &pred);
+    if (peak > budgets[i])
+      fail_msg("%s: budget %lld: measured peak %lld (predicted %lld)",
+               case_name(mc), (long long)budgets[i], (long long)peak,
+               (long long)pred);
+    if (i == 1 && !(peak > lo))
+      fail_msg("%s: budget %lld: peak %lld, no more than nothing_saveable's "
+               "%lld: the budget was not used",
+               case_name(mc), (long long)budgets[i], (long long)peak,
+               (long long)lo);
+  }
+}
+
 static void test_budget_holds(void **state) {
   (void)state;
-  int64_t pred;
-  int64_t lo = peak_of("nothing_saveable", 0, &pred);
-  int64_t hi = peak_of("everything_saveable", 0, &pred);
-  if (!(lo < hi))
-    fail_msg("nothing_saveable peak %lld not below everything_saveable's "
-             "%lld",
-             (long long)lo, (long long)hi);
-  int64_t budget = lo + (hi - lo) / 2;
-  int64_t peak = peak_of("auto", budget, &pred);
-  if (peak > budget)
-    fail_msg("budget %lld: measured peak %lld (predicted %lld)",
-             (long long)budget, (long long)peak, (long long)pred);
-  if (!(peak > lo))
-    fail_msg("budget %lld: peak %lld, no more than nothing_saveable's %lld: "
-             "the budget was not used",
-             (long long)budget, (long long)peak, (long long)lo);
+  model_case cases[] = {llama_case(0, 1), llama_case(1, 0), encoder_case(0),
+                        encoder_case(1)};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    budget_holds(&cases[i]);
 }
 
 /* ---- allocation failures in compile ---- */
 
-static void test_compile_allocation_failures(void **state) {
-  (void)state;
+/* Compile of a one-block model with each of its allocations failing in
+ * turn: every one fails the call with REMAT_ERR_OUT_OF_MEMORY, and one
+ * past the last succeeds. */
+static void compile_allocation_failures(model_case mc) {
   remat_config rc = threads_policy(1, "nothing_saveable");
   remat_runtime *rt = NULL;
   must(remat_runtime_create(&rc, &rt), "runtime");
-  remat_llama_config c = small;
-  c.num_hidden_layers = 1;
+  mc.llama.num_hidden_layers = 1;
+  mc.enc.layers = 1;
   int64_t clean = -1;
   for (int64_t n = 0;; n++) {
     remat_graph *g = NULL;
     remat_gpt m;
+    remat_tensor *lengths;
     must(remat_graph_create(rt, &g), "graph");
-    must(remat_llama_build(g, &c, &m), "build");
+    must(build_case(g, &mc, &m, &lengths), "build");
     remat__alloc_fail_after(n);
     remat_status s = remat_compile(g, m.loss, &adamw);
     int64_t made = remat__alloc_count();
@@ -319,8 +405,10 @@ static void test_compile_allocation_failures(void **state) {
       clean = made;
     } else if (n <= clean) {
       if (s != REMAT_ERR_OUT_OF_MEMORY)
-        fail_msg("allocation %lld of %lld failed but compile returned %s",
-                 (long long)n, (long long)clean, remat_status_string(s));
+        fail_msg("%s: allocation %lld of %lld failed but compile returned "
+                 "%s",
+                 case_name(&mc), (long long)n, (long long)clean,
+                 remat_status_string(s));
     } else {
       must(s, "compile past the last allocation");
       remat_graph_destroy(g);
@@ -332,12 +420,18 @@ static void test_compile_allocation_failures(void **state) {
   remat_runtime_destroy(rt);
 }
 
+static void test_compile_allocation_failures(void **state) {
+  (void)state;
+  compile_allocation_failures(llama_case(1, 0));
+  compile_allocation_failures(encoder_case(0));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_trains_materialized),
-      cmocka_unit_test(test_trains_fused_untied),
-      cmocka_unit_test(test_bitwise_materialized),
-      cmocka_unit_test(test_bitwise_fused_untied),
+      cmocka_unit_test(test_trains_llama),
+      cmocka_unit_test(test_trains_encoder),
+      cmocka_unit_test(test_bitwise_llama),
+      cmocka_unit_test(test_bitwise_encoder),
       cmocka_unit_test(test_name_policy_saves_named),
       cmocka_unit_test(test_budget_holds),
       cmocka_unit_test(test_compile_allocation_failures),
