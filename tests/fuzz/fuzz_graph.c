@@ -6,7 +6,8 @@
  * status and a message, and a graph that failed to build must fail to
  * compile with the same status. Huge and wrapping dims must fail when
  * built (REMAT_ERR_LIMIT or REMAT_ERR_SHAPE), never reach compile. NaN,
- * Inf and huge scales, layernorm epsilons and learning rates are drawn:
+ * Inf and huge scales, norm epsilons, rope bases, dropout probabilities
+ * and learning rates are drawn:
  * builders and compile refuse the non-finite ones, and a step that
  * succeeds leaves every parameter finite, one that fails on numbers
  * changes none. Two
@@ -116,7 +117,7 @@ static void build_one(builder *b, unsigned op) {
   remat_graph *g = b->g;
   int64_t dims[4];
   char name[8] = {'i', (char)('a' + b->n % 26), 0};
-  switch (op % 22) {
+  switch (op % 32) {
   case 0: {
     int nd = read_dims(b, dims);
     push(b, remat_input(g, name, REMAT_F32, nd, dims));
@@ -217,9 +218,91 @@ static void build_one(builder *b, unsigned op) {
     remat_policy_destroy(p);
     break;
   }
-  default:
+  case 21:
     if (remat_region_end(g) == REMAT_OK)
       b->regions_open--;
+    break;
+  case 22: {
+    remat_tensor *x = pick(b);
+    unsigned sb = fuzz_byte(&b->in), lb = fuzz_byte(&b->in);
+    /* 250 to 254: a huge start or length (wrapping start + len) */
+    int64_t start = sb >= 250 && sb < 255 ? huge_dims[sb - 250]
+                                           : (int64_t)(sb % 8) - 1;
+    int64_t len = lb >= 250 ? INT64_MAX - (int64_t)(lb - 250)
+                            : (int64_t)(lb % 8);
+    push(b, remat_slice(g, x, start, len));
+    break;
+  }
+  case 23: push(b, remat_mul(g, pick(b), pick(b))); break;
+  case 24: push(b, remat_silu(g, pick(b))); break;
+  case 25: push(b, remat_swiglu(g, pick(b), pick(b))); break;
+  case 26: { /* scale, dropout probability: 224 to 255 hostile */
+    remat_tensor *x = pick(b);
+    unsigned fb = fuzz_byte(&b->in);
+    float f = fb >= 224 ? hostile_floats[(fb >> 2) & 7]
+                        : (float)(fb % 5) * 0.25f - 0.25f;
+    remat_tensor *y = fb & 1 ? remat_dropout(g, x, f) : remat_scale(g, x, f);
+    if (!isfinite(f) || ((fb & 1) && !(f >= 0.0f && f < 1.0f)))
+      FUZZ_CHECK(y == NULL);
+    push(b, y);
+    break;
+  }
+  case 27: {
+    remat_tensor *x = pick(b), *gamma = pick(b);
+    unsigned eb = fuzz_byte(&b->in);
+    float eps = eb >= 224 ? hostile_floats[(eb >> 2) & 7]
+                          : (float)(eb % 3) * 1e-3f;
+    remat_tensor *y = remat_rmsnorm(g, x, gamma, eps);
+    if (!isfinite(eps))
+      FUZZ_CHECK(y == NULL);
+    push(b, y);
+    break;
+  }
+  case 28: {
+    remat_tensor *x = pick(b);
+    unsigned hb = fuzz_byte(&b->in), tb = fuzz_byte(&b->in);
+    float theta = tb >= 224 ? hostile_floats[(tb >> 2) & 7]
+                            : (float)(tb % 3) * 5000.0f;
+    remat_tensor *y = remat_rope(g, x, (int)(hb % 6) - 1, theta);
+    if (!isfinite(theta))
+      FUZZ_CHECK(y == NULL);
+    push(b, y);
+    break;
+  }
+  case 29: { /* general attention: config bits from two bytes */
+    remat_tensor *q = pick(b), *k = pick(b), *v = pick(b), *lens = pick(b);
+    unsigned cb = fuzz_byte(&b->in), hb = fuzz_byte(&b->in);
+    remat_attention_config cfg = {.heads = (int)(hb % 5),
+                                  .kv_heads = (int)((hb >> 3) % 4),
+                                  .causal = (int)(cb & 1),
+                                  .key_lengths = cb & 2 ? lens : NULL,
+                                  .dropout = cb & 4 ? 0.25f : 0.0f,
+                                  .scale = cb & 8 ? 0.5f : 0.0f,
+                                  .fused = (int)((cb >> 4) & 1)};
+    if (cb & 0x20) /* packed */
+      k = v = NULL;
+    if (cb & 0x40)
+      cfg.dropout = hostile_floats[(hb >> 5) & 7];
+    /* the T x S work of either form, bounded as case 13 bounds it */
+    if (q != NULL && remat_tensor_ndim(q) == 3) {
+      int64_t bt = remat_tensor_dim(q, 0), t = remat_tensor_dim(q, 1);
+      int64_t s = k != NULL && remat_tensor_ndim(k) == 3
+                      ? remat_tensor_dim(k, 1)
+                      : t;
+      int64_t lim = INT64_C(1) << 22;
+      b->attention_work = t > lim || s > lim || bt > lim ||
+                                  bt * t > lim / (s ? s : 1)
+                              ? lim + 1
+                              : b->attention_work + bt * t * s;
+    }
+    remat_tensor *y = remat_attention(g, q, k, v, &cfg);
+    if (!isfinite(cfg.dropout) || cfg.dropout < 0.0f || cfg.dropout >= 1.0f)
+      FUZZ_CHECK(y == NULL);
+    push(b, y);
+    break;
+  }
+  default: /* 30, 31 */
+    remat_param_freeze(g, pick(b));
     break;
   }
 }
