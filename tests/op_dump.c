@@ -41,12 +41,24 @@ typedef struct dump_options {
   remat_precision precision;
 } dump_options;
 
+/* Parses "n1,n2,..." into o->lens; 0 if it is not that. */
+static int parse_lens(dump_options *o, const char *v) {
+  char *end = NULL;
+  for (o->nlens = 0; o->nlens < MAX_LENS; v = end + 1) {
+    o->lens[o->nlens++] = (int32_t)strtol(v, &end, 10);
+    if (end == v || *end != ',')
+      break;
+  }
+  return end != v && *end == '\0';
+}
+
 /* Sets one KEY=VALUE; 0 when the key or value is not one of ours. */
 static int set_option(dump_options *o, const char *kv) {
   const char *eq = strchr(kv, '=');
   if (eq == NULL)
     return 0;
-  size_t n = (size_t)(eq - kv);
+  char key[16];
+  snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
   const char *v = eq + 1;
   struct {
     const char *key;
@@ -69,38 +81,42 @@ static int set_option(dump_options *o, const char *kv) {
                {"eps", &o->eps},
                {"p", &o->p},
                {"s", &o->s}};
+  struct {
+    const char *key;
+    const char **field;
+  } texts[] = {
+      {"policy", &o->policy}, {"weights", &o->weights}, {"tokens", &o->tokens}};
   for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-    if (strlen(ints[i].key) == n && strncmp(kv, ints[i].key, n) == 0)
-      return *ints[i].field = strtoll(v, NULL, 10), 1;
-  for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
-    if (strlen(flags[i].key) == n && strncmp(kv, flags[i].key, n) == 0)
-      return *flags[i].field = atoi(v), 1;
-  for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++)
-    if (strlen(reals[i].key) == n && strncmp(kv, reals[i].key, n) == 0)
-      return *reals[i].field = strtof(v, NULL), 1;
-  if (n == 4 && strncmp(kv, "lens", 4) == 0) {
-    char *end = NULL;
-    for (o->nlens = 0; o->nlens < MAX_LENS; v = end + 1) {
-      o->lens[o->nlens++] = (int32_t)strtol(v, &end, 10);
-      if (end == v || *end != ',')
-        break;
+    if (strcmp(key, ints[i].key) == 0) {
+      *ints[i].field = strtoll(v, NULL, 10);
+      return 1;
     }
-    return end != v && *end == '\0';
+  for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+    if (strcmp(key, flags[i].key) == 0) {
+      *flags[i].field = atoi(v);
+      return 1;
+    }
+  for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++)
+    if (strcmp(key, reals[i].key) == 0) {
+      *reals[i].field = strtof(v, NULL);
+      return 1;
+    }
+  for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+    if (strcmp(key, texts[i].key) == 0) {
+      *texts[i].field = v;
+      return 1;
+    }
+  if (strcmp(key, "lens") == 0)
+    return parse_lens(o, v);
+  if (strcmp(key, "seed") == 0) {
+    o->seed = strtoull(v, NULL, 10);
+    return 1;
   }
-  if (n == 4 && strncmp(kv, "seed", 4) == 0)
-    return o->seed = strtoull(v, NULL, 10), 1;
-  if (n == 9 && strncmp(kv, "precision", 9) == 0 &&
-      (strcmp(v, "f32") == 0 || strcmp(v, "bf16") == 0))
-    return o->precision =
-               v[0] == 'b' ? REMAT_PRECISION_BF16 : REMAT_PRECISION_F32,
-           1;
-  const char **text = n == 6 && strncmp(kv, "policy", 6) == 0    ? &o->policy
-                      : n == 7 && strncmp(kv, "weights", 7) == 0 ? &o->weights
-                      : n == 6 && strncmp(kv, "tokens", 6) == 0  ? &o->tokens
-                                                                 : NULL;
-  if (text != NULL)
-    *text = v;
-  return text != NULL;
+  if (strcmp(key, "precision") != 0 ||
+      (strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0))
+    return 0;
+  o->precision = v[0] == 'b' ? REMAT_PRECISION_BF16 : REMAT_PRECISION_F32;
+  return 1;
 }
 
 static remat_tensor *param(remat_graph *g, const char *name, int ndim,
@@ -109,8 +125,10 @@ static remat_tensor *param(remat_graph *g, const char *name, int ndim,
   return remat_param(g, name, ndim, dims, REMAT_INIT_NORMAL, 1.0f);
 }
 
-/* The attention case: q, k, v (or a packed qkv) [B,T or S, heads * hd]. */
-static remat_tensor *build_attention(remat_graph *g, const dump_options *o) {
+/* The attention case: q, k, v (or a packed qkv) [B,T or S, heads * hd];
+ * *lens is set to the key lengths' input when o->lens holds some. */
+static remat_tensor *build_attention(remat_graph *g, const dump_options *o,
+                                     remat_tensor **lens) {
   remat_attention_config cfg = {.heads = (int)o->H,
                                 .kv_heads = (int)o->KVH,
                                 .causal = o->causal,
@@ -118,7 +136,7 @@ static remat_tensor *build_attention(remat_graph *g, const dump_options *o) {
                                 .fused = o->fused};
   if (o->nlens > 0) {
     int64_t b = o->B;
-    cfg.key_lengths = remat_input(g, "lens", REMAT_I32, 1, &b);
+    cfg.key_lengths = *lens = remat_input(g, "lens", REMAT_I32, 1, &b);
   }
   if (o->packed)
     return remat_attention(
@@ -131,11 +149,12 @@ static remat_tensor *build_attention(remat_graph *g, const dump_options *o) {
 }
 
 /* The op named by o->op on inputs [B,T,C] (rope: C = H * hd). */
-static remat_tensor *build_op(remat_graph *g, const dump_options *o) {
+static remat_tensor *build_op(remat_graph *g, const dump_options *o,
+                              remat_tensor **lens) {
   const char *op = o->op;
   int64_t B = o->B, T = o->T, C = o->C;
   if (strcmp(op, "attention") == 0)
-    return build_attention(g, o);
+    return build_attention(g, o, lens);
   if (strcmp(op, "slice") == 0)
     return remat_slice(g, param(g, "x", 3, B, T, C), o->start, o->len);
   if (strcmp(op, "mul") == 0)
@@ -172,7 +191,8 @@ static int write_file(const char *path, const void *data, size_t bytes) {
 
 /* One step of the one-op graph; writes the files named above. */
 static int run_op(remat_graph *g, const dump_options *o) {
-  remat_tensor *y = build_op(g, o);
+  remat_tensor *lens = NULL;
+  remat_tensor *y = build_op(g, o, &lens);
   if (y == NULL)
     return 0;
   int64_t dims[REMAT_MAX_DIMS];
@@ -181,10 +201,6 @@ static int run_op(remat_graph *g, const dump_options *o) {
   remat_tensor *w =
       remat_param(g, "w", remat_tensor_ndim(y), dims, REMAT_INIT_NORMAL, 1.0f);
   remat_tensor *loss = remat_sum(g, remat_mul(g, y, w));
-  remat_tensor *lens = NULL;
-  for (int i = 0; i < remat_num_tensors(g); i++)
-    if (strcmp(remat_tensor_name(remat_tensor_at(g, i)), "lens") == 0)
-      lens = remat_tensor_at(g, i);
   if (remat_keep(g, y) || remat_compile(g, loss, NULL))
     return 0;
   if (lens != NULL &&
