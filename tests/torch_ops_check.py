@@ -14,9 +14,9 @@ kernel's blocks of 128 rows; slice, mul, silu, swiglu, scale, RMSNorm and
 rotate_half RoPE; dropout against its own mask (the output's zeros). f32:
 max |remat - ref| / max |ref| at most 1e-4 per tensor; bf16: cosine
 similarity at least 0.999 per tensor. Then a 2-layer Llama (tied and
-untied head, both attention forms) from weights written here: its loss
-and every parameter gradient within 1e-4 relative in f32 (cosine 0.999 in
-bf16). Exits 77 (skipped) only when this python cannot import torch or
+untied head, both attention forms, three remat policies) from weights
+written here: its loss and every parameter gradient within 1e-4 relative
+in f32 (cosine 0.999, loss within 1%, in bf16). Exits 77 (skipped) only when this python cannot import torch or
 numpy; 1 when any tensor is off.
 
   /usr/bin/python3 tests/torch_ops_check.py build/tests/op_dump
@@ -293,6 +293,11 @@ def check_dropout(exe, tmp, precision):
 # ---- a small Llama ----
 
 LLAMA = dict(layers=2, hidden=64, H=4, KVH=2, inter=176, vocab=97, T=16, B=2)
+# (tied, fused, the blocks' remat policy)
+LLAMA_RUNS = ((0, 0, "nothing_saveable"), (1, 0, "nothing_saveable"),
+              (0, 1, "nothing_saveable"), (1, 1, "nothing_saveable"),
+              (0, 0, "dots_saveable"),
+              (1, 1, "save_only_these_names:q,k,v,ffn_act"))
 
 
 def llama_weights(cfg, tied, rng):
@@ -344,7 +349,7 @@ def llama_loss(p, tokens, targets, cfg, tied):
                            targets.reshape(-1))
 
 
-def check_llama(exe, tmp, tied, fused, precision):
+def check_llama(exe, tmp, tied, fused, policy, precision):
     cfg = LLAMA
     rng = np.random.default_rng(7 + tied)
     weights = llama_weights(cfg, tied, rng)
@@ -355,7 +360,8 @@ def check_llama(exe, tmp, tied, fused, precision):
     write_safetensors(wpath, weights)
     batch.tofile(tpath)
     prefix = os.path.join(tmp, "llama")
-    o = dict(cfg, tied=tied, fused=fused, weights=wpath, tokens=tpath)
+    o = dict(cfg, tied=tied, fused=fused, policy=policy, weights=wpath,
+             tokens=tpath)
     out = subprocess.run([exe, prefix, "llama"] + args_of(o) +
                          ["precision=" + precision],
                          check=True, capture_output=True, text=True).stdout
@@ -376,8 +382,9 @@ def check_llama(exe, tmp, tied, fused, precision):
     for n in weights:
         results.append((n,) + measure(grads[n], p[n].grad.numpy(),
                                       precision))
-    label = "llama 2 layers %s %s" % ("tied" if tied else "untied",
-                                      "fused" if fused else "materialized")
+    label = "llama 2 layers %s %s %s" % (
+        "tied" if tied else "untied", "fused" if fused else "materialized",
+        policy.split(":")[0])
     extra = [("loss", "%.6f vs %.6f (rel %.1e)" % (loss, ref.item(),
                                                    loss_rel), loss_ok)]
     return report(label, precision, results, extra)
@@ -393,8 +400,9 @@ def main():
             for label, op, o in attention_cases() + op_cases():
                 failed += check_op(exe, tmp, label, op, o, precision)
             failed += check_dropout(exe, tmp, precision)
-            for tied, fused in ((0, 0), (1, 0), (0, 1), (1, 1)):
-                failed += check_llama(exe, tmp, tied, fused, precision)
+            for tied, fused, policy in LLAMA_RUNS:
+                failed += check_llama(exe, tmp, tied, fused, policy,
+                                      precision)
     print("%s; %.1f s" % ("%d case(s) FAILED" % failed if failed
                           else "all cases within limits",
                           time.time() - start))
