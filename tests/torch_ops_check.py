@@ -208,10 +208,19 @@ def args_of(o):
     return out
 
 
+def op_dump(exe, args):
+    """Runs op_dump; its stdout. It writes nothing to stderr unless
+    something went wrong (a sanitizer's report included): that fails."""
+    r = subprocess.run([exe] + args, capture_output=True, text=True)
+    if r.returncode != 0 or r.stderr:
+        sys.exit("op_dump %s: exit status %d\n%s"
+                 % (" ".join(args[1:]), r.returncode, r.stderr))
+    return r.stdout
+
+
 def run_op_dump(exe, tmp, op, o, precision):
     prefix = os.path.join(tmp, "case")
-    subprocess.run([exe, prefix, op] + args_of(o) + ["precision=" + precision],
-                   check=True, capture_output=True, text=True)
+    op_dump(exe, [prefix, op] + args_of(o) + ["precision=" + precision])
     params = read_safetensors(prefix + ".params.safetensors")
     grads = read_safetensors(prefix + ".grads.safetensors")
     out = np.fromfile(prefix + ".out.f32", dtype="<f4")
@@ -362,9 +371,8 @@ def check_llama(exe, tmp, tied, fused, policy, precision):
     prefix = os.path.join(tmp, "llama")
     o = dict(cfg, tied=tied, fused=fused, policy=policy, weights=wpath,
              tokens=tpath)
-    out = subprocess.run([exe, prefix, "llama"] + args_of(o) +
-                         ["precision=" + precision],
-                         check=True, capture_output=True, text=True).stdout
+    out = op_dump(exe, [prefix, "llama"] + args_of(o) +
+                  ["precision=" + precision])
     loss = float(out.split()[1])
     grads = read_safetensors(prefix + ".grads.safetensors")
     p = {n: torch.tensor(a, dtype=torch.float64, requires_grad=True)
