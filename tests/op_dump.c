@@ -224,7 +224,7 @@ static int run_op(remat_graph *g, const dump_options *o) {
 
 /* Reads `bytes` bytes of PATH into dst; the file must hold exactly that. */
 static int read_file(const char *path, void *dst, size_t bytes) {
-  FILE *f = fopen(path, "rb");
+  FILE *f = path != NULL ? fopen(path, "rb") : NULL;
   int ok = f != NULL && fread(dst, 1, bytes, f) == bytes && fgetc(f) == EOF;
   if (f != NULL)
     fclose(f);
@@ -255,9 +255,13 @@ static int run_llama(remat_graph *g, const dump_options *o) {
   int32_t *batch = malloc(2 * n * sizeof(int32_t));
   char path[4096];
   remat_step_stats st = {.size = sizeof st};
+  if (o->weights == NULL) {
+    fprintf(stderr, "op_dump: llama needs weights=FILE\n");
+    free(batch);
+    return 0;
+  }
   int ok =
-      batch != NULL && o->weights != NULL &&
-      read_file(o->tokens, batch, 2 * n * sizeof(int32_t)) &&
+      batch != NULL && read_file(o->tokens, batch, 2 * n * sizeof(int32_t)) &&
       remat_llama_build(g, &cfg, &m) == REMAT_OK &&
       remat_compile(g, m.loss, NULL) == REMAT_OK &&
       remat_load_safetensors(g, o->weights) == REMAT_OK &&
@@ -317,10 +321,10 @@ int main(int argc, char **argv) {
            remat_graph_create(rt, &g) == REMAT_OK &&
            remat_graph_seed(g, o.seed) == REMAT_OK &&
            (strcmp(o.op, "llama") == 0 ? run_llama(g, &o) : run_op(g, &o));
-  if (!ok)
-    fprintf(stderr, "op_dump: %s: %s\n", o.op,
-            g != NULL && remat_graph_error(g)[0] ? remat_graph_error(g)
-                                                 : remat_last_error());
+  const char *why = g != NULL && remat_graph_error(g)[0] ? remat_graph_error(g)
+                                                         : remat_last_error();
+  if (!ok && why[0] != '\0')
+    fprintf(stderr, "op_dump: %s: %s\n", o.op, why);
   remat_graph_destroy(g);
   remat_runtime_destroy(rt);
   return ok ? 0 : 1;
