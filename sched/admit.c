@@ -11,13 +11,6 @@
 #include "base/alloc.h"
 #include "sched/sched_internal.h"
 
-/* Where a rank is in its run. */
-typedef enum sched_admit_state {
-  ADMIT_NOT_READY = 0, /* not picked yet */
-  ADMIT_WAITING = 1,   /* ready, waiting for its turn or for bytes */
-  ADMIT_ADMITTED = 2   /* its bytes are counted; it may run */
-} sched_admit_state;
-
 /* Tasks admitted per lock hold: queued once the lock is dropped. */
 #define ADMIT_BATCH 16
 

@@ -262,7 +262,14 @@ static inline int32_t sched_heap_pop(sched_heap *h, const sched_dag *dag,
   return top;
 }
 
-/* ---- pool (pool.c, run.c) ---- */
+/* ---- pool (pool.c, run.c, admit.c) ---- */
+
+/* Where an admitted task's rank is in a run (sched_pool.admit_state). */
+typedef enum sched_admit_state {
+  ADMIT_NOT_READY = 0, /* not picked yet */
+  ADMIT_WAITING = 1,   /* ready, waiting for its turn or for bytes */
+  ADMIT_ADMITTED = 2   /* its bytes are counted; it may run */
+} sched_admit_state;
 
 struct sched_pool;
 
