@@ -30,6 +30,7 @@ typedef struct options {
   int both;  /* --attention both */
   remat_precision precision;
   int precision_both; /* --precision both */
+  int compare_admission; /* --compare-admission */
 } options;
 
 static double now(void) {
@@ -144,7 +145,7 @@ static void usage(FILE *f) {
           "                   [--batch B] [--vocab V] [--steps S] [--threads N]\n"
           "                   [--policy P] [--budget BYTES] [--accum K] [--json]\n"
           "                   [--compare-threads] [--attention fused|materialized|both]\n"
-          "                   [--precision f32|bf16|both]\n"
+          "                   [--precision f32|bf16|both] [--compare-admission]\n"
           "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
           "--attention: the builder's default (materialized) unless given; both\n"
           "runs the materialized and the fused model in one process, steps\n"
@@ -155,7 +156,11 @@ static void usage(FILE *f) {
           "--accum K: a step is K micro-batches of B rows (remat_accumulate)\n"
           "and one update; step time and tokens count all K (default 1)\n"
           "--compare-threads: also run the model on 1 thread, in interleaved\n"
-          "rounds, and report the speedup of N threads over 1\n");
+          "rounds, and report the speedup of N threads over 1\n"
+          "--compare-admission: also run the model without memory admission\n"
+          "(the runtime created with REMAT_BENCH_NO_ADMISSION set), in\n"
+          "interleaved rounds, and report the step-time ratio; admission\n"
+          "acts only under a budget (--budget)\n");
 }
 
 static int parse_int(const char *opt, const char *v, int *out) {
@@ -179,6 +184,7 @@ static int parse_args(int argc, char **argv, options *o) {
       {"compare-threads", 0, 0, 'C'},
       {"attention", 1, 0, 'A'},
       {"precision", 1, 0, 'R'},
+      {"compare-admission", 0, 0, 'X'},
       {0, 0, 0, 0}};
   *o = (options){.cfg = {.layers = 8, .d_model = 512, .heads = 8, .seq = 256,
                          .batch = 8, .vocab = 256},
@@ -206,6 +212,7 @@ static int parse_args(int argc, char **argv, options *o) {
       break;
     case 'j': o->json = 1; break;
     case 'C': o->compare_threads = 1; break;
+    case 'X': o->compare_admission = 1; break;
     case 'A':
       if (strcmp(optarg, "fused") == 0)
         o->cfg.attention = REMAT_ATTENTION_FUSED;
@@ -245,9 +252,11 @@ static int parse_args(int argc, char **argv, options *o) {
     usage(stderr);
     return 0;
   }
-  if (o->both + o->compare_threads + o->precision_both > 1) {
-    fprintf(stderr, "bench_train: --attention both, --precision both and "
-                    "--compare-threads exclude each other\n");
+  if (o->both + o->compare_threads + o->precision_both +
+          o->compare_admission > 1) {
+    fprintf(stderr, "bench_train: --attention both, --precision both, "
+                    "--compare-threads and --compare-admission exclude each "
+                    "other\n");
     return 0;
   }
   return 1;
@@ -396,9 +405,10 @@ static const char *attention_name(remat_attention_kind k) {
 }
 
 /* The JSON line of run b; one: its 1-thread peer (--compare-threads);
- * f32: the f32 run beside this bf16 one (--precision both). */
+ * f32: the f32 run beside this bf16 one (--precision both); plain: the
+ * same run without memory admission (--compare-admission). */
 static void report(const bench *b, const bench *one, const bench *f32,
-                   const options *o) {
+                   const bench *plain, const options *o) {
   const remat_step_stats st = b->st;
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   double step_s = median(b->times, o->steps);
@@ -466,6 +476,17 @@ static void report(const bench *b, const bench *one, const bench *f32,
              (double)b->act_peak / (double)f32->act_peak);
     json_put(&nulls, "f32_loss", "%.6f", f32->st.loss);
   }
+  if (plain != NULL) {
+    /* admission's cost: this step's median over the one without, from the
+     * same rounds */
+    double step_plain = median(plain->times, o->steps);
+    json_put(&nulls, "no_admission_step_s_median", "%.6f", step_plain);
+    json_put(&nulls, "admission_step_ratio", "%.4f", step_s / step_plain);
+    printf(", \"no_admission_peak_bytes\": %lld, "
+           "\"checksum_matches_no_admission\": %s",
+           (long long)plain->peak,
+           plain->checksum == b->checksum ? "true" : "false");
+  }
   printf("%s%s}\n", dp_json, json_nonfinite(&nulls));
 }
 
@@ -480,17 +501,21 @@ int main(int argc, char **argv) {
    * (--attention both) */
   bench main_run, peer;
   int compare = o.compare_threads && o.threads > 1;
-  int second = compare || o.both || o.precision_both;
+  int second = compare || o.both || o.precision_both || o.compare_admission;
   remat_attention_kind main_kind =
       o.both ? REMAT_ATTENTION_MATERIALIZED : o.cfg.attention;
   remat_precision main_precision =
       o.precision_both ? REMAT_PRECISION_F32 : o.precision;
-  if (bench_open(&main_run, &o, o.threads, main_kind, main_precision) ||
-      (second &&
-       bench_open(&peer, &o, compare ? 1 : o.threads,
-                  o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention,
-                  o.precision_both ? REMAT_PRECISION_BF16 : o.precision)))
+  if (bench_open(&main_run, &o, o.threads, main_kind, main_precision))
     return 1;
+  if (o.compare_admission) /* read when the peer's runtime is created */
+    setenv("REMAT_BENCH_NO_ADMISSION", "1", 1);
+  if (second &&
+      bench_open(&peer, &o, compare ? 1 : o.threads,
+                 o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention,
+                 o.precision_both ? REMAT_PRECISION_BF16 : o.precision))
+    return 1;
+  unsetenv("REMAT_BENCH_NO_ADMISSION");
   /* Interleaved rounds: the two runs alternate which goes first, so that
    * neither always follows the other's cache and frequency state. */
   for (int s = 0; s <= o.steps; s++) {
@@ -503,9 +528,10 @@ int main(int argc, char **argv) {
       if (bench_step(order[r], s, o.steps))
         return 1;
   }
-  report(&main_run, compare ? &peer : NULL, NULL, &o);
+  report(&main_run, compare ? &peer : NULL, NULL,
+         o.compare_admission ? &peer : NULL, &o);
   if (o.both || o.precision_both)
-    report(&peer, NULL, o.precision_both ? &main_run : NULL, &o);
+    report(&peer, NULL, o.precision_both ? &main_run : NULL, NULL, &o);
   bench_close(&main_run);
   if (second)
     bench_close(&peer);
