@@ -246,10 +246,12 @@ static void test_sched_admission(void **state) {
 static int fail_body(void *context, void *arg, int worker) {
   (void)context;
   (void)worker;
-  const sched_pool *pool = ((holder *)arg)->pool;
+  sched_pool *pool = ((holder *)arg)->pool;
   for (int i = 0; i < 1000; i++) {
-    if (__atomic_load_n(&pool->admit_state[1], __ATOMIC_ACQUIRE) ==
-        ADMIT_WAITING)
+    sched_spin_lock(&pool->admit_lock);
+    bool waiting = pool->admit_state[1] == ADMIT_WAITING;
+    sched_spin_unlock(&pool->admit_lock);
+    if (waiting)
       break;
     usleep(1000);
   }
