@@ -75,33 +75,6 @@ static bool run_task(sched_worker *w, int32_t task) {
   return true;
 }
 
-/* Wakes a sleeper for a task just pushed on a heap: one of this worker's
- * node if any sleeps, else of the nearest node that has one (in the order
- * of sched_steal_order). */
-static void wake_for_push(sched_worker *w) {
-  sched_pool *pool = w->pool;
-  int nnodes = pool->place.nnodes;
-  for (int x = 0; x < 2 * nnodes; x++) {
-    int node = w->node ^ x;
-    if (node < nnodes && atomic_load(&pool->nodes[node].sleepers) > 0) {
-      sched_wake_node(pool, node);
-      return;
-    }
-  }
-}
-
-void sched_push_ready(sched_worker *w, int32_t task) {
-  sched_pool *pool = w->pool;
-  int node = w->dag->tasks[task].numa_node;
-  if (node < 0) {
-    sched_heap_push(&w->ready, w->dag, pool->links, task);
-    wake_for_push(w);
-  } else {
-    sched_queue_push(&pool->nodes[node].inbox, pool->links, task);
-    sched_wake_node(pool, node);
-  }
-}
-
 /* Counts down a successor's pending predecessors; true if this was the
  * last. A task with one predecessor needs no counter. The last one puts
  * the counter back for the next run (no one else touches it in this run),

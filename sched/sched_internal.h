@@ -345,7 +345,7 @@ struct sched_pool {
  * w->dag have finished. */
 void sched_worker_run(sched_worker *w);
 
-/* run.c: queues a ready task (its node's inbox, else w's heap) and wakes
+/* park.c: queues a ready task (its node's inbox, else w's heap) and wakes
  * a sleeper for it. */
 void sched_push_ready(sched_worker *w, int32_t task);
 
