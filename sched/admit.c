@@ -46,8 +46,7 @@ static bool next_fits(const sched_pool *pool, const sched_dag *dag) {
 
 /* Under the lock: admits waiting ranks from the next one on while they
  * fit, at most `max`, into out; returns how many. */
-static int take(sched_pool *pool, const sched_dag *dag, int32_t *out,
-                int max) {
+static int take(sched_pool *pool, const sched_dag *dag, int32_t *out, int max) {
   int n = 0;
   while (n < max && pool->admit_next < dag->nadmit &&
          pool->admit_state[pool->admit_next] == ADMIT_WAITING &&

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <unistd.h>
+
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
@@ -18,9 +19,8 @@
 
 /* The tutorial's budget model (docs/tutorial.md, step 3): 4 blocks, so
  * that the planner has room between the two peaks. */
-static const remat_gpt_config model = {.layers = 4, .d_model = 32,
-                                       .heads = 2, .seq = 32, .batch = 4,
-                                       .vocab = 64};
+static const remat_gpt_config model = {
+    .layers = 4, .d_model = 32, .heads = 2, .seq = 32, .batch = 4, .vocab = 64};
 
 /* Where a run goes: threads on the machine, or a synthetic topology. */
 typedef struct placement {
@@ -39,8 +39,8 @@ enum { NPLACEMENTS = sizeof placements / sizeof placements[0] };
 /* Steps per run: each is a new interleaving of the workers. */
 enum { STEPS = 4 };
 
-static remat_status open_at(fixture *f, const placement *p,
-                            const char *policy, int64_t budget) {
+static remat_status open_at(fixture *f, const placement *p, const char *policy,
+                            int64_t budget) {
   remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
                             REMAT_SET_MEMORY_BUDGET | REMAT_SET_TRACE |
                             (p->topology ? REMAT_SET_TOPOLOGY : 0u),
@@ -63,12 +63,11 @@ static int64_t predicted_peak(const placement *p, const char *policy) {
 
 /* STEPS steps under `budget` at p: each measured peak at most the budget,
  * each gradient hash `hash` (0: the first step's is returned). */
-static uint64_t run_under(const placement *p, int64_t budget,
-                          uint64_t hash) {
+static uint64_t run_under(const placement *p, int64_t budget, uint64_t hash) {
   fixture f;
   if (open_at(&f, p, "auto", budget) != REMAT_OK)
-    fail_msg("auto under %lld, %d workers: %s", (long long)budget,
-             p->threads, remat_last_error());
+    fail_msg("auto under %lld, %d workers: %s", (long long)budget, p->threads,
+             remat_last_error());
   for (int s = 0; s < STEPS; s++) {
     remat_step_stats st = {.size = sizeof st};
     assert_int_equal(remat_step(f.g, &st), REMAT_OK);
@@ -183,7 +182,8 @@ static sched_pool *pool_of_4(hwloc_topology_t *topo) {
 
 /* 16 independent pairs (take, then give) of 100 bytes on 4 workers, and
  * beside them the order test: a slow root before rank 0 (1 byte), and
- * rank 1 (1 byte) a root itself, handed out before the slow one. Returns the most bytes held at once. */
+ * rank 1 (1 byte) a root itself, handed out before the slow one. Returns the
+ * most bytes held at once. */
 static int64_t run_pairs(int64_t bound, holder *h) {
   hwloc_topology_t topo;
   sched_pool *pool = pool_of_4(&topo);
@@ -200,8 +200,8 @@ static int64_t run_pairs(int64_t bound, holder *h) {
     int32_t take = sched_dag_add(dag, i == 1 ? second_rank : take_bytes,
                                  &args[i], 0, -1, "take", NULL);
     /* gives rank below every take: unbounded, takes pile up */
-    int32_t give = sched_dag_add(dag, give_bytes, &args[i], -2, -1, "give",
-                                 NULL);
+    int32_t give =
+        sched_dag_add(dag, give_bytes, &args[i], -2, -1, "give", NULL);
     assert_true(take >= 0 && give >= 0);
     assert_int_equal(sched_dag_edge(dag, take, give), REMAT_OK);
     if (i == 0)
@@ -273,8 +273,7 @@ static void test_sched_admission_failure(void **state) {
    * rank 1 needs 100 more than the bound of 150 leaves */
   int32_t first = sched_dag_add(dag, take_bytes, &big, 2, -1, "first", NULL);
   int32_t bad = sched_dag_add(dag, fail_body, &h, 1, -1, "bad", NULL);
-  int32_t second = sched_dag_add(dag, take_bytes, &more, 0, -1, "second",
-                                 NULL);
+  int32_t second = sched_dag_add(dag, take_bytes, &more, 0, -1, "second", NULL);
   assert_int_equal(sched_dag_edge(dag, first, bad), REMAT_OK);
   assert_int_equal(sched_dag_set_admit(dag, first, 100), REMAT_OK);
   assert_int_equal(sched_dag_set_admit(dag, second, 100), REMAT_OK);
