@@ -43,6 +43,7 @@ typedef struct options {
   int both;  /* --attention both */
   remat_precision precision;
   int precision_both; /* --precision both */
+  int compare_admission; /* --compare-admission */
 } options;
 
 static double now(void) {
@@ -157,7 +158,7 @@ static void usage(FILE *f) {
           "                   [--batch B] [--vocab V] [--steps S] [--threads N]\n"
           "                   [--policy P] [--budget BYTES] [--accum K] [--json]\n"
           "                   [--compare-threads] [--attention fused|materialized|both]\n"
-          "                   [--precision f32|bf16|both]\n"
+          "                   [--precision f32|bf16|both] [--compare-admission]\n"
           "                   [--model gpt|llama|encoder|gpt+llama]\n"
           "                   [--kv-heads KVH] [--ffn I]\n"
           "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
@@ -171,6 +172,10 @@ static void usage(FILE *f) {
           "and one update; step time and tokens count all K (default 1)\n"
           "--compare-threads: also run the model on 1 thread, in interleaved\n"
           "rounds, and report the speedup of N threads over 1\n"
+          "--compare-admission: also run the model without memory admission\n"
+          "(the runtime created with REMAT_BENCH_NO_ADMISSION set), in\n"
+          "interleaved rounds, and report the step-time ratio; admission\n"
+          "acts only under a budget (--budget)\n"
           "--model: the GPT (default); llama: remat_llama_build at the same\n"
           "d_model, layers, heads, seq, batch and vocab, with KVH key/value\n"
           "heads (default H/4) and a SwiGLU of width I (default 8D/3 rounded\n"
@@ -200,6 +205,7 @@ static int parse_args(int argc, char **argv, options *o) {
       {"compare-threads", 0, 0, 'C'},
       {"attention", 1, 0, 'A'},
       {"precision", 1, 0, 'R'},
+      {"compare-admission", 0, 0, 'X'},
       {"model", 1, 0, 'm'},
       {"kv-heads", 1, 0, 'k'},
       {"ffn", 1, 0, 'f'},
@@ -230,6 +236,7 @@ static int parse_args(int argc, char **argv, options *o) {
       break;
     case 'j': o->json = 1; break;
     case 'C': o->compare_threads = 1; break;
+    case 'X': o->compare_admission = 1; break;
     case 'A':
       if (strcmp(optarg, "fused") == 0)
         o->cfg.attention = REMAT_ATTENTION_FUSED;
@@ -286,9 +293,11 @@ static int parse_args(int argc, char **argv, options *o) {
     usage(stderr);
     return 0;
   }
-  if (o->both + o->compare_threads + o->precision_both + o->model_both > 1) {
+  if (o->both + o->compare_threads + o->precision_both + o->model_both +
+          o->compare_admission > 1) {
     fprintf(stderr, "bench_train: --attention both, --precision both, "
-                    "--model gpt+llama and --compare-threads exclude each "
+                    "--model gpt+llama, --compare-threads and "
+                    "--compare-admission exclude each "
                     "other\n");
     return 0;
   }
@@ -500,9 +509,10 @@ static const char *attention_name(remat_attention_kind k) {
 }
 
 /* The JSON line of run b; one: its 1-thread peer (--compare-threads);
- * f32: the f32 run beside this bf16 one (--precision both). */
+ * f32: the f32 run beside this bf16 one (--precision both); plain: the
+ * same run without memory admission (--compare-admission). */
 static void report(const bench *b, const bench *one, const bench *f32,
-                   const options *o) {
+                   const bench *plain, const options *o) {
   const remat_step_stats st = b->st;
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   double step_s = median(b->times, o->steps);
@@ -573,6 +583,17 @@ static void report(const bench *b, const bench *one, const bench *f32,
              (double)b->act_peak / (double)f32->act_peak);
     json_put(&nulls, "f32_loss", "%.6f", f32->st.loss);
   }
+  if (plain != NULL) {
+    /* admission's cost: this step's median over the one without, from the
+     * same rounds */
+    double step_plain = median(plain->times, o->steps);
+    json_put(&nulls, "no_admission_step_s_median", "%.6f", step_plain);
+    json_put(&nulls, "admission_step_ratio", "%.4f", step_s / step_plain);
+    printf(", \"no_admission_peak_bytes\": %lld, "
+           "\"checksum_matches_no_admission\": %s",
+           (long long)plain->peak,
+           plain->checksum == b->checksum ? "true" : "false");
+  }
   printf("%s%s}\n", dp_json, json_nonfinite(&nulls));
 }
 
@@ -587,20 +608,25 @@ int main(int argc, char **argv) {
    * (--attention both) */
   bench main_run, peer;
   int compare = o.compare_threads && o.threads > 1;
-  int second = compare || o.both || o.precision_both || o.model_both;
+  int second = compare || o.both || o.precision_both || o.model_both ||
+               o.compare_admission;
   remat_attention_kind main_kind =
       o.both ? REMAT_ATTENTION_MATERIALIZED : o.cfg.attention;
   remat_precision main_precision =
       o.precision_both ? REMAT_PRECISION_F32 : o.precision;
   model_kind main_model = o.model_both ? MODEL_GPT : o.model;
   if (bench_open(&main_run, &o, o.threads, main_kind, main_precision,
-                 main_model) ||
-      (second &&
-       bench_open(&peer, &o, compare ? 1 : o.threads,
-                  o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention,
-                  o.precision_both ? REMAT_PRECISION_BF16 : o.precision,
-                  o.model_both ? MODEL_LLAMA : main_model)))
+                 main_model))
     return 1;
+  if (o.compare_admission) /* read when the peer's runtime is created */
+    setenv("REMAT_BENCH_NO_ADMISSION", "1", 1);
+  if (second &&
+      bench_open(&peer, &o, compare ? 1 : o.threads,
+                 o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention,
+                 o.precision_both ? REMAT_PRECISION_BF16 : o.precision,
+                 o.model_both ? MODEL_LLAMA : main_model))
+    return 1;
+  unsetenv("REMAT_BENCH_NO_ADMISSION");
   /* Interleaved rounds: the two runs alternate which goes first, so that
    * neither always follows the other's cache and frequency state. */
   for (int s = 0; s <= o.steps; s++) {
@@ -613,9 +639,10 @@ int main(int argc, char **argv) {
       if (bench_step(order[r], s, o.steps))
         return 1;
   }
-  report(&main_run, compare ? &peer : NULL, NULL, &o);
+  report(&main_run, compare ? &peer : NULL, NULL,
+         o.compare_admission ? &peer : NULL, &o);
   if (o.both || o.precision_both || o.model_both)
-    report(&peer, NULL, o.precision_both ? &main_run : NULL, &o);
+    report(&peer, NULL, o.precision_both ? &main_run : NULL, NULL, &o);
   bench_close(&main_run);
   if (second)
     bench_close(&peer);

@@ -109,6 +109,9 @@ struct remat_runtime {
   int nworkers;
   pid_t pid;          /* the process that created it: threads do not
                          survive fork() */
+  bool no_admission;  /* REMAT_BENCH_NO_ADMISSION was set at creation: runs
+                         under a budget without memory admission (for
+                         benchmarks that measure its cost; not public) */
 };
 
 /* runtime.c: graphs keep their runtime alive. */

@@ -49,6 +49,8 @@ void sched_dag_destroy(sched_dag *dag) {
   free(dag->info);
   free(dag->succ);
   free(dag->roots);
+  free(dag->admit_task);
+  free(dag->admit_bytes);
   free(dag);
 }
 
@@ -90,7 +92,7 @@ int32_t sched_dag_add(sched_dag *dag, sched_task_fn fn, void *arg,
   int32_t id = dag->ntasks++;
   dag->tasks[id] = (sched_task){.fn = fn, .arg = arg,
                                 .numa_node = (int16_t)numa_node};
-  dag->info[id] = (sched_task_info){name, category, priority};
+  dag->info[id] = (sched_task_info){name, category, priority, -1};
   if (numa_node > dag->max_node) {
     dag->max_node = numa_node;
     dag->max_node_task = id;
@@ -103,7 +105,39 @@ remat_status sched_dag_set_async(sched_dag *dag, int32_t task) {
     return REMAT_ERR_INVALID_ARG;
   if (dag->finalized)
     return REMAT_ERR_STATE;
+  if (dag->tasks[task].admit)
+    return REMAT_ERR_INVALID_ARG;
   dag->tasks[task].async = 1;
+  return REMAT_OK;
+}
+
+static bool grow_admit(sched_dag *dag) {
+  int32_t cap = dag->admit_cap ? dag->admit_cap * 2 : INITIAL_TASKS;
+  int32_t *task = remat__realloc(dag->admit_task, (size_t)cap * sizeof *task);
+  if (!task)
+    return false;
+  dag->admit_task = task;
+  int64_t *bytes =
+      remat__realloc(dag->admit_bytes, (size_t)cap * sizeof *bytes);
+  if (!bytes)
+    return false;
+  dag->admit_bytes = bytes;
+  dag->admit_cap = cap;
+  return true;
+}
+
+remat_status sched_dag_set_admit(sched_dag *dag, int32_t task, int64_t bytes) {
+  if (!dag || task < 0 || task >= dag->ntasks || bytes < 0 ||
+      dag->tasks[task].async || dag->info[task].admit_rank >= 0)
+    return REMAT_ERR_INVALID_ARG;
+  if (dag->finalized)
+    return REMAT_ERR_STATE;
+  if (dag->nadmit == dag->admit_cap && !grow_admit(dag))
+    return REMAT_ERR_OUT_OF_MEMORY;
+  dag->admit_task[dag->nadmit] = task;
+  dag->admit_bytes[dag->nadmit] = bytes;
+  dag->info[task].admit_rank = dag->nadmit++;
+  dag->tasks[task].admit = 1;
   return REMAT_OK;
 }
 

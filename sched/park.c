@@ -1,6 +1,7 @@
 /* Sleeping and waking of idle workers, per NUMA node, with a sleeper count
- * checked Dekker-style so that no wakeup is lost; and the clock. Both the
- * pool (between runs) and the run loop (inside a run) use these. */
+ * checked Dekker-style so that no wakeup is lost; queueing a ready task
+ * with the wakeup it needs; and the clock. The pool (between runs), the
+ * run loop and memory admission (inside a run) use these. */
 #include <time.h>
 
 #include "sched/sched_internal.h"
@@ -60,3 +61,29 @@ void sched_wake_all(sched_pool *pool) {
   }
 }
 
+/* Wakes a sleeper for a task just pushed on a heap: one of this worker's
+ * node if any sleeps, else of the nearest node that has one (in the order
+ * of sched_steal_order). */
+static void wake_for_push(sched_worker *w) {
+  sched_pool *pool = w->pool;
+  int nnodes = pool->place.nnodes;
+  for (int x = 0; x < 2 * nnodes; x++) {
+    int node = w->node ^ x;
+    if (node < nnodes && atomic_load(&pool->nodes[node].sleepers) > 0) {
+      sched_wake_node(pool, node);
+      return;
+    }
+  }
+}
+
+void sched_push_ready(sched_worker *w, int32_t task) {
+  sched_pool *pool = w->pool;
+  int node = w->dag->tasks[task].numa_node;
+  if (node < 0) {
+    sched_heap_push(&w->ready, w->dag, pool->links, task);
+    wake_for_push(w);
+  } else {
+    sched_queue_push(&pool->nodes[node].inbox, pool->links, task);
+    sched_wake_node(pool, node);
+  }
+}

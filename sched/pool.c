@@ -72,6 +72,7 @@ static void init_shared(sched_pool *pool) {
   atomic_init(&pool->shutdown, false);
   atomic_init(&pool->error_status, 0);
   atomic_init(&pool->root_cursor, 0);
+  atomic_init(&pool->admit_lock, 0);
   atomic_init(&pool->finished, 0);
   pthread_mutex_init(&pool->done_mutex, NULL);
   pthread_cond_init(&pool->done_cond, NULL);
@@ -125,6 +126,7 @@ static void teardown(sched_pool *pool, int nstarted) {
   free(pool->pending);
   free(pool->links.next);
   free(pool->links.prev);
+  free(pool->admit_state);
   sched_placement_free(&pool->place);
   free(pool);
 }

@@ -27,7 +27,8 @@
  * one-thread run follows that order exactly (the runtime predicts memory
  * from it). Heaps hold only tasks without affinity, so stealing never
  * moves a task off its node. An idle worker spins, yields, then sleeps
- * (pool.c). */
+ * (pool.c). A task picked from any source that must wait for memory
+ * admission is set aside (admit.c) and the worker looks again. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,10 +39,14 @@
 #define SPIN_PAUSES 64 /* find_task attempts with a pause between */
 #define SPIN_YIELDS 16 /* then attempts with a sched_yield between */
 
-static void record_error(sched_pool *pool, int32_t task, int status) {
+/* The run's first failure; tasks waiting for admission are let in (their
+ * bodies will be skipped). */
+static void record_error(sched_worker *w, int32_t task, int status) {
   int none = 0;
-  if (atomic_compare_exchange_strong(&pool->error_status, &none, status))
-    pool->error_task = task;
+  if (!atomic_compare_exchange_strong(&w->pool->error_status, &none, status))
+    return;
+  w->pool->error_task = task;
+  sched_admit_open(w);
 }
 
 /* Runs the body of `task` unless an earlier task failed in this run (an
@@ -60,7 +65,7 @@ static bool run_task(sched_worker *w, int32_t task) {
       atomic_load_explicit(&pool->error_status, memory_order_relaxed) == 0) {
     status = t->fn(pool->context, t->arg, w->index);
     if (status != 0)
-      record_error(pool, task, status);
+      record_error(w, task, status);
   }
   if (t->async && status == 0)
     return false;
@@ -68,33 +73,6 @@ static bool run_task(sched_worker *w, int32_t task) {
     trace[task].end_ns = sched_now_ns();
   w->finished++;
   return true;
-}
-
-/* Wakes a sleeper for a task just pushed on a heap: one of this worker's
- * node if any sleeps, else of the nearest node that has one (in the order
- * of sched_steal_order). */
-static void wake_for_push(sched_worker *w) {
-  sched_pool *pool = w->pool;
-  int nnodes = pool->place.nnodes;
-  for (int x = 0; x < 2 * nnodes; x++) {
-    int node = w->node ^ x;
-    if (node < nnodes && atomic_load(&pool->nodes[node].sleepers) > 0) {
-      sched_wake_node(pool, node);
-      return;
-    }
-  }
-}
-
-static void push_ready(sched_worker *w, int32_t task) {
-  sched_pool *pool = w->pool;
-  int node = w->dag->tasks[task].numa_node;
-  if (node < 0) {
-    sched_heap_push(&w->ready, w->dag, pool->links, task);
-    wake_for_push(w);
-  } else {
-    sched_queue_push(&pool->nodes[node].inbox, pool->links, task);
-    sched_wake_node(pool, node);
-  }
 }
 
 /* Counts down a successor's pending predecessors; true if this was the
@@ -125,11 +103,11 @@ static int32_t release_successors(sched_worker *w, int32_t task) {
       continue;
     int node = dag->tasks[s].numa_node;
     if (!sched_may_continue(node, w->node)) {
-      push_ready(w, s);
+      sched_push_ready(w, s);
       continue;
     }
     if (next >= 0)
-      push_ready(w, next);
+      sched_push_ready(w, next);
     next = s;
   }
   return next;
@@ -155,12 +133,16 @@ static int32_t continue_with(sched_worker *w, int32_t next) {
   /* the root's priority only when the heap does not already decide */
   if (top <= p && sched_keeps_continuation(p, top, next_root_prio(w)))
     return next;
-  push_ready(w, next);
+  sched_push_ready(w, next);
   return find_task(w);
 }
 
+/* Runs `task` and its continuations; a task waiting for memory admission
+ * (admit.c) ends the chain, and a release queues it later. */
 static void run_chain(sched_worker *w, int32_t task) {
   while (task >= 0) {
+    if (w->dag->tasks[task].admit && !sched_admit(w, task))
+      return;
     if (!run_task(w, task))
       return;
     task = release_successors(w, task);
@@ -383,10 +365,17 @@ static remat_status run_locked(sched_pool *pool, const sched_dag *dag,
                                const char *trace_path,
                                sched_trace_record *records,
                                sched_trace_result *traced,
+                               int64_t admit_bound,
                                char err[SCHED_ERRMSG_MAX]) {
   remat_status status = ensure_capacity(pool, dag->ntasks, err);
   if (status != REMAT_OK)
     return status;
+  if (!sched_admit_prepare(pool, dag, admit_bound)) {
+    snprintf(err, SCHED_ERRMSG_MAX,
+             "sched_run: out of memory for the admission of %d tasks",
+             (int)dag->nadmit);
+    return REMAT_ERR_OUT_OF_MEMORY;
+  }
   if (records != NULL && !trace_path) {
     pool->trace = records;
     pool->trace_origin_ns = sched_now_ns();
@@ -434,7 +423,8 @@ remat_status sched_run(sched_pool *pool, sched_dag *dag,
   atomic_store(&pool->error_status, 0);
   pool->context = opts ? opts->context : NULL;
   status = run_locked(pool, dag, opts ? opts->trace_path : NULL,
-                      opts ? opts->records : NULL, traced, err);
+                      opts ? opts->records : NULL, traced,
+                      opts ? opts->admit_bound : 0, err);
   pthread_mutex_unlock(&pool->run_mutex);
   if (traced == &local && local.status != REMAT_OK && status == REMAT_OK) {
     snprintf(err, SCHED_ERRMSG_MAX, "%s", local.err);

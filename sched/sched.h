@@ -73,6 +73,20 @@ int32_t sched_dag_add(sched_dag *dag, sched_task_fn fn, void *arg,
  * finishes it at once. Its body runs even after another task of the run
  * failed (so that it can tell the peers of a collective operation). */
 remat_status sched_dag_set_async(sched_dag *dag, int32_t task);
+/* Makes `task` an admitted one (memory admission): in a run with a bound
+ * (sched_run_opts.admit_bound > 0), once ready it starts only when the
+ * bytes admitted and not yet released (sched_release) plus `bytes` stay
+ * within the bound, and only after every admitted task set before it
+ * (the order of these calls is its rank) was admitted. Until then it
+ * waits aside, taking no worker. In a run without a bound it is an
+ * ordinary task. Progress is the caller's promise: the rank order must be
+ * a topological order of the admitted tasks, and once every task of rank
+ * below r was admitted and every task that needs no more admission has
+ * run, the bytes still held plus rank r's must fit the bound (the runtime
+ * keeps it by program order: see docs/architecture.md). A task that failed
+ * opens admission for the rest of the run (skipped bodies allocate
+ * nothing). */
+remat_status sched_dag_set_admit(sched_dag *dag, int32_t task, int64_t bytes);
 /* `to` runs only after `from` has finished. */
 remat_status sched_dag_edge(sched_dag *dag, int32_t from, int32_t to);
 /* Freezes the DAG: builds successor arrays and refuses a cycle with a
@@ -127,6 +141,9 @@ typedef struct sched_run_opts {
   sched_trace_result *trace_result;
   /* Passed to every task body of the run (NULL when opts is NULL). */
   void *context;
+  /* Memory admission (sched_dag_set_admit): the bytes that the admitted
+   * tasks of the run may hold at once; 0: no admission. */
+  int64_t admit_bound;
 } sched_run_opts;
 
 /* Runs every task of a finalized DAG once, respecting edges; returns when
@@ -141,6 +158,13 @@ remat_status sched_run(sched_pool *pool, sched_dag *dag,
  * returned 0): its ready successors go to the affinity inbox of their node
  * (node 0 for those without one) and a sleeping worker there is woken. */
 void sched_complete(sched_pool *pool, int32_t task);
+
+/* Gives back `bytes` that an admitted task of the run in progress on
+ * `pool` held (a task body calls it after freeing them, with its
+ * `worker`): tasks waiting for admission that now fit are admitted, in
+ * rank order, onto that worker's ready heap. A no-op in a run without a
+ * bound. */
+void sched_release(sched_pool *pool, int worker, int64_t bytes);
 
 /* The first failure of the run in progress (0 when none): an async task's
  * body reads it. */

@@ -33,7 +33,8 @@ typedef struct sched_task {
   int32_t succ_end;
   int32_t npred;     /* predecessors */
   int16_t numa_node; /* -1: anywhere */
-  uint16_t async;    /* finished by sched_complete, not by its body */
+  uint8_t async;     /* finished by sched_complete, not by its body */
+  uint8_t admit;     /* waits for memory admission (admit.c) */
 } sched_task;
 
 /* What only finalize and traces read. */
@@ -41,6 +42,7 @@ typedef struct sched_task_info {
   const char *name;     /* may be NULL */
   const char *category; /* may be NULL */
   int32_t priority;
+  int32_t admit_rank;   /* -1, or its place in the admission order */
 } sched_task_info;
 
 struct sched_dag {
@@ -58,6 +60,10 @@ struct sched_dag {
   int32_t naffine_roots; /* roots with a NUMA node follow them */
   int32_t max_node;      /* highest numa_node of any task, -1 if none */
   int32_t max_node_task; /* a task that has max_node */
+  /* Memory admission: per rank, the task and the bytes it takes. */
+  int32_t *admit_task;
+  int64_t *admit_bytes;
+  int32_t nadmit, admit_cap;
 };
 
 /* Lowers the limits of one DAG (tests reach them without 2^26 tasks). */
@@ -256,7 +262,14 @@ static inline int32_t sched_heap_pop(sched_heap *h, const sched_dag *dag,
   return top;
 }
 
-/* ---- pool (pool.c, run.c) ---- */
+/* ---- pool (pool.c, run.c, admit.c) ---- */
+
+/* Where an admitted task's rank is in a run (sched_pool.admit_state). */
+typedef enum sched_admit_state {
+  ADMIT_NOT_READY = 0, /* not picked yet */
+  ADMIT_WAITING = 1,   /* ready, waiting for its turn or for bytes */
+  ADMIT_ADMITTED = 2   /* its bytes are counted; it may run */
+} sched_admit_state;
 
 struct sched_pool;
 
@@ -308,6 +321,15 @@ struct sched_pool {
   atomic_int error_status; /* first non-zero task status */
   int32_t error_task;      /* written by the task that set error_status */
 
+  /* Memory admission of the run (admit.c), under admit_lock but for
+   * admit_bound, which is set before the run and 0 when it has none. */
+  alignas(SCHED_CACHE_LINE) atomic_int admit_lock;
+  int64_t admit_bound;
+  int64_t admit_used;     /* bytes admitted and not released */
+  int32_t admit_next;     /* the rank admitted next */
+  uint8_t *admit_state;   /* [admit_capacity] per rank: sched_admit_state */
+  int32_t admit_capacity;
+
   alignas(SCHED_CACHE_LINE) atomic_int root_cursor;
   alignas(SCHED_CACHE_LINE) atomic_llong finished;
 
@@ -322,6 +344,19 @@ struct sched_pool {
 /* run.c: the body of one run on one worker; returns when all tasks of
  * w->dag have finished. */
 void sched_worker_run(sched_worker *w);
+
+/* park.c: queues a ready task (its node's inbox, else w's heap) and wakes
+ * a sleeper for it. */
+void sched_push_ready(sched_worker *w, int32_t task);
+
+/* admit.c: memory admission. Per-run arrays and state (false: out of
+ * memory), whether `task` (an admitted one) may run now on w (if not, it
+ * waits and a later release or failure queues it), and the opening of
+ * admission when a task of the run failed. */
+bool sched_admit_prepare(struct sched_pool *pool, const sched_dag *dag,
+                         int64_t bound);
+bool sched_admit(sched_worker *w, int32_t task);
+void sched_admit_open(sched_worker *w);
 
 /* pool.c: sleeping and waking of workers. */
 void sched_sleep_until_work(sched_worker *w);

@@ -208,12 +208,44 @@ static remat_status add_tasks(const taskgraph_request *r, plan_tasks *t) {
   return REMAT_OK;
 }
 
+/* ---- memory admission ---- */
+
+/* The transient bytes node kn allocates when it starts, as the arena and
+ * memplan.c count them. */
+static int64_t start_bytes(const plan_lowering *low, const plan_knode *kn) {
+  int64_t bytes = 0;
+  for (int k = 0; k < kn->ninit; k++)
+    if (!low->bufs[kn->init[k]].persistent)
+      bytes += mem_block_bytes(low->bufs[kn->init[k]].bytes);
+  return bytes;
+}
+
+/* Every start task that allocates waits for memory admission, ranked in
+ * program order (a run under a budget bounds the bytes they hold: step.c).
+ * Why that always progresses: every edge goes from a node to a later one
+ * in program order. When node k's start is next to admit, every start
+ * before it was admitted, so every node before k can finish with no more
+ * admission; once they have, the bytes held are those of buffers that
+ * nodes before k allocated and a node from k on still uses, which is what
+ * program order holds when k starts, less k's own: k fits in any bound at
+ * or above the predicted transient peak. A start that allocates nothing
+ * only ever frees, so it needs no admission. */
+static remat_status admit_starts(const plan_lowering *low, plan_tasks *t) {
+  remat_status s = REMAT_OK;
+  for (int32_t i = 0; s == REMAT_OK && i < low->nknodes; i++) {
+    int64_t bytes = start_bytes(low, &low->knodes[i]);
+    if (bytes > 0)
+      s = sched_dag_set_admit(t->dag, t->start_task[i], bytes);
+  }
+  return s;
+}
+
 static remat_status build(const taskgraph_request *r, plan_tasks *t) {
   char err[SCHED_ERRMSG_MAX];
   remat_status s = sched_dag_create(&t->dag, err);
   if (s != REMAT_OK)
     return remat__fail_msg(s, err);
-  if ((s = add_tasks(r, t)) != REMAT_OK)
+  if ((s = add_tasks(r, t)) != REMAT_OK || (s = admit_starts(r->low, t)))
     return remat__fail(s, "remat_compile: cannot build the task graph");
   edge_list e = {0};
   bool ok = data_edges(r, &e) && memory_order_edges(r, r->lookahead, &e) &&

@@ -396,6 +396,23 @@ static remat_status numeric_failure(const compiled_step *c,
                      st->grad_scale < 1.0f ? ", clipped" : "");
 }
 
+/* The bytes that the run's start tasks may hold at once (memory
+ * admission, taskgraph.c): what the memory budget leaves beside what is
+ * held before the run (parameters, gradients, optimizer state, scratch,
+ * gradient sums), never below the predicted transient peak, which program
+ * order needs and the budget's plan fits; 0 (no admission) without a
+ * budget. So a run under a budget never holds more than it. */
+static int64_t admit_bound(const compiled_step *c, const step_state *st) {
+  int64_t budget = c->g->rt->config.memory_budget;
+  if (budget <= 0 || c->g->rt->no_admission)
+    return 0;
+  int64_t held = atomic_load(&st->arena.total_current) -
+                 atomic_load(&st->arena.transient_current);
+  int64_t bound = budget - held;
+  return bound > c->predicted.transient_peak ? bound
+                                             : c->predicted.transient_peak;
+}
+
 /* Runs the DAG in `mode`. The counters move only after a run that
  * succeeded: the update counter after a step or a forward run, the
  * micro-steps after an accumulation. */
@@ -420,6 +437,7 @@ static remat_status run_step(graph_step *gs, run_mode mode,
   if (s != REMAT_OK)
     return s;
   char err[SCHED_ERRMSG_MAX] = "";
+  opts.admit_bound = admit_bound(c, st);
   s = sched_run(c->g->rt->pool, c->tasks.dag, &opts, err);
   remat_status local = s;
   s = dp_step_end(c, st, s, err, sizeof err);

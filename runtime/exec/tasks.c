@@ -268,7 +268,6 @@ int tasks_tile(void *run, void *arg, int worker) {
 }
 
 int tasks_done(void *run, void *arg, int worker) {
-  (void)worker;
   const step_run *r = run;
   const compiled_step *c = r->c;
   step_state *s = r->s;
@@ -280,6 +279,8 @@ int tasks_done(void *run, void *arg, int worker) {
       mem_free(&s->arena, s->data[b], (size_t)buf->bytes, buf->cat,
                c->numa.home[b], true);
       s->data[b] = NULL;
+      /* after the free: admitted bytes never trail the arena's count */
+      sched_release(c->g->rt->pool, worker, mem_block_bytes(buf->bytes));
     }
   }
   return REMAT_OK;
