@@ -443,10 +443,19 @@ static void test_refused(void **state) {
   assert_true(wpe >= 0); /* wpe: [4,8], 32 values */
   uint16_t h[64] = {0};
   float f[32] = {0};
-  st_tensor t = {.name = "wpe", .dtype = "BF16", .ndim = 2, .dims = {4, 8},
-                 .data = f, .bytes = 128, .begin = -1, .end = -1};
+  st_tensor t;
   const char *p = path_in_dir("bad.safetensors");
+  /* an F32 tensor with a half byte count (first: without the check, a
+   * short read, not an overflow) */
+  t = (st_tensor){.name = "wpe", .dtype = "F32", .ndim = 2, .dims = {4, 8},
+                  .data = h, .bytes = 64, .begin = -1, .end = -1};
+  write_with(&md, p, wpe, &t);
+  expect_refused(&md, p, NULL, REMAT_ERR_IO,
+                 "tensor 'wpe' has data_offsets [224,288] (64 bytes) but its "
+                 "F32 shape needs 128 bytes");
   /* a BF16 tensor with an F32 byte count */
+  t = (st_tensor){.name = "wpe", .dtype = "BF16", .ndim = 2, .dims = {4, 8},
+                  .data = f, .bytes = 128, .begin = -1, .end = -1};
   write_with(&md, p, wpe, &t);
   expect_refused(&md, p, NULL, REMAT_ERR_IO,
                  "tensor 'wpe' has data_offsets [224,352] (128 bytes) but "
@@ -456,13 +465,6 @@ static void test_refused(void **state) {
   expect_refused(&md, p, NULL, REMAT_ERR_IO,
                  "tensor 'wpe' has data_offsets [224,352] (128 bytes) but "
                  "its F16 shape needs 64 bytes");
-  /* an F32 tensor with a half byte count */
-  t = (st_tensor){.name = "wpe", .dtype = "F32", .ndim = 2, .dims = {4, 8},
-                  .data = h, .bytes = 64, .begin = -1, .end = -1};
-  write_with(&md, p, wpe, &t);
-  expect_refused(&md, p, NULL, REMAT_ERR_IO,
-                 "tensor 'wpe' has data_offsets [224,288] (64 bytes) but its "
-                 "F32 shape needs 128 bytes");
   /* dtypes a load does not take */
   static const char *const other[] = {"I8", "F64", "U8", "bf16", "F8_E4M3"};
   for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
