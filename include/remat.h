@@ -656,18 +656,36 @@ REMAT_API remat_status remat_tensor_plan_of(const remat_graph *g,
  * processes saving to it at the same time, and no link planted nearby is
  * followed. */
 REMAT_API remat_status remat_save_safetensors(remat_graph *g, const char *path);
-/* Reads parameters written by remat_save_safetensors (or by any program
- * that writes F32 tensors with the same names and shapes). PATH must be a
- * regular file. The header (at most 100 MiB) is checked against the file's
- * size and the model before any tensor data is read, and all the data is
- * read before any parameter changes, so a load costs the header plus the
- * model's size in memory whatever the file's size. A truncated file, a bad
- * or oversized header, a wrong dtype, a missing, unknown or repeated
- * tensor, a shape mismatch, data offsets that are not whole numbers, out
- * of range or overlapping, or a value that is NaN or Inf (or, in a
- * checkpoint, a negative AdamW second moment), named with its tensor, fail
- * with REMAT_ERR_IO or REMAT_ERR_SHAPE and leave every parameter as it
- * was. */
+/* Reads parameters written by remat_save_safetensors, or by any program
+ * that writes tensors with the same names and shapes in dtype F32, BF16 or
+ * F16 (the safetensors files Hugging Face publishes; a file may mix them).
+ * Each value is converted exactly to f32 for the parameter's f32 storage;
+ * a frozen parameter stored in bf16 (see remat_param_freeze) takes a BF16
+ * tensor's bits as they are and rounds the others. Any other dtype is
+ * refused (REMAT_ERR_SHAPE, naming the tensor, its dtype and the accepted
+ * ones), as is a byte count that is not the shape's element count times
+ * the dtype's size. PATH must be a regular file. The header (at most 100
+ * MiB) is checked against the file's size and the model before any tensor
+ * data is read, and all the data is read before any parameter changes, so
+ * a load costs the header plus at most the model's size as F32 in memory
+ * whatever the file's size. A truncated file, a bad or oversized header, a
+ * missing, unknown or repeated tensor, a shape mismatch, data offsets that
+ * are not whole numbers, out of range or overlapping, or a value that is
+ * NaN or Inf (F16 and BF16 Inf and NaN too; or, in a checkpoint, a
+ * negative AdamW second moment), named with its tensor, fail with
+ * REMAT_ERR_IO or REMAT_ERR_SHAPE and leave every parameter as it was.
+ *
+ * A PATH ending in ".json" is a sharded checkpoint's index
+ * (model.safetensors.index.json: a JSON object of at most 16 MiB whose
+ * "weight_map" maps each tensor name to the file name of its shard, in the
+ * index's directory). Every shard it names is checked as above, and
+ * against the map, before any is read, and the shards load as one: all or
+ * nothing. A tensor named twice in the map, a shard name that is empty,
+ * "." or "..", or holds a '/' (no path leaves the directory), a shard that
+ * cannot be opened, a tensor that its shard does not hold, and a shard
+ * tensor that the map does not name or puts in another shard each fail
+ * with REMAT_ERR_IO naming it; a model tensor that the map lacks fails
+ * with REMAT_ERR_SHAPE. Every shard stays open during the load. */
 REMAT_API remat_status remat_load_safetensors(remat_graph *g, const char *path);
 /* Writes the gradients of the last step, one F32 tensor per trainable
  * parameter (a frozen one has none) under the parameter's name, in the same format and the same way as

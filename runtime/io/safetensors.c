@@ -489,10 +489,59 @@ static remat_status read_header(source *src, cJSON **root) {
   return s;
 }
 
-/* One tensor of the file matched to an item. */
+/* The dtypes a load takes, converted to the parameters' storage. */
+typedef enum src_dtype { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 } src_dtype;
+static const struct {
+  const char *name;
+  size_t size;
+} dtypes[] = {{"F32", 4}, {"BF16", 2}, {"F16", 2}};
+#define ACCEPTED_DTYPES "F32, BF16 and F16"
+
+/* The dtype named `name`, -1 when a load does not take it. */
+static int find_dtype(const char *name) {
+  for (int i = 0; i < (int)(sizeof dtypes / sizeof dtypes[0]); i++)
+    if (strcmp(name, dtypes[i].name) == 0)
+      return i;
+  return -1;
+}
+
+/* IEEE binary16 -> f32, exact: subnormals become normal f32 values, +-Inf
+ * stays +-Inf and a NaN stays a NaN (which the value check refuses). */
+static float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+  if (exp == 0x1fu)
+    u = sign | 0x7f800000u | (mant << 13);
+  else if (exp != 0)
+    u = sign | ((exp + 127u - 15u) << 23) | (mant << 13);
+  else {
+    float f = (float)mant * 0x1p-24f; /* 0 or a subnormal: exact */
+    memcpy(&u, &f, sizeof u);
+    u |= sign;
+  }
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Element i of `data`, of dtype `dt`, as f32. */
+static float src_value(int dt, const unsigned char *data, size_t i) {
+  if (dt == DT_F32) {
+    float v;
+    memcpy(&v, data + i * sizeof v, sizeof v);
+    return v;
+  }
+  uint16_t h = (uint16_t)(data[2 * i] | (unsigned)data[2 * i + 1] << 8);
+  return dt == DT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+/* One tensor of a file (src: that file, one of a sharded checkpoint's)
+ * matched to an item, with its dtype. */
 typedef struct entry {
   const safet_item *item;
+  const struct source *src;
   uint64_t begin, end;
+  int dt;
 } entry;
 
 /* A JSON number with no fractional part, of any sign or size. */
@@ -613,55 +662,65 @@ static remat_status check_entry(const safet_load_req *req,
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' appears twice", src->what,
                      src->path, name);
   const char *dt = remat__quote(&quoted_dt, dtype->valuestring);
-  if (strcmp(dtype->valuestring, "F32") != 0)
-    return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' has dtype %s, expected F32",
-                     src->what, src->path, name, dt);
+  e.dt = find_dtype(dtype->valuestring);
+  if (e.dt < 0)
+    return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' has dtype %s: a load "
+                     "takes " ACCEPTED_DTYPES, src->what, src->path, name, dt);
   e.item = &req->items[i];
+  e.src = src;
   if ((s = check_shape(src, name, shape, e.item->param)) != REMAT_OK)
     return s;
   size_t need = 0;
-  if (!param_bytes(e.item->param, &need) || e.end < e.begin ||
-      e.end - e.begin != need)
+  if (!remat__mul_size((size_t)remat_tensor_numel(e.item->param),
+                       dtypes[e.dt].size, &need) ||
+      e.end < e.begin || e.end - e.begin != need)
     return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' has data_offsets [%llu,%llu] "
-                     "(%llu bytes) but its F32 shape needs %llu bytes",
+                     "(%llu bytes) but its %s shape needs %llu bytes",
                      src->what, src->path, name, (unsigned long long)e.begin,
                      (unsigned long long)e.end,
                      (unsigned long long)(e.end >= e.begin ? e.end - e.begin
                                                            : 0),
-                     (unsigned long long)need);
+                     dtypes[e.dt].name, (unsigned long long)need);
   seen[i] = 1;
   entries[i] = e;
   return REMAT_OK;
 }
 
+/* By file, then by first byte. */
 static int cmp_begin(const void *a, const void *b) {
   const entry *x = a, *y = b;
+  if (x->src != y->src)
+    return (x->src > y->src) - (x->src < y->src);
   if (x->begin != y->begin)
     return (x->begin > y->begin) - (x->begin < y->begin);
   return (x->end > y->end) - (x->end < y->end);
 }
 
-/* Every item present, no two tensors sharing bytes. */
-static remat_status check_cover(const safet_load_req *req, const source *src,
-                                const entry *entries, const int *seen) {
+/* Every item present, no two tensors of a file sharing bytes; `path` (the
+ * file, or a sharded checkpoint's index) and `from` ("file", "index") for
+ * the message about a missing one. */
+static remat_status check_cover(const safet_load_req *req, const char *path,
+                                const char *from, const entry *entries,
+                                const int *seen) {
+  const char *what = req->what;
   int n = req->nitems;
   for (int i = 0; i < n; i++)
     if (!seen[i])
-      return LOAD_FAIL(REMAT_ERR_SHAPE, "the model's tensor '%s' is missing "
-                       "from the file", src->what, src->path,
-                       req->items[i].name);
+      return remat__fail(REMAT_ERR_SHAPE, "%s: '%s': the model's tensor '%s' "
+                         "is missing from the %s", what, path,
+                         req->items[i].name, from);
   size_t count = n > 0 ? (size_t)n : 0;
   entry *sorted = remat__malloc((count ? count : 1) * sizeof *sorted);
   if (sorted == NULL)
-    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
-                       src->what);
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
   memcpy(sorted, entries, count * sizeof *sorted);
   qsort(sorted, count, sizeof *sorted, cmp_begin);
   remat_status s = REMAT_OK;
   for (int i = 1; i < n && s == REMAT_OK; i++)
-    if (sorted[i].begin < sorted[i - 1].end)
+    if (sorted[i].src == sorted[i - 1].src &&
+        sorted[i].begin < sorted[i - 1].end)
       s = LOAD_FAIL(REMAT_ERR_IO, "tensors '%s' and '%s' overlap in the data",
-                    src->what, src->path, sorted[i - 1].item->name,
+                    what, sorted[i].src->path, sorted[i - 1].item->name,
                     sorted[i].item->name);
   free(sorted);
   return s;
@@ -677,23 +736,61 @@ static bool skipped(const safet_load_req *req, const name_index *items,
           strncmp(name, SAFET_ADAM_V, strlen(SAFET_ADAM_V)) == 0);
 }
 
-/* Checks every entry of the header against the file and the model. */
+/* A sharded checkpoint's index: the weight_map's tensors, each with the
+ * shard the index puts it in and whether that shard holds it. */
+typedef struct shard_map {
+  const char *path; /* the index, quoted */
+  remat__quoted shown;
+  cJSON *root;
+  const cJSON **tensors; /* [count]: ->string the name, ->valuestring
+                            the shard's file name */
+  int *shard_of, *found; /* [count] */
+  int count;
+  name_index by_name;  /* tensor name -> position */
+  name_index by_shard; /* shard file name -> shard number */
+  const char **shards; /* [nshards] file names */
+  int nshards;
+} shard_map;
+
+/* In a sharded load, `item` of shard number `k` must be where the index
+ * puts it. */
+static remat_status check_mapped(const shard_map *map, int k,
+                                 const source *src, const cJSON *item) {
+  remat__quoted qn, qs;
+  int t = name_index_find(&map->by_name, item->string);
+  if (t < 0)
+    return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' is not in the index's "
+                     "weight_map", src->what, src->path,
+                     remat__quote(&qn, item->string));
+  if (map->shard_of[t] != k)
+    return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' is in this shard but the "
+                     "index puts it in '%s'", src->what, src->path,
+                     remat__quote(&qn, item->string),
+                     remat__quote(&qs, map->tensors[t]->valuestring));
+  map->found[t] = 1;
+  return REMAT_OK;
+}
+
+/* Checks every entry of a file's header against the file and the model
+ * (and, in a sharded load, where the index puts it: shard number k). */
 static remat_status check_entries(const safet_load_req *req,
-                                  const name_index *items, source *src,
-                                  const cJSON *root, entry *entries,
-                                  int *seen) {
+                                  const name_index *items, const source *src,
+                                  const cJSON *root, const shard_map *map,
+                                  int k, entry *entries, int *seen) {
   const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
   remat_status s = REMAT_OK;
   const cJSON *item;
   cJSON_ArrayForEach(item, root) {
     if (s != REMAT_OK)
       break;
-    if (item != meta)
+    if (item == meta)
+      continue;
+    if (map != NULL)
+      s = check_mapped(map, k, src, item);
+    if (s == REMAT_OK)
       s = check_entry(req, items, src, item,
                       skipped(req, items, meta, item->string), entries, seen);
   }
-  if (s == REMAT_OK)
-    s = check_cover(req, src, entries, seen);
   return s;
 }
 
@@ -701,14 +798,14 @@ static remat_status check_entries(const safet_load_req *req,
  * (sums of squares) also >= 0, so that no step starts from a NaN, an Inf
  * or the square root of a negative number; for a parameter stored in bf16,
  * finite once rounded to bf16 too. */
-static remat_status check_values(const source *src, const safet_item *item,
-                                 const unsigned char *data, size_t bytes) {
-  const char *name = item->name;
+static remat_status check_values(const entry *e, const unsigned char *data) {
+  const source *src = e->src;
+  const char *name = e->item->name;
   bool second = strncmp(name, SAFET_ADAM_V, strlen(SAFET_ADAM_V)) == 0;
-  bool half = item->store == OP_BF16;
-  for (size_t i = 0; i < bytes / sizeof(float); i++) {
-    float v;
-    memcpy(&v, data + i * sizeof v, sizeof v);
+  bool half = e->item->store == OP_BF16;
+  size_t count = (size_t)(e->end - e->begin) / dtypes[e->dt].size;
+  for (size_t i = 0; i < count; i++) {
+    float v = src_value(e->dt, data, i);
     if (!isfinite(v) || (second && v < 0.0f))
       return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' holds %g at element %zu: "
                        "%s", src->what, src->path, name, (double)v, i,
@@ -723,11 +820,31 @@ static remat_status check_values(const source *src, const safet_item *item,
   return REMAT_OK;
 }
 
-/* Reads every tensor's data into one buffer, checks its values, then
- * writes the items: a read
- * that fails (the file changed since it was checked) leaves every tensor
- * as it was. The buffer is the model's size, whatever the file's. */
-static remat_status read_items(const safet_load_req *req, const source *src,
+/* Writes a checked tensor into its item: the bits as they are where the
+ * file's dtype is the storage's (F32 into f32, BF16 into a frozen
+ * parameter stored in bf16), else each value converted to f32 (exact from
+ * BF16 and F16) and, for bf16 storage, rounded. */
+static void store_values(const entry *e, const unsigned char *data) {
+  size_t count = (size_t)(e->end - e->begin) / dtypes[e->dt].size;
+  bool half = e->item->store == OP_BF16;
+  if ((e->dt == DT_F32 && !half) || (e->dt == DT_BF16 && half)) {
+    memcpy(e->item->data, data, (size_t)(e->end - e->begin));
+    return;
+  }
+  for (size_t i = 0; i < count; i++) {
+    float v = src_value(e->dt, data, i);
+    if (half)
+      ((uint16_t *)e->item->data)[i] = bf16_from_f32(v);
+    else
+      ((float *)e->item->data)[i] = v;
+  }
+}
+
+/* Reads every tensor's data (from its own file) into one buffer, checks
+ * its values, then writes the items: a read that fails (a file changed
+ * since it was checked) leaves every tensor as it was. The buffer is at
+ * most the model's size as F32, whatever the files' sizes. */
+static remat_status read_items(const safet_load_req *req,
                                const entry *entries) {
   int n = req->nitems;
   size_t total = 0;
@@ -735,70 +852,82 @@ static remat_status read_items(const safet_load_req *req, const source *src,
     if (!remat__add_size(total, (size_t)(entries[i].end - entries[i].begin),
                          &total))
       return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
-                         src->what);
+                         req->what);
   unsigned char *buf = remat__malloc(total > 0 ? total : 1);
   if (buf == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
-                       src->what);
+                       req->what);
   remat_status s = REMAT_OK;
   size_t at = 0;
   for (int i = 0; i < n && s == REMAT_OK; i++) {
-    size_t bytes = (size_t)(entries[i].end - entries[i].begin);
-    s = read_at(src, buf + at, bytes, src->data_start + entries[i].begin);
+    const entry *e = &entries[i];
+    size_t bytes = (size_t)(e->end - e->begin);
+    s = read_at(e->src, buf + at, bytes, e->src->data_start + e->begin);
     at += bytes;
   }
   at = 0;
   for (int i = 0; i < n && s == REMAT_OK; i++) {
-    size_t bytes = (size_t)(entries[i].end - entries[i].begin);
-    s = check_values(src, entries[i].item, buf + at, bytes);
-    at += bytes;
+    s = check_values(&entries[i], buf + at);
+    at += (size_t)(entries[i].end - entries[i].begin);
   }
   at = 0;
   for (int i = 0; i < n && s == REMAT_OK; i++) {
-    size_t bytes = (size_t)(entries[i].end - entries[i].begin);
-    if (entries[i].item->store == OP_BF16) /* a frozen one: rounded */
-      bf16_from_f32_row(entries[i].item->data, (const float *)(buf + at),
-                        (int64_t)(bytes / sizeof(float)));
-    else
-      memcpy(entries[i].item->data, buf + at, bytes);
-    at += bytes;
+    store_values(&entries[i], buf + at);
+    at += (size_t)(entries[i].end - entries[i].begin);
   }
   free(buf);
   return s;
 }
 
+/* A load: one file, or the shards of an index (map != NULL), each open
+ * with its header read. */
 struct safet_loading {
   const safet_load_req *req;
-  source src;
-  cJSON *root; /* the header */
+  source *srcs;  /* [nsrc] */
+  cJSON **roots; /* [nsrc] the headers */
+  int nsrc;
+  shard_map *map;
   entry *entries;
   int *seen;
   name_index items; /* req->items by name */
 };
 
-remat_status safet_load_open(const char *path, const safet_load_req *req,
-                             safet_loading **out, const cJSON **meta) {
-  *out = NULL;
-  *meta = NULL;
+/* A new load of `nsrc` files (their fds -1 until opened). */
+static remat_status loading_new(const safet_load_req *req, int nsrc,
+                                safet_loading **out) {
   safet_loading *ld = remat__calloc(1, sizeof *ld);
+  *out = ld;
   if (ld == NULL)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", req->what);
   ld->req = req;
-  ld->src.fd = -1;
-  *out = ld;
   size_t n = req->nitems > 0 ? (size_t)req->nitems : 1;
+  ld->srcs = remat__calloc((size_t)(nsrc > 0 ? nsrc : 1), sizeof *ld->srcs);
+  ld->roots = remat__calloc((size_t)(nsrc > 0 ? nsrc : 1), sizeof *ld->roots);
   ld->entries = remat__calloc(n, sizeof *ld->entries);
   ld->seen = remat__calloc(n, sizeof *ld->seen);
-  bool indexed = ld->entries != NULL && ld->seen != NULL;
+  bool indexed = ld->srcs != NULL && ld->roots != NULL &&
+                 ld->entries != NULL && ld->seen != NULL;
+  for (int i = 0; indexed && i < nsrc; i++)
+    ld->srcs[i].fd = -1;
+  ld->nsrc = indexed ? nsrc : 0;
   for (int i = 0; indexed && i < req->nitems; i++)
     indexed = name_index_add(&ld->items, req->items[i].name, i);
   if (!indexed)
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", req->what);
-  remat_status s = open_source(path, req->what, &ld->src);
+  return REMAT_OK;
+}
+
+remat_status safet_load_open(const char *path, const safet_load_req *req,
+                             safet_loading **out, const cJSON **meta) {
+  *meta = NULL;
+  remat_status s = loading_new(req, 1, out);
   if (s == REMAT_OK)
-    s = read_header(&ld->src, &ld->root);
+    s = open_source(path, req->what, &(*out)->srcs[0]);
   if (s == REMAT_OK)
-    *meta = cJSON_GetObjectItemCaseSensitive(ld->root, "__metadata__");
+    s = read_header(&(*out)->srcs[0], &(*out)->roots[0]);
+  if (s == REMAT_OK)
+    *meta = cJSON_GetObjectItemCaseSensitive((*out)->roots[0],
+                                             "__metadata__");
   return s;
 }
 
@@ -817,24 +946,192 @@ remat_status safet_read_header(const char *path, const char *what,
   return s;
 }
 
+/* In a sharded load, every tensor of the weight_map held by its shard. */
+static remat_status check_map_found(const safet_loading *ld) {
+  const shard_map *map = ld->map;
+  for (int t = 0; map != NULL && t < map->count; t++)
+    if (!map->found[t]) {
+      remat__quoted qn, qs;
+      return LOAD_FAIL(REMAT_ERR_IO, "the index puts tensor '%s' in '%s', "
+                       "which does not hold it", ld->req->what, map->path,
+                       remat__quote(&qn, map->tensors[t]->string),
+                       remat__quote(&qs, map->tensors[t]->valuestring));
+    }
+  return REMAT_OK;
+}
+
 remat_status safet_load_read(safet_loading *ld) {
-  remat_status s = check_entries(ld->req, &ld->items, &ld->src, ld->root,
-                                 ld->entries, ld->seen);
+  remat_status s = REMAT_OK;
+  for (int k = 0; k < ld->nsrc && s == REMAT_OK; k++)
+    s = check_entries(ld->req, &ld->items, &ld->srcs[k], ld->roots[k],
+                      ld->map, k, ld->entries, ld->seen);
   if (s == REMAT_OK)
-    s = read_items(ld->req, &ld->src, ld->entries);
+    s = check_map_found(ld);
+  if (s == REMAT_OK)
+    s = check_cover(ld->req, ld->map ? ld->map->path : ld->srcs[0].path,
+                    ld->map ? "index" : "file", ld->entries, ld->seen);
+  if (s == REMAT_OK)
+    s = read_items(ld->req, ld->entries);
   return s;
+}
+
+static void shard_map_free(shard_map *map) {
+  if (map == NULL)
+    return;
+  cJSON_Delete(map->root);
+  free(map->tensors);
+  free(map->shard_of);
+  free(map->found);
+  free(map->shards);
+  name_index_free(&map->by_name);
+  name_index_free(&map->by_shard);
+  free(map);
 }
 
 void safet_load_close(safet_loading *ld) {
   if (ld == NULL)
     return;
-  if (ld->src.fd >= 0)
-    close(ld->src.fd);
-  cJSON_Delete(ld->root);
+  for (int i = 0; i < ld->nsrc; i++) {
+    if (ld->srcs[i].fd >= 0)
+      close(ld->srcs[i].fd);
+    cJSON_Delete(ld->roots[i]);
+  }
+  free(ld->srcs);
+  free(ld->roots);
+  shard_map_free(ld->map);
   free(ld->entries);
   free(ld->seen);
   name_index_free(&ld->items);
   free(ld);
+}
+
+/* ---- sharded checkpoints: model.safetensors.index.json ---- */
+
+#define INDEX_MAX ((uint64_t)16 << 20) /* bytes of an index */
+
+/* A load takes PATH as a sharded checkpoint's index when it ends in
+ * ".json". */
+static bool is_index(const char *path) {
+  size_t n = strlen(path);
+  return n >= 5 && strcmp(path + n - 5, ".json") == 0;
+}
+
+/* A shard is named by a file name in the index's directory: not empty,
+ * no '/', not "." or "..". */
+static bool shard_name_ok(const char *name) {
+  return name[0] != '\0' && strchr(name, '/') == NULL &&
+         strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
+/* Reads the index at `path` (a regular file of at most INDEX_MAX bytes)
+ * and parses it. */
+static remat_status read_index(const char *path, const char *what,
+                               shard_map *map) {
+  source src;
+  remat_status s = open_source(path, what, &src);
+  char *text = NULL;
+  if (s == REMAT_OK && src.size > INDEX_MAX)
+    s = LOAD_FAIL(REMAT_ERR_IO, "the index is %llu bytes, more than the "
+                  "%llu-byte (16 MiB) limit on an index", what, map->path,
+                  (unsigned long long)src.size,
+                  (unsigned long long)INDEX_MAX);
+  if (s == REMAT_OK && (text = remat__malloc(src.size + 1)) == NULL)
+    s = remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  if (s == REMAT_OK)
+    s = read_at(&src, text, (size_t)src.size, 0);
+  if (src.fd >= 0)
+    close(src.fd);
+  if (s == REMAT_OK)
+    map->root = cJSON_ParseWithLength(text, (size_t)src.size);
+  free(text);
+  return s;
+}
+
+/* Checks the weight_map: each tensor once, with a shard file name; numbers
+ * the shards in order of first mention. */
+static remat_status index_shards(const char *what, shard_map *map) {
+  const cJSON *wm = cJSON_GetObjectItemCaseSensitive(map->root, "weight_map");
+  if (!cJSON_IsObject(map->root) || !cJSON_IsObject(wm))
+    return LOAD_FAIL(REMAT_ERR_IO, "the index is not a JSON object with a "
+                     "\"weight_map\" object", what, map->path);
+  int count = cJSON_GetArraySize(wm);
+  size_t n = count > 0 ? (size_t)count : 1;
+  map->tensors = remat__calloc(n, sizeof *map->tensors);
+  map->shard_of = remat__calloc(n, sizeof *map->shard_of);
+  map->found = remat__calloc(n, sizeof *map->found);
+  map->shards = remat__calloc(n, sizeof *map->shards);
+  if (!map->tensors || !map->shard_of || !map->found || !map->shards)
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  const cJSON *t;
+  cJSON_ArrayForEach(t, wm) {
+    remat__quoted qn, qs;
+    const char *name = remat__quote(&qn, t->string);
+    if (!cJSON_IsString(t))
+      return LOAD_FAIL(REMAT_ERR_IO, "the index's weight_map gives tensor "
+                       "'%s' a shard that is not a string", what, map->path,
+                       name);
+    if (name_index_find(&map->by_name, t->string) >= 0)
+      return LOAD_FAIL(REMAT_ERR_IO, "the index's weight_map names tensor "
+                       "'%s' twice", what, map->path, name);
+    if (!shard_name_ok(t->valuestring))
+      return LOAD_FAIL(REMAT_ERR_IO, "the index puts tensor '%s' in '%s', "
+                       "which is not a file name in the index's directory "
+                       "(no '/', not '.' or '..')", what, map->path, name,
+                       remat__quote(&qs, t->valuestring));
+    int k = name_index_find(&map->by_shard, t->valuestring);
+    if (k < 0) {
+      k = map->nshards;
+      map->shards[map->nshards++] = t->valuestring;
+      if (!name_index_add(&map->by_shard, t->valuestring, k))
+        return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
+                           what);
+    }
+    if (!name_index_add(&map->by_name, t->string, map->count))
+      return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+    map->tensors[map->count] = t;
+    map->shard_of[map->count++] = k;
+  }
+  return REMAT_OK;
+}
+
+/* Opens every shard of the index at `path` (beside it) and reads its
+ * header. */
+static remat_status index_open(const char *path, const safet_load_req *req,
+                               safet_loading **out) {
+  const char *what = req->what;
+  shard_map *map = remat__calloc(1, sizeof *map);
+  if (map == NULL) {
+    *out = NULL;
+    return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  }
+  map->path = remat__quote(&map->shown, path);
+  remat_status s = read_index(path, what, map);
+  if (s == REMAT_OK)
+    s = index_shards(what, map);
+  remat_status t = loading_new(req, s == REMAT_OK ? map->nshards : 0, out);
+  if (*out != NULL)
+    (*out)->map = map;
+  else
+    shard_map_free(map);
+  if (s != REMAT_OK || t != REMAT_OK)
+    return s != REMAT_OK ? s : t;
+  const char *slash = strrchr(path, '/');
+  size_t dir = slash != NULL ? (size_t)(slash - path) + 1 : 0;
+  for (int k = 0; k < map->nshards && s == REMAT_OK; k++) {
+    size_t len = 0;
+    char *shard = NULL;
+    if (remat__add_size(dir, strlen(map->shards[k]) + 1, &len))
+      shard = remat__malloc(len);
+    if (shard == NULL)
+      return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+    memcpy(shard, path, dir);
+    memcpy(shard + dir, map->shards[k], len - dir);
+    s = open_source(shard, what, &(*out)->srcs[k]);
+    if (s == REMAT_OK)
+      s = read_header(&(*out)->srcs[k], &(*out)->roots[k]);
+    free(shard);
+  }
+  return s;
 }
 
 remat_status remat_load_safetensors(remat_graph *g, const char *path) {
@@ -847,7 +1144,8 @@ remat_status remat_load_safetensors(remat_graph *g, const char *path) {
   const cJSON *meta;
   s = safet_params(g, false, 0, &req.items, &req.nitems, what);
   if (s == REMAT_OK)
-    s = safet_load_open(path, &req, &ld, &meta);
+    s = is_index(path) ? index_open(path, &req, &ld)
+                       : safet_load_open(path, &req, &ld, &meta);
   if (s == REMAT_OK)
     s = safet_load_read(ld);
   if (s == REMAT_OK)

@@ -6,7 +6,10 @@
  * for the next input. The seeds include offsets of 2^62 and 1e300,
  * negative and fractional offsets, header lengths of 100 MiB + 1 and
  * 2^64 - 1 in a file of 335 bytes, a header of NUL bytes and a tensor
- * named twice; a load that succeeds must bring only finite values (the
+ * named twice, and BF16 and F16 tensors (mixed with F32, F16 subnormals
+ * and the largest finite value, an F16 Inf, a BF16 NaN, an I8 dtype, a
+ * BF16 tensor of F32 byte count); a load that succeeds must bring only
+ * finite values (the
  * regressions hold a NaN, an Inf and a -Inf in a valid file). Every
  * input is also loaded as a training checkpoint: one that loads must
  * step (or reach REMAT_MAX_STEPS) and save a checkpoint that loads again
