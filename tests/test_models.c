@@ -7,6 +7,7 @@
  * name policy saves exactly the tensors it names, a memory budget holds,
  * and every allocation of its compile can fail cleanly. Run in f32 and,
  * as test_llama_bf16, in bf16 (REMAT_PRECISION). */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -426,6 +427,67 @@ static void test_compile_allocation_failures(void **state) {
   compile_allocation_failures(encoder_case(0));
 }
 
+/* ---- the Llama builder's bad configurations ---- */
+
+static void expect_refused(remat_llama_config c, remat_status want,
+                           const char *msg) {
+  remat_runtime *rt = NULL;
+  remat_graph *g = NULL;
+  remat_config rc = threads_policy(1, "nothing_saveable");
+  must(remat_runtime_create(&rc, &rt), "runtime");
+  must(remat_graph_create(rt, &g), "graph");
+  remat_gpt m;
+  assert_int_equal(remat_llama_build(g, &c, &m), want);
+  assert_string_equal(remat_graph_error(g), msg);
+  assert_int_equal(remat_num_tensors(g), 0); /* nothing was added */
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
+static void test_llama_config_refused(void **state) {
+  (void)state;
+  remat_llama_config c = small;
+  c.num_key_value_heads = 3;
+  expect_refused(c, REMAT_ERR_SHAPE,
+                 "remat_llama_build: num_attention_heads 8 is not a multiple "
+                 "of num_key_value_heads 3");
+  c = small;
+  c.num_attention_heads = 5;
+  expect_refused(c, REMAT_ERR_SHAPE,
+                 "remat_llama_build: hidden_size 64 with 5 heads: the heads "
+                 "must divide it into an even head size (RoPE)");
+  c = small;
+  c.num_attention_heads = 64; /* head size 1: odd */
+  c.num_key_value_heads = 0;
+  expect_refused(c, REMAT_ERR_SHAPE,
+                 "remat_llama_build: hidden_size 64 with 64 heads: the heads "
+                 "must divide it into an even head size (RoPE)");
+  c = small;
+  c.intermediate_size = 0;
+  expect_refused(c, REMAT_ERR_INVALID_ARG,
+                 "remat_llama_build: num_hidden_layers 2, hidden_size 64, "
+                 "intermediate_size 0, num_attention_heads 8, "
+                 "num_key_value_heads 2, vocab_size 29, seq 24, batch 4: "
+                 "expected all >= 1 (key/value heads 0 for as many as the "
+                 "heads) and vocab_size >= 2");
+  c = small;
+  c.rope_theta = INFINITY;
+  expect_refused(c, REMAT_ERR_INVALID_ARG,
+                 "remat_llama_build: rms_norm_eps 0, rope_theta inf: expected "
+                 "finite values (0 for the defaults)");
+  c = small;
+  c.attention = (remat_attention_kind)7;
+  expect_refused(c, REMAT_ERR_INVALID_ARG,
+                 "remat_llama_build: attention 7: expected "
+                 "REMAT_ATTENTION_DEFAULT (0), REMAT_ATTENTION_FUSED (1) or "
+                 "REMAT_ATTENTION_MATERIALIZED (2)");
+  c = small;
+  c.num_hidden_layers = REMAT_GPT_MAX_LAYERS + 1;
+  expect_refused(c, REMAT_ERR_LIMIT,
+                 "remat_llama_build: num_hidden_layers 10001: at most 10000 "
+                 "(REMAT_GPT_MAX_LAYERS) are built");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_trains_llama),
@@ -435,6 +497,7 @@ int main(void) {
       cmocka_unit_test(test_name_policy_saves_named),
       cmocka_unit_test(test_budget_holds),
       cmocka_unit_test(test_compile_allocation_failures),
+      cmocka_unit_test(test_llama_config_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 
 #include "base/alloc.h"
 #include "remat_gpt.h"
+#include "runtime/graph/model_check.h"
 #include "runtime/internal.h"
 
 static remat_tensor *param(remat_graph *g, const char *block, const char *name,
@@ -73,18 +74,10 @@ static remat_status check_config(remat_graph *g, const remat_gpt_config *c) {
                       ">= 2",
                       c->layers, c->d_model, c->heads, c->seq, c->batch,
                       c->vocab);
-  if (c->attention < REMAT_ATTENTION_DEFAULT ||
-      c->attention > REMAT_ATTENTION_MATERIALIZED)
-    return graph_fail(g, REMAT_ERR_INVALID_ARG,
-                      "remat_gpt_build: attention %d: expected "
-                      "REMAT_ATTENTION_DEFAULT (0), REMAT_ATTENTION_FUSED (1) "
-                      "or REMAT_ATTENTION_MATERIALIZED (2)",
-                      (int)c->attention);
-  if (c->layers > REMAT_GPT_MAX_LAYERS)
-    return graph_fail(g, REMAT_ERR_LIMIT,
-                      "remat_gpt_build: layers %d: at most %d "
-                      "(REMAT_GPT_MAX_LAYERS) are built",
-                      c->layers, REMAT_GPT_MAX_LAYERS);
+  remat_status s = model_check_form(g, "remat_gpt_build", "layers", c->layers,
+                                    c->attention);
+  if (s != REMAT_OK)
+    return s;
   if (c->d_model % c->heads != 0)
     return graph_fail(g, REMAT_ERR_SHAPE,
                       "remat_gpt_build: d_model %d is not divisible by heads "

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "remat_llama.h"
+#include "runtime/graph/model_check.h"
 #include "runtime/internal.h"
 
 static remat_tensor *param(remat_graph *g, int layer, const char *name,
@@ -106,18 +107,10 @@ static remat_status check_config(remat_graph *g, const remat_llama_config *c) {
                       "remat_llama_build: rms_norm_eps %g, rope_theta %g: "
                       "expected finite values (0 for the defaults)",
                       (double)c->rms_norm_eps, (double)c->rope_theta);
-  if (c->attention < REMAT_ATTENTION_DEFAULT ||
-      c->attention > REMAT_ATTENTION_MATERIALIZED)
-    return graph_fail(g, REMAT_ERR_INVALID_ARG,
-                      "remat_llama_build: attention %d: expected "
-                      "REMAT_ATTENTION_DEFAULT (0), REMAT_ATTENTION_FUSED (1) "
-                      "or REMAT_ATTENTION_MATERIALIZED (2)",
-                      (int)c->attention);
-  if (c->num_hidden_layers > REMAT_GPT_MAX_LAYERS)
-    return graph_fail(g, REMAT_ERR_LIMIT,
-                      "remat_llama_build: num_hidden_layers %d: at most %d "
-                      "(REMAT_GPT_MAX_LAYERS) are built",
-                      c->num_hidden_layers, REMAT_GPT_MAX_LAYERS);
+  remat_status s = model_check_form(g, "remat_llama_build", "num_hidden_layers", c->num_hidden_layers,
+                                    c->attention);
+  if (s != REMAT_OK)
+    return s;
   int heads = c->num_attention_heads, kvh = kv_heads_of(c);
   if (c->hidden_size % heads != 0 || (c->hidden_size / heads) % 2 != 0)
     return graph_fail(g, REMAT_ERR_SHAPE,
