@@ -7,23 +7,8 @@
 
 #include "base/alloc.h"
 #include "remat_gpt.h"
-#include "runtime/graph/model_check.h"
+#include "runtime/graph/model_parts.h"
 #include "runtime/internal.h"
-
-static remat_tensor *param(remat_graph *g, const char *block, const char *name,
-                           int ndim, int64_t d0, int64_t d1, remat_init init,
-                           float scale) {
-  char full[REMAT__NAME_MAX];
-  snprintf(full, sizeof full, "%s%s", block, name);
-  int64_t dims[2] = {d0, d1};
-  return remat_param(g, full, ndim, dims, init, scale);
-}
-
-static remat_tensor *named(remat_graph *g, remat_tensor *t, const char *name) {
-  if (t != NULL)
-    remat_checkpoint_name(g, t, name);
-  return t;
-}
 
 static remat_tensor *block(remat_graph *g, const remat_gpt_config *c, int l,
                            remat_tensor *x) {
@@ -31,35 +16,50 @@ static remat_tensor *block(remat_graph *g, const remat_gpt_config *c, int l,
   snprintf(b, sizeof b, "h%d.", l);
   int64_t d = c->d_model;
   float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)c->layers);
-  remat_tensor *ln1_g = param(g, b, "ln1.gamma", 1, d, 0, REMAT_INIT_ONES, 0);
-  remat_tensor *ln1_b = param(g, b, "ln1.beta", 1, d, 0, REMAT_INIT_ZEROS, 0);
-  remat_tensor *w_qkv = param(g, b, "attn.w_qkv", 2, 3 * d, d, REMAT_INIT_NORMAL, std);
-  remat_tensor *b_qkv = param(g, b, "attn.b_qkv", 1, 3 * d, 0, REMAT_INIT_ZEROS, 0);
-  remat_tensor *w_o = param(g, b, "attn.w_out", 2, d, d, REMAT_INIT_NORMAL, proj_std);
-  remat_tensor *b_o = param(g, b, "attn.b_out", 1, d, 0, REMAT_INIT_ZEROS, 0);
-  remat_tensor *ln2_g = param(g, b, "ln2.gamma", 1, d, 0, REMAT_INIT_ONES, 0);
-  remat_tensor *ln2_b = param(g, b, "ln2.beta", 1, d, 0, REMAT_INIT_ZEROS, 0);
-  remat_tensor *w_fc = param(g, b, "ffn.w_in", 2, 4 * d, d, REMAT_INIT_NORMAL, std);
-  remat_tensor *b_fc = param(g, b, "ffn.b_in", 1, 4 * d, 0, REMAT_INIT_ZEROS, 0);
-  remat_tensor *w_pr = param(g, b, "ffn.w_out", 2, d, 4 * d, REMAT_INIT_NORMAL, proj_std);
-  remat_tensor *b_pr = param(g, b, "ffn.b_out", 1, d, 0, REMAT_INIT_ZEROS, 0);
+  remat_tensor *ln1_g =
+      model_param(g, b, "ln1.gamma", 1, d, 0, REMAT_INIT_ONES, 0);
+  remat_tensor *ln1_b =
+      model_param(g, b, "ln1.beta", 1, d, 0, REMAT_INIT_ZEROS, 0);
+  remat_tensor *w_qkv =
+      model_param(g, b, "attn.w_qkv", 2, 3 * d, d, REMAT_INIT_NORMAL, std);
+  remat_tensor *b_qkv =
+      model_param(g, b, "attn.b_qkv", 1, 3 * d, 0, REMAT_INIT_ZEROS, 0);
+  remat_tensor *w_o =
+      model_param(g, b, "attn.w_out", 2, d, d, REMAT_INIT_NORMAL, proj_std);
+  remat_tensor *b_o =
+      model_param(g, b, "attn.b_out", 1, d, 0, REMAT_INIT_ZEROS, 0);
+  remat_tensor *ln2_g =
+      model_param(g, b, "ln2.gamma", 1, d, 0, REMAT_INIT_ONES, 0);
+  remat_tensor *ln2_b =
+      model_param(g, b, "ln2.beta", 1, d, 0, REMAT_INIT_ZEROS, 0);
+  remat_tensor *w_fc =
+      model_param(g, b, "ffn.w_in", 2, 4 * d, d, REMAT_INIT_NORMAL, std);
+  remat_tensor *b_fc =
+      model_param(g, b, "ffn.b_in", 1, 4 * d, 0, REMAT_INIT_ZEROS, 0);
+  remat_tensor *w_pr =
+      model_param(g, b, "ffn.w_out", 2, d, 4 * d, REMAT_INIT_NORMAL, proj_std);
+  remat_tensor *b_pr =
+      model_param(g, b, "ffn.b_out", 1, d, 0, REMAT_INIT_ZEROS, 0);
 
   remat_region_begin(g, NULL);
   char region[16];
   snprintf(region, sizeof region, "h%d", l);
   remat_region_name(g, region);
-  remat_tensor *h = named(g, remat_layernorm(g, x, ln1_g, ln1_b, 1e-5f), "ln1_out");
-  remat_tensor *qkv = named(g, remat_linear(g, h, w_qkv, b_qkv), "qkv");
+  remat_tensor *h =
+      model_named(g, remat_layernorm(g, x, ln1_g, ln1_b, 1e-5f), "ln1_out");
+  remat_tensor *qkv = model_named(g, remat_linear(g, h, w_qkv, b_qkv), "qkv");
   remat_tensor *att = c->attention == REMAT_ATTENTION_FUSED
                           ? remat_fused_attention(g, qkv, c->heads)
                           : remat_causal_self_attention(g, qkv, c->heads);
-  att = named(g, att, "attn_values");
-  remat_tensor *o = named(g, remat_linear(g, att, w_o, b_o), "attn_out");
-  remat_tensor *x1 = named(g, remat_add(g, x, o), "resid_mid");
-  h = named(g, remat_layernorm(g, x1, ln2_g, ln2_b, 1e-5f), "ln2_out");
-  remat_tensor *f = named(g, remat_linear(g, h, w_fc, b_fc), "ffn_in");
-  f = named(g, remat_gelu(g, f, c->gelu_erf ? REMAT_GELU_ERF : REMAT_GELU_TANH), "ffn_act");
-  f = named(g, remat_linear(g, f, w_pr, b_pr), "ffn_out");
+  att = model_named(g, att, "attn_values");
+  remat_tensor *o = model_named(g, remat_linear(g, att, w_o, b_o), "attn_out");
+  remat_tensor *x1 = model_named(g, remat_add(g, x, o), "resid_mid");
+  h = model_named(g, remat_layernorm(g, x1, ln2_g, ln2_b, 1e-5f), "ln2_out");
+  remat_tensor *f = model_named(g, remat_linear(g, h, w_fc, b_fc), "ffn_in");
+  f = model_named(
+      g, remat_gelu(g, f, c->gelu_erf ? REMAT_GELU_ERF : REMAT_GELU_TANH),
+      "ffn_act");
+  f = model_named(g, remat_linear(g, f, w_pr, b_pr), "ffn_out");
   remat_tensor *out = remat_add(g, x1, f);
   remat_region_end(g);
   return out;
@@ -74,8 +74,8 @@ static remat_status check_config(remat_graph *g, const remat_gpt_config *c) {
                       ">= 2",
                       c->layers, c->d_model, c->heads, c->seq, c->batch,
                       c->vocab);
-  remat_status s = model_check_form(g, "remat_gpt_build", "layers", c->layers,
-                                    c->attention);
+  remat_status s =
+      model_check_form(g, "remat_gpt_build", "layers", c->layers, c->attention);
   if (s != REMAT_OK)
     return s;
   if (c->d_model % c->heads != 0)
@@ -92,7 +92,8 @@ remat_status remat_gpt_build(remat_graph *g, const remat_gpt_config *c,
     return remat__fail(REMAT_ERR_INVALID_ARG,
                        "remat_gpt_build: g, cfg and out must not be NULL");
   if (g->compiled) /* not sticky (graph_fail): the compiled graph works */
-    return graph_fail(g, REMAT_ERR_STATE, "remat_gpt_build: the graph is "
+    return graph_fail(g, REMAT_ERR_STATE,
+                      "remat_gpt_build: the graph is "
                       "already compiled: build the model before remat_compile");
   remat_status s = check_config(g, c);
   if (s != REMAT_OK)
@@ -101,14 +102,19 @@ remat_status remat_gpt_build(remat_graph *g, const remat_gpt_config *c,
   int64_t d = c->d_model;
   out->tokens = remat_input(g, "tokens", REMAT_I32, 2, bt);
   out->targets = remat_input(g, "targets", REMAT_I32, 2, bt);
-  remat_tensor *wte = param(g, "", "wte", 2, c->vocab, d, REMAT_INIT_NORMAL, 0.02f);
-  remat_tensor *wpe = param(g, "", "wpe", 2, c->seq, d, REMAT_INIT_NORMAL, 0.01f);
+  remat_tensor *wte =
+      model_param(g, "", "wte", 2, c->vocab, d, REMAT_INIT_NORMAL, 0.02f);
+  remat_tensor *wpe =
+      model_param(g, "", "wpe", 2, c->seq, d, REMAT_INIT_NORMAL, 0.01f);
   remat_tensor *x = remat_embed(g, out->tokens, wte, wpe);
   for (int l = 0; l < c->layers; l++)
     x = block(g, c, l, x);
-  remat_tensor *lnf_g = param(g, "", "lnf.gamma", 1, d, 0, REMAT_INIT_ONES, 0);
-  remat_tensor *lnf_b = param(g, "", "lnf.beta", 1, d, 0, REMAT_INIT_ZEROS, 0);
-  remat_tensor *w_head = param(g, "", "lm_head", 2, c->vocab, d, REMAT_INIT_NORMAL, 0.02f);
+  remat_tensor *lnf_g =
+      model_param(g, "", "lnf.gamma", 1, d, 0, REMAT_INIT_ONES, 0);
+  remat_tensor *lnf_b =
+      model_param(g, "", "lnf.beta", 1, d, 0, REMAT_INIT_ZEROS, 0);
+  remat_tensor *w_head =
+      model_param(g, "", "lm_head", 2, c->vocab, d, REMAT_INIT_NORMAL, 0.02f);
   x = remat_layernorm(g, x, lnf_g, lnf_b, 1e-5f);
   out->logits = remat_linear(g, x, w_head, NULL);
   out->loss = remat_cross_entropy(g, out->logits, out->targets);
@@ -119,7 +125,8 @@ double remat_gpt_flops(const remat_gpt_config *c) {
   if (c == NULL)
     return 0.0;
   double n = (double)c->batch * c->seq, d = c->d_model;
-  double per_layer = 24.0 * n * d * d + 4.0 * c->batch * (double)c->seq * c->seq * d;
+  double per_layer =
+      24.0 * n * d * d + 4.0 * c->batch * (double)c->seq * c->seq * d;
   double forward = c->layers * per_layer + 2.0 * n * d * c->vocab;
   return 3.0 * forward;
 }

@@ -7,26 +7,8 @@
 #include <stdio.h>
 
 #include "remat_llama.h"
-#include "runtime/graph/model_check.h"
+#include "runtime/graph/model_parts.h"
 #include "runtime/internal.h"
-
-static remat_tensor *param(remat_graph *g, int layer, const char *name,
-                           int ndim, int64_t d0, int64_t d1, remat_init init,
-                           float scale) {
-  char full[REMAT__NAME_MAX];
-  if (layer >= 0)
-    snprintf(full, sizeof full, "model.layers.%d.%s", layer, name);
-  else
-    snprintf(full, sizeof full, "%s", name);
-  int64_t dims[2] = {d0, d1};
-  return remat_param(g, full, ndim, dims, init, scale);
-}
-
-static remat_tensor *named(remat_graph *g, remat_tensor *t, const char *name) {
-  if (t != NULL)
-    remat_checkpoint_name(g, t, name);
-  return t;
-}
 
 static int kv_heads_of(const remat_llama_config *c) {
   return c->num_key_value_heads > 0 ? c->num_key_value_heads
@@ -40,49 +22,52 @@ static remat_tensor *block(remat_graph *g, const remat_llama_config *c, int l,
   int64_t kvd = d / heads * kvh;
   float eps = c->rms_norm_eps > 0 ? c->rms_norm_eps : 1e-6f;
   float theta = c->rope_theta > 0 ? c->rope_theta : 10000.0f;
+  char b[32];
+  snprintf(b, sizeof b, "model.layers.%d.", l);
   float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * c->num_hidden_layers);
-  remat_tensor *n1 = param(g, l, "input_layernorm.weight", 1, d, 0,
-                           REMAT_INIT_ONES, 0);
-  remat_tensor *wq = param(g, l, "self_attn.q_proj.weight", 2, d, d,
-                           REMAT_INIT_NORMAL, std);
-  remat_tensor *wk = param(g, l, "self_attn.k_proj.weight", 2, kvd, d,
-                           REMAT_INIT_NORMAL, std);
-  remat_tensor *wv = param(g, l, "self_attn.v_proj.weight", 2, kvd, d,
-                           REMAT_INIT_NORMAL, std);
-  remat_tensor *wo = param(g, l, "self_attn.o_proj.weight", 2, d, d,
-                           REMAT_INIT_NORMAL, proj_std);
-  remat_tensor *n2 = param(g, l, "post_attention_layernorm.weight", 1, d, 0,
-                           REMAT_INIT_ONES, 0);
-  remat_tensor *wg = param(g, l, "mlp.gate_proj.weight", 2, ffn, d,
-                           REMAT_INIT_NORMAL, std);
-  remat_tensor *wu = param(g, l, "mlp.up_proj.weight", 2, ffn, d,
-                           REMAT_INIT_NORMAL, std);
-  remat_tensor *wd = param(g, l, "mlp.down_proj.weight", 2, d, ffn,
-                           REMAT_INIT_NORMAL, proj_std);
+  remat_tensor *n1 =
+      model_param(g, b, "input_layernorm.weight", 1, d, 0, REMAT_INIT_ONES, 0);
+  remat_tensor *wq = model_param(g, b, "self_attn.q_proj.weight", 2, d, d,
+                                 REMAT_INIT_NORMAL, std);
+  remat_tensor *wk = model_param(g, b, "self_attn.k_proj.weight", 2, kvd, d,
+                                 REMAT_INIT_NORMAL, std);
+  remat_tensor *wv = model_param(g, b, "self_attn.v_proj.weight", 2, kvd, d,
+                                 REMAT_INIT_NORMAL, std);
+  remat_tensor *wo = model_param(g, b, "self_attn.o_proj.weight", 2, d, d,
+                                 REMAT_INIT_NORMAL, proj_std);
+  remat_tensor *n2 = model_param(g, b, "post_attention_layernorm.weight", 1, d,
+                                 0, REMAT_INIT_ONES, 0);
+  remat_tensor *wg = model_param(g, b, "mlp.gate_proj.weight", 2, ffn, d,
+                                 REMAT_INIT_NORMAL, std);
+  remat_tensor *wu = model_param(g, b, "mlp.up_proj.weight", 2, ffn, d,
+                                 REMAT_INIT_NORMAL, std);
+  remat_tensor *wd = model_param(g, b, "mlp.down_proj.weight", 2, d, ffn,
+                                 REMAT_INIT_NORMAL, proj_std);
 
   remat_region_begin(g, NULL);
   char region[32];
   snprintf(region, sizeof region, "layers.%d", l);
   remat_region_name(g, region);
   remat_tensor *h = remat_rmsnorm(g, x, n1, eps);
-  remat_tensor *q = named(g, remat_linear(g, h, wq, NULL), "q");
-  remat_tensor *k = named(g, remat_linear(g, h, wk, NULL), "k");
-  remat_tensor *v = named(g, remat_linear(g, h, wv, NULL), "v");
+  remat_tensor *q = model_named(g, remat_linear(g, h, wq, NULL), "q");
+  remat_tensor *k = model_named(g, remat_linear(g, h, wk, NULL), "k");
+  remat_tensor *v = model_named(g, remat_linear(g, h, wv, NULL), "v");
   q = remat_rope(g, q, heads, theta);
   k = remat_rope(g, k, kvh, theta);
-  remat_attention_config ac = {
-      .heads = heads,
-      .kv_heads = kvh,
-      .causal = 1,
-      .fused = c->attention == REMAT_ATTENTION_FUSED};
-  remat_tensor *a = named(g, remat_attention(g, q, k, v, &ac), "attn_values");
-  remat_tensor *o = named(g, remat_linear(g, a, wo, NULL), "attn_out");
-  remat_tensor *x1 = named(g, remat_add(g, x, o), "resid_mid");
-  h = named(g, remat_rmsnorm(g, x1, n2, eps), "ln2_out");
-  remat_tensor *gate = named(g, remat_linear(g, h, wg, NULL), "gate");
-  remat_tensor *up = named(g, remat_linear(g, h, wu, NULL), "up");
-  remat_tensor *f = named(g, remat_mul(g, remat_silu(g, gate), up), "ffn_act");
-  f = named(g, remat_linear(g, f, wd, NULL), "ffn_out");
+  remat_attention_config ac = {.heads = heads,
+                               .kv_heads = kvh,
+                               .causal = 1,
+                               .fused = c->attention == REMAT_ATTENTION_FUSED};
+  remat_tensor *a =
+      model_named(g, remat_attention(g, q, k, v, &ac), "attn_values");
+  remat_tensor *o = model_named(g, remat_linear(g, a, wo, NULL), "attn_out");
+  remat_tensor *x1 = model_named(g, remat_add(g, x, o), "resid_mid");
+  h = model_named(g, remat_rmsnorm(g, x1, n2, eps), "ln2_out");
+  remat_tensor *gate = model_named(g, remat_linear(g, h, wg, NULL), "gate");
+  remat_tensor *up = model_named(g, remat_linear(g, h, wu, NULL), "up");
+  remat_tensor *f =
+      model_named(g, remat_mul(g, remat_silu(g, gate), up), "ffn_act");
+  f = model_named(g, remat_linear(g, f, wd, NULL), "ffn_out");
   remat_tensor *out = remat_add(g, x1, f);
   remat_region_end(g);
   return out;
@@ -107,8 +92,8 @@ static remat_status check_config(remat_graph *g, const remat_llama_config *c) {
                       "remat_llama_build: rms_norm_eps %g, rope_theta %g: "
                       "expected finite values (0 for the defaults)",
                       (double)c->rms_norm_eps, (double)c->rope_theta);
-  remat_status s = model_check_form(g, "remat_llama_build", "num_hidden_layers", c->num_hidden_layers,
-                                    c->attention);
+  remat_status s = model_check_form(g, "remat_llama_build", "num_hidden_layers",
+                                    c->num_hidden_layers, c->attention);
   if (s != REMAT_OK)
     return s;
   int heads = c->num_attention_heads, kvh = kv_heads_of(c);
@@ -141,20 +126,19 @@ remat_status remat_llama_build(remat_graph *g, const remat_llama_config *c,
   int64_t d = c->hidden_size;
   out->tokens = remat_input(g, "tokens", REMAT_I32, 2, bt);
   out->targets = remat_input(g, "targets", REMAT_I32, 2, bt);
-  remat_tensor *wte = param(g, -1, "model.embed_tokens.weight", 2,
-                            c->vocab_size, d, REMAT_INIT_NORMAL, 0.02f);
+  remat_tensor *wte = model_param(g, "", "model.embed_tokens.weight", 2,
+                                  c->vocab_size, d, REMAT_INIT_NORMAL, 0.02f);
   remat_tensor *x = remat_embed(g, out->tokens, wte, NULL);
   for (int l = 0; l < c->num_hidden_layers; l++)
     x = block(g, c, l, x);
   remat_tensor *nf =
-      param(g, -1, "model.norm.weight", 1, d, 0, REMAT_INIT_ONES, 0);
-  x = remat_rmsnorm(g, x, nf,
-                    c->rms_norm_eps > 0 ? c->rms_norm_eps : 1e-6f);
+      model_param(g, "", "model.norm.weight", 1, d, 0, REMAT_INIT_ONES, 0);
+  x = remat_rmsnorm(g, x, nf, c->rms_norm_eps > 0 ? c->rms_norm_eps : 1e-6f);
   remat_tensor *head =
       c->tie_word_embeddings
           ? wte
-          : param(g, -1, "lm_head.weight", 2, c->vocab_size, d,
-                  REMAT_INIT_NORMAL, 0.02f);
+          : model_param(g, "", "lm_head.weight", 2, c->vocab_size, d,
+                        REMAT_INIT_NORMAL, 0.02f);
   out->logits = remat_linear(g, x, head, NULL);
   out->loss = remat_cross_entropy(g, out->logits, out->targets);
   return remat_graph_status(g);
@@ -164,14 +148,14 @@ double remat_llama_flops(const remat_llama_config *c) {
   if (c == NULL || c->num_attention_heads < 1)
     return 0.0;
   double n = (double)c->batch * c->seq, d = c->hidden_size;
-  double kvd = d / c->num_attention_heads * (c->num_key_value_heads > 0
-                                                 ? c->num_key_value_heads
-                                                 : c->num_attention_heads);
+  double kvd = d / c->num_attention_heads *
+               (c->num_key_value_heads > 0 ? c->num_key_value_heads
+                                           : c->num_attention_heads);
   /* q, o: d x d; k, v: d x kvd; gate, up, down: d x I; attention: two
    * T x T products per batch row over d */
-  double per_layer = 2.0 * n * (2 * d * d + 2 * d * kvd +
-                                3 * d * c->intermediate_size) +
-                     4.0 * c->batch * (double)c->seq * c->seq * d;
+  double per_layer =
+      2.0 * n * (2 * d * d + 2 * d * kvd + 3 * d * c->intermediate_size) +
+      4.0 * c->batch * (double)c->seq * c->seq * d;
   double forward =
       c->num_hidden_layers * per_layer + 2.0 * n * d * c->vocab_size;
   return 3.0 * forward;
