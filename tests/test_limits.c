@@ -354,12 +354,14 @@ static void test_compile_save_load_scale(void **state) {
   (void)state;
   double small[NUM_PHASES], big[NUM_PHASES];
   median_phases(150, 0, 0, true, true, small, big);
-  /* Compile 4.0-5.1x and save 3.6-5.8x measured; load 5.5-7.3x (no search
-   * left in it: the rest is cJSON's and malloc's work on a bigger heap). A
-   * decision that scans every op per tensor makes compile 6.7x. */
+  /* Compile 4.0-5.1x and save 3.6-5.8x measured; load 5.5-7.3x, and
+   * 7.2-8.1x since the loader reads BF16/F16 and sharded files (no search
+   * left in it: the rest is cJSON's and malloc's work on a bigger heap; a
+   * linear name search made it 17x). A decision that scans every op per
+   * tensor makes compile 6.7x. */
   assert_ratio("compile", 150, small[PHASE_COMPILE], big[PHASE_COMPILE], 6.0);
   assert_ratio("save", 150, small[PHASE_SAVE], big[PHASE_SAVE], 6.5);
-  assert_ratio("load", 150, small[PHASE_LOAD], big[PHASE_LOAD], 8.0);
+  assert_ratio("load", 150, small[PHASE_LOAD], big[PHASE_LOAD], 9.0);
 }
 
 /* The smallest feasible budget of the GPT at `layers`, from the error of a
