@@ -412,7 +412,9 @@ REMAT_API remat_policy *remat_policy_save_from_both_policies(
  * "save_anything_except_these_names:a,b"), "save_from_both_policies:P+Q"
  * (P and Q policy strings; P ends at the first '+' that does not belong
  * to a save_from_both_policies inside it), and "auto" (per region, the
- * policy that fits the memory budget with the least recompute). JAX's
+ * policy or per-tensor save set that fits the memory budget with the least
+ * recompute cost; such a region's plan reports the policy
+ * "auto_tensors:" and the names of the tensors it saves). JAX's
  * offload policies ("save_and_offload_only_these_names",
  * "offload_dot_with_no_batch_dims") fail with REMAT_ERR_POLICY: remat does
  * not offload to host memory. Parsing takes time linear in the length. */

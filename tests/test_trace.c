@@ -653,9 +653,9 @@ static void test_verbose_report(void **state) {
   int64_t budget = 4 << 20;
   verbose_run("auto", budget, 1, text, sizeof text, &st);
   snprintf(want, sizeof want,
-           "(auto: of the policies whose plan fits the memory budget of "
-           "4.00 MiB, the one with the least recompute; predicted peak "
-           "%.2f MiB)\n",
+           "(auto: of the plans (policies and per-tensor sets) that fit "
+           "the memory budget of 4.00 MiB, the one with the least "
+           "recompute cost; predicted peak %.2f MiB)\n",
            (double)st.predicted_peak_bytes / 1048576.0);
   assert_non_null(strstr(text, "  region 0 'h0': policy "));
   assert_non_null(strstr(text, "  region 1 'h1': policy "));

@@ -7,6 +7,7 @@
 #include "runtime/compile/lifetimes.h"
 #include "runtime/compile/measure.h"
 #include "runtime/compile/memplan.h"
+#include "runtime/compile/planner.h"
 
 /* The first backward-side node (seed or backward): where forward ends. */
 static int32_t backward_start(const plan_lowering *l) {
@@ -40,6 +41,14 @@ static remat_status saved_at_seed(const plan_lowering *l, int64_t *saved) {
   return REMAT_OK;
 }
 
+double plan_node_cost(const plan_lowering *l, const plan_knode *kn) {
+  double bytes = 0;
+  for (int k = 0; k < kn->ntouch; k++)
+    bytes += (double)l->bufs[kn->touch[k]].bytes;
+  double moved = PLANNER_FLOPS_PER_BYTE * bytes;
+  return kn->flops > moved ? kn->flops : moved;
+}
+
 static void region_figures(const plan_lowering *l, const int64_t *live,
                            plan_measures *m) {
   for (int32_t i = 0; i < l->nknodes; i++) {
@@ -52,7 +61,7 @@ static void region_figures(const plan_lowering *l, const int64_t *live,
     if (live[i] > m->region_live_peak[kn->region])
       m->region_live_peak[kn->region] = live[i];
     if (kn->kind == KNODE_RECOMPUTE)
-      m->region_recompute[kn->region] += kn->flops;
+      m->region_recompute[kn->region] += plan_node_cost(l, kn);
   }
 }
 

@@ -16,7 +16,7 @@ typedef struct plan_measures {
   int64_t *region_live_peak; /* the most transient bytes alive while one of
                                 r's nodes (forward, recompute or backward)
                                 runs */
-  double *region_recompute; /* FLOPs of r's recompute nodes */
+  double *region_recompute; /* cost of r's recompute nodes (plan_node_cost) */
   int64_t outside_live_peak; /* the most transient bytes alive while a node
                                 outside every region runs */
 } plan_measures;
@@ -26,5 +26,8 @@ typedef struct plan_measures {
 remat_status measure_decision(const lower_request *req, int nworkers,
                               int nnodes, plan_measures *out);
 void measures_free(plan_measures *m);
+/* The roofline cost of one kernel node of an assigned lowering: max(its
+ * FLOPs, PLANNER_FLOPS_PER_BYTE x the bytes of the buffers it touches). */
+double plan_node_cost(const plan_lowering *l, const plan_knode *kn);
 
 #endif

@@ -1,9 +1,11 @@
 /* Stage "plan remat" (planner.h): resolves each region's policy (its own,
  * or the runtime's default) and decides which activations are saved. With
  * a memory budget, the regions that name no policy (or name "auto") get,
- * per top-level region, the candidate policy that fits the budget with the
- * least recompute: each candidate is measured once for every region (saved
- * bytes, working bytes, recompute FLOPs), a dynamic program over the chain
+ * per top-level region, the candidate that fits the budget with the least
+ * recompute cost: one of four built-in policies or a per-tensor save set
+ * (the region's tensors ranked by recompute cost per byte, a prefix of the
+ * ranking saved). Each candidate is measured once for every region (saved
+ * bytes, working bytes, recompute cost), a dynamic program over the chain
  * of regions picks the assignment, and the assignment's peak is measured
  * (tightening the model budget by any excess and planning again). Every
  * measurement goes through measure_decision, which leaves nothing behind. */
@@ -158,7 +160,7 @@ out:
 
 /* ---- planning the graph ---- */
 
-static const char *const candidate_names[PLANNER_MAX_CHOICES] = {
+static const char *const candidate_names[PLANNER_POLICY_CHOICES] = {
     "everything_saveable", "dots_saveable",
     "dots_with_no_batch_dims_saveable", "nothing_saveable"};
 
@@ -170,7 +172,7 @@ typedef struct planner {
   int *chosen;                        /* [ntops]: the candidate per
                                          top-level region to commit */
   remat_policy *fallback;
-  remat_policy *candidates[PLANNER_MAX_CHOICES];
+  remat_policy *candidates[PLANNER_POLICY_CHOICES];
   const remat_policy **region_policy; /* [nregions] */
   bool *free_region;                  /* [nregions]: top-level, planned */
   int32_t *tops;                      /* top-level regions in order */
@@ -178,7 +180,23 @@ typedef struct planner {
   chain_region *chain;                /* [ntops] */
   int64_t tail;
   int64_t persistent;
+  int nsets;                          /* per-tensor candidates */
+  int ncand;                          /* PLANNER_POLICY_CHOICES + nsets */
+  int32_t *rank;                      /* [ntensors]: place in its top-level
+                                         region's ranking, -1 unranked */
+  int32_t *ranked;                    /* [ntops]: tensors each ranks */
+  int32_t *top_of_tensor;             /* [ntensors]: index in tops */
 } planner;
+
+/* The candidate index of nothing_saveable, under the per-tensor sets. */
+#define NOTHING_CHOICE 3
+
+/* How many of a region's `m` ranked tensors per-tensor candidate c saves:
+ * the k-th set of n saves round(k m / (n + 1)). */
+static int32_t set_size(const planner *pl, int c, int32_t m) {
+  int64_t k = c - PLANNER_POLICY_CHOICES + 1, n = pl->nsets + 1;
+  return (int32_t)((k * m + n / 2) / n);
+}
 
 static bool is_auto(const remat_policy *pol) {
   return pol != NULL && pol->kind == POLICY_AUTO;
@@ -202,12 +220,23 @@ static remat_status decide(planner *pl, const int *choice,
     into->source[r] = reg->policy ? REGION_OWN : REGION_DEFAULT;
     for (int t = 0; t < pl->ntops; t++)
       if (pl->tops[t] == reg->top && planned_region(pl, r)) {
-        pl->region_policy[r] = pl->candidates[choice[t]];
+        int c = choice[t] < PLANNER_POLICY_CHOICES ? choice[t]
+                                                   : NOTHING_CHOICE;
+        pl->region_policy[r] = pl->candidates[c];
         into->source[r] = REGION_BUDGET;
       }
   }
-  return policy_decide_with(g, into->saved, into->deciding_region,
-                            pl->region_policy);
+  remat_status s = policy_decide_with(g, into->saved, into->deciding_region,
+                                      pl->region_policy);
+  for (int32_t x = 0; pl->rank != NULL && x < g->ntensors; x++) {
+    if (pl->rank[x] < 0)
+      continue;
+    int t = pl->top_of_tensor[x];
+    if (choice[t] >= PLANNER_POLICY_CHOICES &&
+        pl->rank[x] < set_size(pl, choice[t], pl->ranked[t]))
+      into->saved[x] = true;
+  }
+  return s;
 }
 
 /* Chooses `choice` as the decision to commit. */
@@ -279,7 +308,7 @@ static remat_status uniform_fallback(planner *pl, int64_t budget,
   remat_status s = REMAT_OK;
   int fits = -1;
   *smallest = INT64_MAX;
-  for (int c = 0; c < PLANNER_MAX_CHOICES && s == REMAT_OK; c++) {
+  for (int c = 0; c < pl->ncand && s == REMAT_OK; c++) {
     for (int t = 0; t < pl->ntops; t++)
       choice[t] = c;
     int64_t peak = peak_of(pl, choice, &s);
@@ -337,11 +366,101 @@ static remat_status plan_chain(planner *pl, int64_t budget) {
   return s;
 }
 
+/* ---- per-tensor candidates ---- */
+
+double plan_op_cost(const remat_graph *g, int32_t o) {
+  const graph_op *op = &g->ops[o];
+  double flops = 0, bytes = (double)tensor_store_bytes(g->tensors[op->out]);
+  for (int k = 0; k < op->inst.nfwd; k++)
+    flops += op->inst.fwd[k].flops;
+  for (int i = 0; i < op->desc.nin; i++)
+    bytes += (double)tensor_store_bytes(g->tensors[op->in[i]]);
+  double moved = PLANNER_FLOPS_PER_BYTE * bytes;
+  return flops > moved ? flops : moved;
+}
+
+typedef struct ranked_tensor {
+  int32_t top, id;
+  double density; /* its producer's cost per byte it keeps */
+} ranked_tensor;
+
+/* By top-level region, then density (highest first), then id. */
+static int cmp_ranked(const void *pa, const void *pb) {
+  const ranked_tensor *a = pa, *b = pb;
+  if (a->top != b->top)
+    return a->top < b->top ? -1 : 1;
+  if (a->density != b->density)
+    return a->density > b->density ? -1 : 1;
+  return (a->id > b->id) - (a->id < b->id);
+}
+
+/* Ranks, per planned top-level region, the tensors its policy decides and
+ * nothing_saveable recomputes, by the cost of recomputing each per byte
+ * of keeping it; sets nsets (at most one set per ranked tensor but the
+ * last, whose set is everything) and ncand. */
+static remat_status rank_tensors(planner *pl) {
+  remat_graph *g = pl->g;
+  size_t nt = (size_t)g->ntensors + 1;
+  pl->rank = remat__malloc(nt * sizeof *pl->rank);
+  pl->top_of_tensor = remat__malloc(nt * sizeof *pl->top_of_tensor);
+  pl->ranked = remat__calloc((size_t)pl->ntops + 1, sizeof *pl->ranked);
+  int *choice = remat__malloc(((size_t)pl->ntops + 1) * sizeof *choice);
+  ranked_tensor *list = remat__malloc(nt * sizeof *list);
+  int32_t *top_index = remat__malloc(((size_t)g->nregions + 1) *
+                                     sizeof *top_index);
+  remat_status s = REMAT_ERR_OUT_OF_MEMORY;
+  if (!pl->rank || !pl->top_of_tensor || !pl->ranked || !choice || !list ||
+      !top_index)
+    goto out;
+  for (int t = 0; t < pl->ntops; t++) {
+    choice[t] = NOTHING_CHOICE;
+    top_index[pl->tops[t]] = t;
+  }
+  int32_t *rank = pl->rank;
+  pl->rank = NULL; /* decide as nothing_saveable alone */
+  s = decide(pl, choice, &pl->scratch);
+  pl->rank = rank;
+  if (s != REMAT_OK)
+    goto out;
+  int32_t n = 0;
+  for (int32_t x = 0; x < g->ntensors; x++) {
+    int32_t d = pl->scratch.deciding_region[x];
+    pl->rank[x] = -1;
+    pl->top_of_tensor[x] = -1;
+    if (d < 0 || pl->scratch.saved[x] || !planned_region(pl, d))
+      continue;
+    const remat_tensor *t = g->tensors[x];
+    double bytes = (double)tensor_store_bytes(t);
+    list[n++] = (ranked_tensor){top_index[g->regions[d].top], x,
+                                plan_op_cost(g, t->producer) /
+                                    (bytes > 0 ? bytes : 1.0)};
+  }
+  qsort(list, (size_t)n, sizeof *list, cmp_ranked);
+  int32_t most = 0;
+  for (int32_t i = 0; i < n; i++) {
+    pl->top_of_tensor[list[i].id] = list[i].top;
+    pl->rank[list[i].id] = pl->ranked[list[i].top]++;
+    if (pl->ranked[list[i].top] > most)
+      most = pl->ranked[list[i].top];
+  }
+  pl->nsets = most - 1 < PLANNER_MAX_SETS ? (most > 1 ? most - 1 : 0)
+                                          : PLANNER_MAX_SETS;
+  pl->ncand = PLANNER_POLICY_CHOICES + pl->nsets;
+  s = REMAT_OK;
+out:
+  free(choice);
+  free(list);
+  free(top_index);
+  return s;
+}
+
 static remat_status plan_budget(planner *pl, int64_t budget) {
+  remat_status rs = rank_tensors(pl);
+  if (rs != REMAT_OK)
+    return rs;
   for (int t = 0; t < pl->ntops; t++)
-    pl->chain[t].nchoices =
-        pl->free_region[pl->tops[t]] ? PLANNER_MAX_CHOICES : 1;
-  for (int c = 0; c < PLANNER_MAX_CHOICES; c++) {
+    pl->chain[t].nchoices = pl->free_region[pl->tops[t]] ? pl->ncand : 1;
+  for (int c = 0; c < pl->ncand; c++) {
     remat_status s = measure_candidate(pl, c);
     if (s != REMAT_OK)
       return s;
@@ -371,7 +490,8 @@ static remat_status setup(planner *pl) {
   remat_graph *g = pl->g;
   remat_status s = policy_resolve_default(g, pl->t->default_policy,
                                           &pl->fallback);
-  for (int c = 0; s == REMAT_OK && c < PLANNER_MAX_CHOICES; c++)
+  pl->ncand = PLANNER_POLICY_CHOICES;
+  for (int c = 0; s == REMAT_OK && c < PLANNER_POLICY_CHOICES; c++)
     s = remat_policy_parse(candidate_names[c], &pl->candidates[c]);
   if (s != REMAT_OK)
     return s;
@@ -404,8 +524,11 @@ static remat_status setup(planner *pl) {
 
 static void teardown(planner *pl) {
   remat_policy_destroy(pl->fallback);
-  for (int c = 0; c < PLANNER_MAX_CHOICES; c++)
+  for (int c = 0; c < PLANNER_POLICY_CHOICES; c++)
     remat_policy_destroy(pl->candidates[c]);
+  free(pl->rank);
+  free(pl->ranked);
+  free(pl->top_of_tensor);
   free(pl->region_policy);
   free(pl->free_region);
   free(pl->tops);
@@ -427,18 +550,63 @@ static remat_status alloc_decision(const remat_graph *g, remat_decision *d) {
   return REMAT_OK;
 }
 
-/* The policy text of every region, as decided. */
+#define SET_TEXT_MAX 1024
+#define SET_PREFIX "auto_tensors:"
+
+/* Appends tensor x's name (or, unnamed, its op and id) to a per-tensor
+ * set's text, which ends in "..." once it would pass SET_TEXT_MAX. */
+static remat_status append_name(char **text, const remat_graph *g,
+                                int32_t x) {
+  const remat_tensor *t = g->tensors[x];
+  char name[REMAT__NAME_MAX + 32];
+  if (t->named)
+    snprintf(name, sizeof name, "%s", t->name);
+  else
+    snprintf(name, sizeof name, "%s#%d",
+             op_name(g->ops[t->producer].desc.type), (int)x);
+  size_t len = strlen(*text);
+  if (len >= 3 && strcmp(*text + len - 3, "...") == 0)
+    return REMAT_OK;
+  bool first = len == strlen(SET_PREFIX);
+  const char *add = len + strlen(name) + 5 > SET_TEXT_MAX ? "..." : name;
+  char *grown = remat__realloc(*text, len + strlen(add) + 2);
+  if (grown == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  snprintf(grown + len, strlen(add) + 2, "%s%s", first ? "" : ",", add);
+  *text = grown;
+  return REMAT_OK;
+}
+
+/* The policy text of every region, as decided: a per-tensor set is
+ * "auto_tensors:" and the names of the tensors it saves in the region. */
 static remat_status name_policies(planner *pl) {
-  for (int32_t r = 0; r < pl->g->nregions; r++) {
-    char text[1024];
-    remat_status s = remat_policy_format(pl->region_policy[r], text, sizeof text);
-    if (s != REMAT_OK)
+  remat_graph *g = pl->g;
+  int32_t *top_index =
+      remat__malloc(((size_t)g->nregions + 1) * sizeof *top_index);
+  if (top_index == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  for (int t = 0; t < pl->ntops; t++)
+    top_index[pl->tops[t]] = t;
+  remat_status s = REMAT_OK;
+  for (int32_t r = 0; r < g->nregions && s == REMAT_OK; r++) {
+    char text[SET_TEXT_MAX];
+    if (pl->out->source[r] == REGION_BUDGET &&
+        pl->chosen[top_index[g->regions[r].top]] >= PLANNER_POLICY_CHOICES)
+      snprintf(text, sizeof text, SET_PREFIX);
+    else if (remat_policy_format(pl->region_policy[r], text, sizeof text))
       snprintf(text, sizeof text, "(policy of %d bytes or more)",
                (int)sizeof text);
     if ((pl->out->region_policy[r] = remat__strdup(text)) == NULL)
-      return REMAT_ERR_OUT_OF_MEMORY;
+      s = REMAT_ERR_OUT_OF_MEMORY;
   }
-  return REMAT_OK;
+  for (int32_t x = 0; s == REMAT_OK && pl->rank && x < g->ntensors; x++) {
+    int32_t r = pl->out->deciding_region[x];
+    if (pl->rank[x] >= 0 && pl->out->saved[x] &&
+        pl->chosen[pl->top_of_tensor[x]] >= PLANNER_POLICY_CHOICES)
+      s = append_name(&pl->out->region_policy[r], g, x);
+  }
+  free(top_index);
+  return s;
 }
 
 static remat_status run_planner(planner *pl) {

@@ -10,7 +10,27 @@
 
 #include "runtime/internal.h"
 
-#define PLANNER_MAX_CHOICES 4
+/* Candidates per region: the four built-in policies that order the
+ * tensors by kind (everything, dots, dots without batch dimensions,
+ * nothing), then up to PLANNER_MAX_SETS per-tensor save sets: the k-th
+ * saves the first k/(sets+1) of the region's tensors ranked by recompute
+ * cost per byte (planner.c). */
+#define PLANNER_POLICY_CHOICES 4
+#define PLANNER_MAX_SETS 12
+#define PLANNER_MAX_CHOICES (PLANNER_POLICY_CHOICES + PLANNER_MAX_SETS)
+
+/* The planner's cost of a kernel: its time on a roofline in FLOP units,
+ * max(FLOPs, PLANNER_FLOPS_PER_BYTE x bytes it reads and writes), so that
+ * recomputing a pass over memory (a norm, an activation) is not counted
+ * as nearly free. A fixed machine balance keeps plans the same on every
+ * machine and every run. */
+#define PLANNER_FLOPS_PER_BYTE 8.0
+
+/* The roofline cost of running graph op o's forward once: max(its FLOPs,
+ * PLANNER_FLOPS_PER_BYTE x the bytes of its inputs and output). The
+ * per-tensor sets rank a tensor by this cost of its producer per byte of
+ * the tensor. */
+double plan_op_cost(const remat_graph *g, int32_t o);
 
 /* One region of the chain: for each candidate policy,
  * - saved: the bytes the region keeps alive from its forward to its
@@ -20,7 +40,7 @@
  *   as working = live - before, where live is the most transient bytes
  *   alive while one of its nodes runs and before is the sum of the saved
  *   bytes of the regions before it in the chain;
- * - recompute: the FLOPs it recomputes. */
+ * - recompute: the cost of what it recomputes (PLANNER_FLOPS_PER_BYTE). */
 typedef struct chain_region {
   int nchoices;
   int64_t saved[PLANNER_MAX_CHOICES];

@@ -123,9 +123,9 @@ static void print_source(const compiled_step *c, int32_t r) {
   default:
     if (budget > 0)
       fprintf(stderr,
-              "auto: of the policies whose plan fits the memory budget of "
-              "%.2f MiB, the one with the least recompute; predicted peak "
-              "%.2f MiB",
+              "auto: of the plans (policies and per-tensor sets) that fit "
+              "the memory budget of %.2f MiB, the one with the least "
+              "recompute cost; predicted peak %.2f MiB",
               mib(budget), mib(c->predicted.peak));
     else
       fprintf(stderr, "auto without a memory budget: the least recompute");

@@ -1,0 +1,229 @@
+/* bench_budget: the memory budget's plan report. A GPT is compiled under
+ * policy auto at budgets spread from the smallest feasible one (the peak of
+ * saving nothing) to the peak of saving everything, each on its own
+ * runtime; their steps run in interleaved rounds after a warm-up, and one
+ * JSON line per budget reports the predicted and measured peaks, the
+ * median step time, the recompute FLOPs the plan scheduled and the plan
+ * (what each region saves). A last line sums up: whether every measured
+ * peak stayed within its budget, and how often a larger budget's step was
+ * slower than the smaller one's by more than the noise allowance. */
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "remat.h"
+#include "remat_gpt.h"
+
+typedef struct options {
+  remat_gpt_config cfg;
+  int threads, budgets, steps;
+  double noise; /* a slower step within this fraction is noise */
+} options;
+
+typedef struct run {
+  int64_t budget;
+  remat_runtime *rt;
+  remat_graph *g;
+  remat_gpt m;
+  remat_step_stats st;
+  double *times;
+  int64_t peak;
+} run;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static int fail(const char *what, int64_t budget) {
+  fprintf(stderr, "bench_budget: %s (budget %lld): %s\n", what,
+          (long long)budget, remat_last_error());
+  return 1;
+}
+
+/* Opens a run of the model under `policy` (and `budget`, 0 none). */
+static int run_open(run *r, const options *o, const char *policy,
+                    int64_t budget) {
+  memset(r, 0, sizeof *r);
+  r->budget = budget;
+  r->st.size = sizeof r->st;
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY |
+                            REMAT_SET_MEMORY_BUDGET,
+                     .num_threads = o->threads, .policy = policy,
+                     .memory_budget = budget};
+  if (remat_runtime_create(&rc, &r->rt) != REMAT_OK ||
+      remat_graph_create(r->rt, &r->g) != REMAT_OK ||
+      remat_gpt_build(r->g, &o->cfg, &r->m) != REMAT_OK)
+    return fail("build", budget);
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-4f};
+  if (remat_compile(r->g, r->m.loss, &opt) != REMAT_OK)
+    return fail("compile", budget);
+  size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
+  int32_t *tok = malloc(n * 4), *tgt = malloc(n * 4);
+  r->times = calloc((size_t)o->steps + 1, sizeof *r->times);
+  if (tok == NULL || tgt == NULL || r->times == NULL) {
+    free(tok);
+    free(tgt);
+    fprintf(stderr, "bench_budget: out of memory\n");
+    return 1;
+  }
+  uint32_t x = 12345u;
+  for (size_t i = 0; i < n; i++) {
+    x = x * 1664525u + 1013904223u;
+    tok[i] = (int32_t)((x >> 16) % (uint32_t)o->cfg.vocab);
+    tgt[i] = (tok[i] * 7 + 3) % o->cfg.vocab;
+  }
+  remat_status s = remat_feed(r->g, r->m.tokens, tok, n * 4);
+  if (s == REMAT_OK)
+    s = remat_feed(r->g, r->m.targets, tgt, n * 4);
+  free(tok);
+  free(tgt);
+  return s == REMAT_OK ? 0 : fail("feed", budget);
+}
+
+static void run_close(run *r) {
+  remat_graph_destroy(r->g);
+  remat_runtime_destroy(r->rt);
+  free(r->times);
+}
+
+/* Step k of a run (0: the warm-up, untimed). */
+static int run_step(run *r, int k) {
+  if (remat_step(r->g, &r->st) != REMAT_OK)
+    return fail("step", r->budget);
+  if (k > 0)
+    r->times[k - 1] = r->st.seconds;
+  if (r->st.peak_bytes > r->peak)
+    r->peak = r->st.peak_bytes;
+  return 0;
+}
+
+/* The predicted peak of the model under a fixed policy. */
+static int64_t policy_peak(const options *o, const char *policy) {
+  run r;
+  int64_t peak = -1;
+  if (run_open(&r, o, policy, 0) == 0 && run_step(&r, 0) == 0)
+    peak = r.st.predicted_peak_bytes;
+  run_close(&r);
+  return peak;
+}
+
+/* The plan as one JSON string: region by region, the policy it got. */
+static void print_plan(remat_graph *g) {
+  int last_region = -1;
+  printf("\"plan\":[");
+  for (int i = 0; i < remat_num_tensors(g); i++) {
+    remat_tensor_plan tp;
+    if (remat_tensor_plan_of(g, remat_tensor_at(g, i), &tp) != REMAT_OK ||
+        tp.region <= last_region)
+      continue;
+    printf("%s\"", last_region >= 0 ? "," : "");
+    for (const char *c = tp.policy; *c; c++)
+      printf(*c == '"' || *c == '\\' ? "\\%c" : "%c", *c);
+    printf("\"");
+    last_region = tp.region;
+  }
+  printf("]");
+}
+
+static int parse(int argc, char **argv, options *o) {
+  static const struct option longopts[] = {
+      {"layers", 1, 0, 'L'},  {"d-model", 1, 0, 'D'}, {"heads", 1, 0, 'H'},
+      {"seq", 1, 0, 'T'},     {"batch", 1, 0, 'B'},   {"vocab", 1, 0, 'V'},
+      {"threads", 1, 0, 'N'}, {"budgets", 1, 0, 'K'}, {"steps", 1, 0, 'S'},
+      {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
+  *o = (options){.cfg = {.layers = 4, .d_model = 256, .heads = 4,
+                         .seq = 128, .batch = 4, .vocab = 256},
+                 .threads = 2, .budgets = 20, .steps = 3, .noise = 0.05};
+  int c;
+  while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    if (c == 'h' || c == '?') {
+      fprintf(c == 'h' ? stdout : stderr,
+              "usage: bench_budget [--layers L] [--d-model D] [--heads H] "
+              "[--seq T]\n"
+              "                    [--batch B] [--vocab V] [--threads N] "
+              "[--budgets K] [--steps S]\n"
+              "defaults: L=4 D=256 H=4 T=128 B=4 V=256 N=2 K=20 S=3: K "
+              "budgets from\nthe peak of nothing_saveable to that of "
+              "everything_saveable, S timed\nsteps each after a warm-up, in "
+              "interleaved rounds\n");
+      return c == 'h' ? -1 : 1;
+    }
+    const char *name = "";
+    for (int k = 0; longopts[k].name != NULL; k++)
+      if (longopts[k].val == c)
+        name = longopts[k].name;
+    char *end;
+    long v = strtol(optarg, &end, 10);
+    if (*optarg == '\0' || *end != '\0' || v < 1 || v > 100000 ||
+        (c == 'K' && v < 2)) {
+      fprintf(stderr, "bench_budget: --%s '%s': expected a whole number "
+                      ">= %d\n",
+              name, optarg, c == 'K' ? 2 : 1);
+      return 1;
+    }
+    switch (c) {
+    case 'L': o->cfg.layers = (int)v; break;
+    case 'D': o->cfg.d_model = (int)v; break;
+    case 'H': o->cfg.heads = (int)v; break;
+    case 'T': o->cfg.seq = (int)v; break;
+    case 'B': o->cfg.batch = (int)v; break;
+    case 'V': o->cfg.vocab = (int)v; break;
+    case 'N': o->threads = (int)v; break;
+    case 'K': o->budgets = (int)v; break;
+    case 'S': o->steps = (int)v; break;
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  options o;
+  int rc = parse(argc, argv, &o);
+  if (rc != 0)
+    return rc < 0 ? 0 : 2;
+  int64_t lo = policy_peak(&o, "nothing_saveable");
+  int64_t hi = policy_peak(&o, "everything_saveable");
+  if (lo < 0 || hi < 0)
+    return 1;
+  run *runs = calloc((size_t)o.budgets, sizeof *runs);
+  if (runs == NULL)
+    return 1;
+  int opened = 0;
+  for (; opened < o.budgets && rc == 0; opened++)
+    rc = run_open(&runs[opened], &o, "auto",
+                  lo + (hi - lo) * opened / (o.budgets - 1));
+  for (int k = 0; k <= o.steps && rc == 0; k++) /* interleaved rounds */
+    for (int i = 0; i < o.budgets && rc == 0; i++)
+      rc = run_step(&runs[i], k);
+  int within = 1, slower = 0;
+  double prev = 0;
+  for (int i = 0; i < o.budgets && rc == 0; i++) {
+    run *r = &runs[i];
+    qsort(r->times, (size_t)o.steps, sizeof *r->times, cmp_double);
+    double med = r->times[o.steps / 2];
+    within &= r->peak <= r->budget;
+    slower += i > 0 && med > prev * (1.0 + o.noise);
+    prev = med;
+    printf("{\"budget\":%lld,\"predicted_peak_bytes\":%lld,"
+           "\"peak_bytes\":%lld,\"step_s_median\":%.6f,"
+           "\"recompute_flops\":%.6g,\"threads\":%d,",
+           (long long)r->budget, (long long)r->st.predicted_peak_bytes,
+           (long long)r->peak, med, r->st.recompute_flops, o.threads);
+    print_plan(r->g);
+    printf("}\n");
+  }
+  if (rc == 0)
+    printf("{\"budgets\":%d,\"nothing_peak_bytes\":%lld,"
+           "\"everything_peak_bytes\":%lld,\"all_within_budget\":%s,"
+           "\"slower_than_smaller_budget\":%d,\"noise\":%.2f}\n",
+           o.budgets, (long long)lo, (long long)hi,
+           within ? "true" : "false", slower, o.noise);
+  for (int i = 0; i < opened; i++)
+    run_close(&runs[i]);
+  free(runs);
+  return rc;
+}
