@@ -51,7 +51,9 @@ typedef enum remat_status {
   REMAT_ERR_NUMERIC = 10,   /* NaN or Inf in the loss or gradients, or in
                                what an update would write */
   REMAT_ERR_BUDGET = 11,    /* no remat plan fits the memory budget */
-  REMAT_ERR_POLICY = 12     /* a bad remat policy */
+  REMAT_ERR_POLICY = 12,    /* a bad remat policy */
+  REMAT_ERR_CANCELLED = 13  /* remat_cancel stopped the run, or the graph
+                               is cancelled (see remat_cancel) */
 } remat_status;
 
 /* "REMAT_OK", "REMAT_ERR_SHAPE", ... */
@@ -582,6 +584,29 @@ REMAT_API remat_status remat_trace_steps(remat_graph *g, const char *path,
                                          int steps);
 /* Forward only (for serving): no backward, no update. */
 REMAT_API remat_status remat_forward(remat_graph *g, remat_step_stats *stats);
+
+/* Asks the runs of g to stop; thread-safe, from any thread (a progress
+ * callback, a signal-handling thread, a server's connection thread), while
+ * g is running or idle, but not after remat_graph_destroy(g) began. It
+ * sets g's cancel flag, which stays set until remat_uncancel(g): a
+ * remat_step, remat_accumulate or remat_forward that is running on g stops
+ * at its next task boundary and returns REMAT_ERR_CANCELLED, and every
+ * later one returns REMAT_ERR_CANCELLED at once, without running a task.
+ * Like every failed run, a cancelled one changes no parameter, AdamW
+ * moment, gradient sum or counter, so after remat_uncancel the same call
+ * on the same feeds gives bitwise what it would have given without the
+ * cancel. A step or micro-step that has passed its update gate (every
+ * gradient computed and checked) applies its update whole and returns
+ * REMAT_OK: the flag stays set for the next call. Feeds, reads, writes
+ * and checkpoints ignore the flag. Returns REMAT_ERR_INVALID_ARG for a
+ * NULL g, else REMAT_OK. */
+REMAT_API remat_status remat_cancel(remat_graph *g);
+/* Clears g's cancel flag (a no-op when it is not set): the next run of g
+ * runs. Thread-safe like remat_cancel. A remat_cancel that races with it
+ * may land on either side. */
+REMAT_API remat_status remat_uncancel(remat_graph *g);
+/* Whether g's cancel flag is set (0 or 1; 0 for a NULL g). */
+REMAT_API int remat_cancelled(const remat_graph *g);
 
 /* Copies a parameter, input, the loss or a kept tensor out (exactly its
  * size in bytes). */

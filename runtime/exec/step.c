@@ -442,6 +442,15 @@ static remat_status run_step(graph_step *gs, run_mode mode,
   remat_status local = s;
   s = dp_step_end(c, st, s, err, sizeof err);
   double secs = now_seconds() - t0;
+  if (s == REMAT_ERR_CANCELLED && local == s) {
+    step_trace_cancel(&st->trace);
+    release_transients(c, st);
+    return remat__fail(s, "%s: cancelled by remat_cancel at a task boundary "
+                       "before any update: no parameter, moment, gradient "
+                       "sum or counter was changed (remat_uncancel clears "
+                       "the flag)",
+                       what);
+  }
   if (s != REMAT_OK) {
     step_trace_cancel(&st->trace);
     release_transients(c, st);
@@ -474,8 +483,40 @@ static remat_status run_step(graph_step *gs, run_mode mode,
 
 /* ---- the public calls: enter, run, leave ---- */
 
+/* A run of a cancelled graph (remat_cancel) returns before any task. */
+static remat_status enter_run(remat_graph *g, const char *what) {
+  remat_status s = enter(g, what);
+  if (s != REMAT_OK || !atomic_load(&g->cancel))
+    return s;
+  s = remat__fail(REMAT_ERR_CANCELLED,
+                  "%s: the graph is cancelled (remat_cancel): nothing was "
+                  "run; call remat_uncancel to run it again",
+                  what);
+  graph_leave(g); /* after the failure: remat_graph_error has it */
+  return s;
+}
+
+remat_status remat_cancel(remat_graph *g) {
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG, "remat_cancel: graph is NULL");
+  atomic_store(&g->cancel, 1);
+  return REMAT_OK;
+}
+
+remat_status remat_uncancel(remat_graph *g) {
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_uncancel: graph is NULL");
+  atomic_store(&g->cancel, 0);
+  return REMAT_OK;
+}
+
+int remat_cancelled(const remat_graph *g) {
+  return g != NULL && atomic_load(&g->cancel) != 0;
+}
+
 remat_status remat_step(remat_graph *g, remat_step_stats *stats) {
-  remat_status s = enter(g, "remat_step");
+  remat_status s = enter_run(g, "remat_step");
   if (s != REMAT_OK)
     return s;
   if (g->step->compiled.forward_only)
@@ -555,7 +596,7 @@ static remat_status do_accumulate(remat_graph *g, remat_step_stats *stats) {
 }
 
 remat_status remat_accumulate(remat_graph *g, remat_step_stats *stats) {
-  remat_status s = enter(g, "remat_accumulate");
+  remat_status s = enter_run(g, "remat_accumulate");
   if (s != REMAT_OK)
     return s;
   s = do_accumulate(g, stats);
@@ -564,7 +605,7 @@ remat_status remat_accumulate(remat_graph *g, remat_step_stats *stats) {
 }
 
 remat_status remat_forward(remat_graph *g, remat_step_stats *stats) {
-  remat_status s = enter(g, "remat_forward");
+  remat_status s = enter_run(g, "remat_forward");
   if (s != REMAT_OK)
     return s;
   if (!g->step->compiled.forward_only)
