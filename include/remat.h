@@ -608,6 +608,25 @@ REMAT_API remat_status remat_uncancel(remat_graph *g);
 /* Whether g's cancel flag is set (0 or 1; 0 for a NULL g). */
 REMAT_API int remat_cancelled(const remat_graph *g);
 
+/* A progress callback: `fraction` is the part of the run's tasks finished
+ * so far, 0 to 1. */
+typedef void (*remat_progress_fn)(void *user, double fraction);
+/* Calls fn(user, fraction) during each remat_step, remat_accumulate and
+ * remat_forward of g, first min_interval_ms after the run starts and then
+ * at most every min_interval_ms (1 to 3600000, else REMAT_ERR_INVALID_ARG),
+ * on a thread of g's own that is neither a worker nor the caller's, and
+ * holding no lock of the scheduler or of g: fn may call remat_cancel(g)
+ * (a server cancels a request whose client went away) or block, which
+ * delays the end of g's run but no other graph's. A run shorter than the
+ * interval gets no call. When the run's call returns, no call for it is in
+ * progress or will come, so `user` may then be freed. fn must not call a
+ * function that enters g (a step, a feed, a read: REMAT_ERR_STATE) or
+ * destroy g. fn NULL removes the callback and its thread; setting another
+ * replaces it. Not while another thread is inside g (REMAT_ERR_STATE);
+ * allowed before compile. remat_graph_destroy stops the thread. */
+REMAT_API remat_status remat_set_progress(remat_graph *g, remat_progress_fn fn,
+                                          void *user, int min_interval_ms);
+
 /* Copies a parameter, input, the loss or a kept tensor out (exactly its
  * size in bytes). */
 REMAT_API remat_status remat_read(remat_graph *g, const remat_tensor *t,

@@ -72,6 +72,10 @@ static bool run_task(sched_worker *w, int32_t task) {
   if (trace)
     trace[task].end_ns = sched_now_ns();
   w->finished++;
+  if (pool->progress != NULL)
+    atomic_fetch_add_explicit(
+        &pool->progress[w->index * SCHED_PROGRESS_STRIDE], 1,
+        memory_order_relaxed);
   return true;
 }
 
@@ -262,6 +266,8 @@ void sched_complete(sched_pool *pool, int32_t task) {
   const sched_task *t = &dag->tasks[task];
   if (pool->trace)
     pool->trace[task].end_ns = sched_now_ns();
+  if (pool->progress != NULL)
+    atomic_fetch_add_explicit(&pool->progress[0], 1, memory_order_relaxed);
   for (int32_t e = t->succ_begin; e < t->succ_end; e++) {
     int32_t s = dag->succ[e];
     if (!last_predecessor(&dag->tasks[s], &pool->pending[s]))
@@ -422,6 +428,7 @@ remat_status sched_run(sched_pool *pool, sched_dag *dag,
   pthread_mutex_lock(&pool->run_mutex);
   atomic_store(&pool->error_status, 0);
   pool->context = opts ? opts->context : NULL;
+  pool->progress = opts ? opts->progress : NULL;
   status = run_locked(pool, dag, opts ? opts->trace_path : NULL,
                       opts ? opts->records : NULL, traced,
                       opts ? opts->admit_bound : 0, err);

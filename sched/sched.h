@@ -5,6 +5,7 @@
 #define REMAT_SCHED_H
 
 #include <hwloc.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -144,7 +145,15 @@ typedef struct sched_run_opts {
   /* Memory admission (sched_dag_set_admit): the bytes that the admitted
    * tasks of the run may hold at once; 0: no admission. */
   int64_t admit_bound;
+  /* NULL, or the caller's per-worker counters of the run's finished
+   * tasks, at progress[worker * SCHED_PROGRESS_STRIDE] (a cache line
+   * each), zeroed by the caller: each task's end adds 1 to its worker's
+   * (relaxed; an async task finished by sched_complete counts at worker
+   * 0), so that another thread may read how far the run is. */
+  _Atomic int64_t *progress;
 } sched_run_opts;
+
+#define SCHED_PROGRESS_STRIDE 8
 
 /* Runs every task of a finalized DAG once, respecting edges; returns when
  * all have finished. Runs on one pool are serialized (a second caller waits

@@ -312,6 +312,7 @@ struct sched_pool {
   sched_links links;         /* queue links */
   sched_trace_record *trace; /* only while a traced run is in progress */
   void *context;             /* the run's sched_run_opts.context */
+  _Atomic int64_t *progress; /* the run's sched_run_opts.progress */
   int64_t trace_origin_ns;
 
   /* Read-mostly during a run. */

@@ -18,6 +18,7 @@
 #include "runtime/dp/dp.h"
 #include "runtime/exec/node_copies.h"
 #include "runtime/exec/precision.h"
+#include "runtime/exec/progress.h"
 #include "runtime/exec/step_stats.h"
 #include "runtime/exec/tasks.h"
 
@@ -438,7 +439,10 @@ static remat_status run_step(graph_step *gs, run_mode mode,
     return s;
   char err[SCHED_ERRMSG_MAX] = "";
   opts.admit_bound = admit_bound(c, st);
+  opts.progress =
+      progress_begin(c->g->progress, sched_dag_num_tasks(c->tasks.dag));
   s = sched_run(c->g->rt->pool, c->tasks.dag, &opts, err);
+  progress_end(c->g->progress);
   remat_status local = s;
   s = dp_step_end(c, st, s, err, sizeof err);
   double secs = now_seconds() - t0;
@@ -509,6 +513,19 @@ remat_status remat_uncancel(remat_graph *g) {
                        "remat_uncancel: graph is NULL");
   atomic_store(&g->cancel, 0);
   return REMAT_OK;
+}
+
+remat_status remat_set_progress(remat_graph *g, remat_progress_fn fn,
+                                void *user, int min_interval_ms) {
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_set_progress: graph is NULL");
+  remat_status s = graph_enter(g, "remat_set_progress");
+  if (s != REMAT_OK)
+    return s;
+  s = progress_set(g, fn, user, min_interval_ms);
+  graph_leave(g);
+  return s;
 }
 
 int remat_cancelled(const remat_graph *g) {
