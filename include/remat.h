@@ -608,6 +608,28 @@ REMAT_API remat_status remat_uncancel(remat_graph *g);
 /* Whether g's cancel flag is set (0 or 1; 0 for a NULL g). */
 REMAT_API int remat_cancelled(const remat_graph *g);
 
+/* How urgent a graph's runs are when several wait for the runtime's
+ * workers (remat_graph_priority). */
+typedef enum remat_priority {
+  REMAT_PRIORITY_NORMAL = 0,      /* the default */
+  REMAT_PRIORITY_INTERACTIVE = 1, /* serving: before every other class */
+  REMAT_PRIORITY_BATCH = 2        /* after every other class */
+} remat_priority;
+/* Sets the class of g's runs (remat_step, remat_accumulate,
+ * remat_forward); thread-safe, from any thread, taking effect at g's next
+ * run. The runtime's workers run one run's task DAG at a time; when it
+ * ends, the run that goes next is one of the most urgent class that
+ * waits (INTERACTIVE, then NORMAL, then BATCH), and within a class the
+ * one that began waiting first. So a forward of an INTERACTIVE graph
+ * waits at most for the end of the run in progress, never behind queued
+ * runs of other classes; a BATCH graph's runs wait while any other waits
+ * (they may wait forever under a steady stream of them). A run in
+ * progress is not interrupted: its tasks keep all the workers until it
+ * ends (tasks of several graphs do not yet interleave). Results do not
+ * depend on the class. A value outside the enum: REMAT_ERR_INVALID_ARG. */
+REMAT_API remat_status remat_graph_priority(remat_graph *g,
+                                            remat_priority priority);
+
 /* A progress callback: `fraction` is the part of the run's tasks finished
  * so far, 0 to 1. */
 typedef void (*remat_progress_fn)(void *user, double fraction);

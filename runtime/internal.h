@@ -197,6 +197,7 @@ struct remat_graph {
   struct graph_step *step; /* the compiled step and its state */
   struct dp_graph *dp;     /* data parallel (mpi_dp.c), NULL when not */
   _Atomic int cancel;      /* remat_cancel: set until remat_uncancel */
+  _Atomic int priority;    /* remat_graph_priority: a remat_priority */
   struct graph_progress *progress; /* remat_set_progress, NULL when none */
 };
 

@@ -414,6 +414,15 @@ static int64_t admit_bound(const compiled_step *c, const step_state *st) {
                                              : c->predicted.transient_peak;
 }
 
+/* The scheduler's class of a remat_priority: 0 is the most urgent. */
+static int sched_class(int priority) {
+  switch (priority) {
+  case REMAT_PRIORITY_INTERACTIVE: return 0;
+  case REMAT_PRIORITY_BATCH: return 2;
+  default: return 1;
+  }
+}
+
 /* Runs the DAG in `mode`. The counters move only after a run that
  * succeeded: the update counter after a step or a forward run, the
  * micro-steps after an accumulation. */
@@ -439,6 +448,7 @@ static remat_status run_step(graph_step *gs, run_mode mode,
     return s;
   char err[SCHED_ERRMSG_MAX] = "";
   opts.admit_bound = admit_bound(c, st);
+  opts.priority_class = sched_class(atomic_load(&c->g->priority));
   opts.progress =
       progress_begin(c->g->progress, sched_dag_num_tasks(c->tasks.dag));
   s = sched_run(c->g->rt->pool, c->tasks.dag, &opts, err);
@@ -526,6 +536,22 @@ remat_status remat_set_progress(remat_graph *g, remat_progress_fn fn,
   s = progress_set(g, fn, user, min_interval_ms);
   graph_leave(g);
   return s;
+}
+
+remat_status remat_graph_priority(remat_graph *g, remat_priority priority) {
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_graph_priority: graph is NULL");
+  if (priority != REMAT_PRIORITY_NORMAL &&
+      priority != REMAT_PRIORITY_INTERACTIVE &&
+      priority != REMAT_PRIORITY_BATCH)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_graph_priority: priority %d is not "
+                       "REMAT_PRIORITY_NORMAL (0), REMAT_PRIORITY_INTERACTIVE "
+                       "(1) or REMAT_PRIORITY_BATCH (2)",
+                       (int)priority);
+  atomic_store(&g->priority, (int)priority);
+  return REMAT_OK;
 }
 
 int remat_cancelled(const remat_graph *g) {
