@@ -1,5 +1,6 @@
 /* Tests of remat_cancel and remat_uncancel: a cancel during the forward,
- * during the backward and at the update gate of a step (or of a
+ * during the backward (a recompute too) and at the update gate of a step
+ * (or of a
  * micro-step, or of a forward run) returns REMAT_ERR_CANCELLED and changes
  * no parameter, AdamW moment, gradient sum or counter, and after
  * remat_uncancel the runs go on bitwise as a graph never cancelled; a
@@ -22,10 +23,11 @@
 
 #include "runtime/compile/lowering.h"
 #include "runtime/exec/tasks.h"
+#include "remat_gpt.h"
 #include "runtime/internal.h"
 #include "tmpdir.h"
 
-enum { ROWS = 8, IN = 16, HIDDEN = 32, CLASSES = 5, CAP = 2048 };
+enum { ROWS = 8, IN = 16, HIDDEN = 32, CLASSES = 5, CAP = 16384 };
 
 typedef struct mlp {
   remat_graph *g;
@@ -350,6 +352,50 @@ static void test_cancel_from_thread(void **state) {
   remat_graph_destroy(ref.g);
 }
 
+/* Under nothing_saveable, a tiny GPT's backward recomputes its blocks: a
+ * cancel in a recompute task changes nothing either. */
+static void test_cancel_in_recompute(void **state) {
+  (void)state;
+  remat_config cfg = {.num_threads = 2, .policy = "nothing_saveable",
+                      .set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY};
+  remat_runtime *own;
+  assert_int_equal(remat_runtime_create(&cfg, &own), REMAT_OK);
+  const remat_gpt_config gc = {.layers = 2, .d_model = 16, .heads = 2,
+                               .seq = 8, .batch = 2, .vocab = 11};
+  remat_graph *g[2];
+  remat_gpt m[2];
+  int32_t ids[16];
+  for (int i = 0; i < 16; i++)
+    ids[i] = (i * 3) % 11;
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 0.01f};
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(remat_graph_create(own, &g[k]), REMAT_OK);
+    assert_int_equal(remat_gpt_build(g[k], &gc, &m[k]), REMAT_OK);
+    assert_int_equal(remat_compile(g[k], m[k].loss, &opt), REMAT_OK);
+    assert_int_equal(remat_feed(g[k], m[k].tokens, ids, sizeof ids),
+                     REMAT_OK);
+    assert_int_equal(remat_feed(g[k], m[k].targets, ids, sizeof ids),
+                     REMAT_OK);
+  }
+  mlp cancelled = {.g = g[0]};
+  cancel_at(&cancelled, KNODE_RECOMPUTE);
+  assert_int_equal(remat_step(g[0], NULL), REMAT_ERR_CANCELLED);
+  no_hook();
+  assert_true(atomic_load(&hook_calls) >= 1);
+  assert_int_equal(remat_uncancel(g[0]), REMAT_OK);
+  for (int step = 0; step < 2; step++) {
+    remat_step_stats a = {.size = sizeof a}, b = {.size = sizeof b};
+    assert_int_equal(remat_step(g[0], &a), REMAT_OK);
+    assert_int_equal(remat_step(g[1], &b), REMAT_OK);
+    assert_true(a.recompute_flops > 0.0);
+    assert_memory_equal(&a.loss, &b.loss, sizeof a.loss);
+    assert_same_params(g[0], g[1]);
+  }
+  remat_graph_destroy(g[0]);
+  remat_graph_destroy(g[1]);
+  remat_runtime_destroy(own);
+}
+
 static int group_setup(void **state) {
   remat_config cfg = {.num_threads = 2, .set = REMAT_SET_NUM_THREADS};
   if (remat_runtime_create(&cfg, &rt) != REMAT_OK)
@@ -374,6 +420,7 @@ int main(void) {
       cmocka_unit_test(test_cancel_forward_run),
       cmocka_unit_test(test_cancel_idle),
       cmocka_unit_test(test_cancel_from_thread),
+      cmocka_unit_test(test_cancel_in_recompute),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
