@@ -1,8 +1,7 @@
 /* Tests of remat_cancel and remat_uncancel: a cancel during the forward,
  * during the backward (a recompute too) and at the update gate of a step
- * (or of a
- * micro-step, or of a forward run) returns REMAT_ERR_CANCELLED and changes
- * no parameter, AdamW moment, gradient sum or counter, and after
+ * (or of a micro-step, or of a forward run) returns REMAT_ERR_CANCELLED
+ * and changes no parameter, AdamW moment, gradient sum or counter, and after
  * remat_uncancel the runs go on bitwise as a graph never cancelled; a
  * cancel after the gate lets the update finish whole; a cancelled idle
  * graph refuses its next runs at once until remat_uncancel; and a cancel
