@@ -1,16 +1,20 @@
 /* bench_serve: the latency of a small GPT's forward pass on a runtime that
- * another thread trains a bigger GPT on, in one process: the forwards
- * alone, then while the training loop runs with the serving graph at
+ * other threads train bigger GPTs on (each its own graph), in one process:
+ * the forwards alone, then while the training loops run with the serving
+ * graph at
  * REMAT_PRIORITY_NORMAL, then at REMAT_PRIORITY_INTERACTIVE (the rounds
  * of the two alternate, so that both see the same machine). Prints one
  * JSON object: per phase the forwards' p50, p99 and maximum in
  * milliseconds, and the training steps' median time.
  *
- *   bench_serve [FORWARDS] [TRAIN_LAYERS] [TRAIN_D_MODEL]
+ *   bench_serve [FORWARDS] [TRAIN_LAYERS] [TRAIN_D_MODEL] [TRAINERS]
  *
- * FORWARDS per phase (default 200); the trained model has TRAIN_LAYERS
+ * FORWARDS per phase (default 200); each trained model has TRAIN_LAYERS
  * (default 2) blocks of width TRAIN_D_MODEL (default 128), sequences of
- * 64 and batches of 4. */
+ * 64 and batches of 4; TRAINERS threads train (default 1, at most 8):
+ * with one, a forward waits for the rest of the step in progress in
+ * either class; with more, a NORMAL forward also waits behind the steps
+ * queued before it, and an INTERACTIVE one does not. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -23,7 +27,8 @@
 #include "remat.h"
 #include "remat_gpt.h"
 
-enum { ROUNDS = 4, MAX_FORWARDS = 10000, MAX_STEPS = 100000 };
+enum { ROUNDS = 4, MAX_FORWARDS = 10000, MAX_STEPS = 100000,
+       MAX_TRAINERS = 8 };
 
 static double now_ms(void) {
   struct timespec ts;
@@ -135,10 +140,13 @@ int main(int argc, char **argv) {
   int forwards = argc > 1 ? atoi(argv[1]) : 200;
   int layers = argc > 2 ? atoi(argv[2]) : 2;
   int width = argc > 3 ? atoi(argv[3]) : 128;
+  int ntrainers = argc > 4 ? atoi(argv[4]) : 1;
   if (forwards < ROUNDS || forwards > MAX_FORWARDS || layers < 1 ||
-      width < 16 || width % 4 != 0) {
+      width < 16 || width % 4 != 0 || ntrainers < 1 ||
+      ntrainers > MAX_TRAINERS) {
     fprintf(stderr, "usage: bench_serve [FORWARDS 4..%d] [TRAIN_LAYERS >= "
-            "1] [TRAIN_D_MODEL >= 16, a multiple of 4]\n", MAX_FORWARDS);
+            "1] [TRAIN_D_MODEL >= 16, a multiple of 4] [TRAINERS 1..%d]\n",
+            MAX_FORWARDS, MAX_TRAINERS);
     return 2;
   }
   remat_runtime *rt;
@@ -149,14 +157,17 @@ int main(int argc, char **argv) {
                                 .heads = 4, .seq = 64, .batch = 4,
                                 .vocab = 256};
   model served = open_model(rt, serve_cfg, false);
-  static trainer t;
-  t.md = open_model(rt, train_cfg, true);
-  for (int i = 0; i < 10; i++) /* warm-up */
+  static trainer t[MAX_TRAINERS];
+  for (int i = 0; i < ntrainers; i++) {
+    t[i].md = open_model(rt, train_cfg, true);
+    check(remat_step(t[i].md.g, NULL), "remat_step"); /* warm-up */
+  }
+  for (int i = 0; i < 10; i++)
     check(remat_forward(served.g, NULL), "remat_forward");
-  check(remat_step(t.md.g, NULL), "remat_step");
-  pthread_t thread;
-  if (pthread_create(&thread, NULL, train_main, &t) != 0)
-    return 1;
+  pthread_t thread[MAX_TRAINERS];
+  for (int i = 0; i < ntrainers; i++)
+    if (pthread_create(&thread[i], NULL, train_main, &t[i]) != 0)
+      return 1;
   static phase alone = {.name = "alone"}, normal = {.name = "normal"},
                interactive = {.name = "interactive"};
   static double normal_steps[MAX_STEPS], interactive_steps[MAX_STEPS];
@@ -169,31 +180,41 @@ int main(int argc, char **argv) {
                                                ? REMAT_PRIORITY_INTERACTIVE
                                                : REMAT_PRIORITY_NORMAL),
             "remat_graph_priority");
-      int from = t.nsteps;
-      atomic_store(&t.run, 1);
-      serve(&served, urgent ? &interactive : &normal, per_round);
-      atomic_store(&t.run, 0);
-      struct timespec pause = {0, 50000000}; /* the step in flight ends */
-      nanosleep(&pause, NULL);
-      for (int s = from; s < t.nsteps; s++) {
-        if (urgent)
-          interactive_steps[ninteractive++] = t.step_ms[s];
-        else
-          normal_steps[nnormal++] = t.step_ms[s];
+      int from[MAX_TRAINERS];
+      for (int i = 0; i < ntrainers; i++) {
+        from[i] = t[i].nsteps;
+        atomic_store(&t[i].run, 1);
       }
+      serve(&served, urgent ? &interactive : &normal, per_round);
+      for (int i = 0; i < ntrainers; i++)
+        atomic_store(&t[i].run, 0);
+      struct timespec pause = {0, 200000000}; /* the steps in flight end */
+      nanosleep(&pause, NULL);
+      for (int i = 0; i < ntrainers; i++)
+        for (int s = from[i]; s < t[i].nsteps; s++) {
+          if (urgent && ninteractive < MAX_STEPS)
+            interactive_steps[ninteractive++] = t[i].step_ms[s];
+          else if (!urgent && nnormal < MAX_STEPS)
+            normal_steps[nnormal++] = t[i].step_ms[s];
+        }
     }
   }
-  atomic_store(&t.stop, 1);
-  pthread_join(thread, NULL);
+  for (int i = 0; i < ntrainers; i++) {
+    atomic_store(&t[i].stop, 1);
+    pthread_join(thread[i], NULL);
+  }
   printf("{\n  \"serve_model\": \"gpt 2x64 seq 32 batch 1\",\n"
-         "  \"train_model\": \"gpt %dx%d seq 64 batch 4\",\n", layers, width);
+         "  \"train_model\": \"gpt %dx%d seq 64 batch 4\",\n"
+         "  \"trainers\": %d,\n",
+         layers, width, ntrainers);
   print_phase(&alone, 0.0, false);
   print_phase(&normal, quantile(normal_steps, nnormal, 0.5), false);
   print_phase(&interactive,
               quantile(interactive_steps, ninteractive, 0.5), true);
   printf("}\n");
   remat_graph_destroy(served.g);
-  remat_graph_destroy(t.md.g);
+  for (int i = 0; i < ntrainers; i++)
+    remat_graph_destroy(t[i].md.g);
   remat_runtime_destroy(rt);
   return 0;
 }
