@@ -635,7 +635,8 @@ REMAT_API remat_status remat_graph_priority(remat_graph *g,
 typedef void (*remat_progress_fn)(void *user, double fraction);
 /* Calls fn(user, fraction) during each remat_step, remat_accumulate and
  * remat_forward of g, first min_interval_ms after the run starts and then
- * at most every min_interval_ms (1 to 3600000, else REMAT_ERR_INVALID_ARG),
+ * min_interval_ms after the previous call returned, at the earliest
+ * (1 to 3600000 ms, else REMAT_ERR_INVALID_ARG),
  * on a thread of g's own that is neither a worker nor the caller's, and
  * holding no lock of the scheduler or of g: fn may call remat_cancel(g)
  * (a server cancels a request whose client went away) or block, which

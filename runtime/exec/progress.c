@@ -46,16 +46,18 @@ static struct timespec to_timespec(int64_t ns) {
                            .tv_nsec = ns % 1000000000};
 }
 
-/* Calls fn once with the mutex released; returns with it held. */
+/* Calls fn once with the mutex released; returns with it held. The next
+ * call is due an interval after this one returned, so that calls start
+ * at least an interval apart whatever delays the thread. */
 static void call_back(struct graph_progress *p) {
   double fraction = fraction_done(p);
   remat_progress_fn fn = p->fn;
   void *user = p->user;
-  p->due_ns = sched_now_ns() + p->interval_ns; /* after this call */
   p->in_callback = true;
   pthread_mutex_unlock(&p->mutex);
   fn(user, fraction);
   pthread_mutex_lock(&p->mutex);
+  p->due_ns = sched_now_ns() + p->interval_ns; /* after this call's end */
   p->in_callback = false;
   pthread_cond_broadcast(&p->cond);
 }
