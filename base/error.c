@@ -25,6 +25,7 @@ const char *remat_status_string(remat_status status) {
   case REMAT_ERR_NUMERIC: return "REMAT_ERR_NUMERIC";
   case REMAT_ERR_BUDGET: return "REMAT_ERR_BUDGET";
   case REMAT_ERR_POLICY: return "REMAT_ERR_POLICY";
+  case REMAT_ERR_CANCELLED: return "REMAT_ERR_CANCELLED";
   }
   return "REMAT_ERR_UNKNOWN";
 }

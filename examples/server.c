@@ -10,7 +10,9 @@
  * pinned worker threads. Any host thread may call remat_step or
  * remat_forward on any graph of that runtime at any time; the scheduler
  * runs one step's task DAG at a time on all the workers, and other callers
- * wait their turn in a queue of steps (a mutex around the run). Each graph
+ * wait their turn in a queue of steps, the most urgent class first
+ * (remat_graph_priority: this server's forwards are INTERACTIVE, so they
+ * wait only for the end of the step in progress). Each graph
  * has its own compiled plan, its own memory (arenas, parameters, optimizer
  * state, kept tensors) and its own feeds, so steps of different graphs never
  * touch each other's data, and a step's results do not depend on what ran
@@ -203,6 +205,9 @@ static void *serve_main(void *arg) {
   omp_set_num_threads(sv->host.omp_threads);
   model md;
   bool ok = model_open(&sv->host, sv->rt, &md, &serve_model, 7, true);
+  /* Its forwards go ahead of the trainers' queued steps. */
+  ok = ok && LIB(&sv->host,
+                 remat_graph_priority(md.g, REMAT_PRIORITY_INTERACTIVE));
   size_t n = (size_t)serve_model.batch * serve_model.seq * serve_model.vocab;
   float *answer = malloc(n * sizeof *answer);
   float *first[2] = {malloc(n * sizeof(float)), malloc(n * sizeof(float))};

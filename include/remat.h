@@ -51,7 +51,9 @@ typedef enum remat_status {
   REMAT_ERR_NUMERIC = 10,   /* NaN or Inf in the loss or gradients, or in
                                what an update would write */
   REMAT_ERR_BUDGET = 11,    /* no remat plan fits the memory budget */
-  REMAT_ERR_POLICY = 12     /* a bad remat policy */
+  REMAT_ERR_POLICY = 12,    /* a bad remat policy */
+  REMAT_ERR_CANCELLED = 13  /* remat_cancel stopped the run, or the graph
+                               is cancelled (see remat_cancel) */
 } remat_status;
 
 /* "REMAT_OK", "REMAT_ERR_SHAPE", ... */
@@ -584,6 +586,71 @@ REMAT_API remat_status remat_trace_steps(remat_graph *g, const char *path,
                                          int steps);
 /* Forward only (for serving): no backward, no update. */
 REMAT_API remat_status remat_forward(remat_graph *g, remat_step_stats *stats);
+
+/* Asks the runs of g to stop; thread-safe, from any thread (a progress
+ * callback, a signal-handling thread, a server's connection thread), while
+ * g is running or idle, but not after remat_graph_destroy(g) began. It
+ * sets g's cancel flag, which stays set until remat_uncancel(g): a
+ * remat_step, remat_accumulate or remat_forward that is running on g stops
+ * at its next task boundary and returns REMAT_ERR_CANCELLED, and every
+ * later one returns REMAT_ERR_CANCELLED at once, without running a task.
+ * Like every failed run, a cancelled one changes no parameter, AdamW
+ * moment, gradient sum or counter, so after remat_uncancel the same call
+ * on the same feeds gives bitwise what it would have given without the
+ * cancel. A step or micro-step that has passed its update gate (every
+ * gradient computed and checked) applies its update whole and returns
+ * REMAT_OK: the flag stays set for the next call. Feeds, reads, writes
+ * and checkpoints ignore the flag. Returns REMAT_ERR_INVALID_ARG for a
+ * NULL g, else REMAT_OK. */
+REMAT_API remat_status remat_cancel(remat_graph *g);
+/* Clears g's cancel flag (a no-op when it is not set): the next run of g
+ * runs. Thread-safe like remat_cancel. A remat_cancel that races with it
+ * may land on either side. */
+REMAT_API remat_status remat_uncancel(remat_graph *g);
+/* Whether g's cancel flag is set (0 or 1; 0 for a NULL g). */
+REMAT_API int remat_cancelled(const remat_graph *g);
+
+/* How urgent a graph's runs are when several wait for the runtime's
+ * workers (remat_graph_priority). */
+typedef enum remat_priority {
+  REMAT_PRIORITY_NORMAL = 0,      /* the default */
+  REMAT_PRIORITY_INTERACTIVE = 1, /* serving: before every other class */
+  REMAT_PRIORITY_BATCH = 2        /* after every other class */
+} remat_priority;
+/* Sets the class of g's runs (remat_step, remat_accumulate,
+ * remat_forward); thread-safe, from any thread, taking effect at g's next
+ * run. The runtime's workers run one run's task DAG at a time; when it
+ * ends, the run that goes next is one of the most urgent class that
+ * waits (INTERACTIVE, then NORMAL, then BATCH), and within a class the
+ * one that began waiting first. So a forward of an INTERACTIVE graph
+ * waits at most for the end of the run in progress, never behind queued
+ * runs of other classes; a BATCH graph's runs wait while any other waits
+ * (they may wait forever under a steady stream of them). A run in
+ * progress is not interrupted: its tasks keep all the workers until it
+ * ends (tasks of several graphs do not yet interleave). Results do not
+ * depend on the class. A value outside the enum: REMAT_ERR_INVALID_ARG. */
+REMAT_API remat_status remat_graph_priority(remat_graph *g,
+                                            remat_priority priority);
+
+/* A progress callback: `fraction` is the part of the run's tasks finished
+ * so far, 0 to 1. */
+typedef void (*remat_progress_fn)(void *user, double fraction);
+/* Calls fn(user, fraction) during each remat_step, remat_accumulate and
+ * remat_forward of g, first min_interval_ms after the run starts and then
+ * min_interval_ms after the previous call returned, at the earliest
+ * (1 to 3600000 ms, else REMAT_ERR_INVALID_ARG),
+ * on a thread of g's own that is neither a worker nor the caller's, and
+ * holding no lock of the scheduler or of g: fn may call remat_cancel(g)
+ * (a server cancels a request whose client went away) or block, which
+ * delays the end of g's run but no other graph's. A run shorter than the
+ * interval gets no call. When the run's call returns, no call for it is in
+ * progress or will come, so `user` may then be freed. fn must not call a
+ * function that enters g (a step, a feed, a read: REMAT_ERR_STATE) or
+ * destroy g. fn NULL removes the callback and its thread; setting another
+ * replaces it. Not while another thread is inside g (REMAT_ERR_STATE);
+ * allowed before compile. remat_graph_destroy stops the thread. */
+REMAT_API remat_status remat_set_progress(remat_graph *g, remat_progress_fn fn,
+                                          void *user, int min_interval_ms);
 
 /* Copies a parameter, input, the loss or a kept tensor out (exactly its
  * size in bytes). */

@@ -196,6 +196,9 @@ struct remat_graph {
   int depth;               /* its nested calls */
   struct graph_step *step; /* the compiled step and its state */
   struct dp_graph *dp;     /* data parallel (mpi_dp.c), NULL when not */
+  _Atomic int cancel;      /* remat_cancel: set until remat_uncancel */
+  _Atomic int priority;    /* remat_graph_priority: a remat_priority */
+  struct graph_progress *progress; /* remat_set_progress, NULL when none */
 };
 
 /* graph_check.c: records the first error on the graph (sticky) and in

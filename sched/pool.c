@@ -77,6 +77,7 @@ static void init_shared(sched_pool *pool) {
   pthread_mutex_init(&pool->done_mutex, NULL);
   pthread_cond_init(&pool->done_cond, NULL);
   pthread_mutex_init(&pool->run_mutex, NULL);
+  pthread_cond_init(&pool->run_cond, NULL);
 }
 
 static void init_nodes(sched_pool *pool) {
@@ -121,6 +122,7 @@ static void teardown(sched_pool *pool, int nstarted) {
   pthread_mutex_destroy(&pool->done_mutex);
   pthread_cond_destroy(&pool->done_cond);
   pthread_mutex_destroy(&pool->run_mutex);
+  pthread_cond_destroy(&pool->run_cond);
   free(pool->workers);
   free(pool->nodes);
   free(pool->pending);
@@ -195,6 +197,8 @@ void sched_pool_destroy(sched_pool *pool) {
     return;
   /* A run in progress finishes first. */
   pthread_mutex_lock(&pool->run_mutex);
+  while (pool->run_busy)
+    pthread_cond_wait(&pool->run_cond, &pool->run_mutex);
   pthread_mutex_unlock(&pool->run_mutex);
   teardown(pool, pool->nworkers);
 }

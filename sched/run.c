@@ -72,6 +72,10 @@ static bool run_task(sched_worker *w, int32_t task) {
   if (trace)
     trace[task].end_ns = sched_now_ns();
   w->finished++;
+  if (pool->progress != NULL)
+    atomic_fetch_add_explicit(
+        &pool->progress[w->index * SCHED_PROGRESS_STRIDE], 1,
+        memory_order_relaxed);
   return true;
 }
 
@@ -262,6 +266,8 @@ void sched_complete(sched_pool *pool, int32_t task) {
   const sched_task *t = &dag->tasks[task];
   if (pool->trace)
     pool->trace[task].end_ns = sched_now_ns();
+  if (pool->progress != NULL)
+    atomic_fetch_add_explicit(&pool->progress[0], 1, memory_order_relaxed);
   for (int32_t e = t->succ_begin; e < t->succ_end; e++) {
     int32_t s = dag->succ[e];
     if (!last_predecessor(&dag->tasks[s], &pool->pending[s]))
@@ -409,6 +415,35 @@ static remat_status run_locked(sched_pool *pool, const sched_dag *dag,
   return status;
 }
 
+/* Whether a class more urgent than `cls` has a run waiting. */
+static bool urgent_waiting(const sched_pool *pool, int cls) {
+  for (int c = 0; c < cls; c++)
+    if (pool->run_waiting[c] > 0)
+      return true;
+  return false;
+}
+
+/* Waits for the pool's turn of a run of class `cls` (sched_run). */
+static void take_pool(sched_pool *pool, int cls) {
+  pthread_mutex_lock(&pool->run_mutex);
+  uint64_t ticket = pool->run_ticket[cls]++;
+  pool->run_waiting[cls]++;
+  while (pool->run_busy || urgent_waiting(pool, cls) ||
+         pool->run_serving[cls] != ticket)
+    pthread_cond_wait(&pool->run_cond, &pool->run_mutex);
+  pool->run_waiting[cls]--;
+  pool->run_serving[cls]++;
+  pool->run_busy = true;
+  pthread_mutex_unlock(&pool->run_mutex);
+}
+
+static void give_pool(sched_pool *pool) {
+  pthread_mutex_lock(&pool->run_mutex);
+  pool->run_busy = false;
+  pthread_cond_broadcast(&pool->run_cond);
+  pthread_mutex_unlock(&pool->run_mutex);
+}
+
 remat_status sched_run(sched_pool *pool, sched_dag *dag,
                        const sched_run_opts *opts, char err[SCHED_ERRMSG_MAX]) {
   sched_trace_result local;
@@ -419,13 +454,21 @@ remat_status sched_run(sched_pool *pool, sched_dag *dag,
   remat_status status = check_run(pool, dag, err);
   if (status != REMAT_OK)
     return status;
-  pthread_mutex_lock(&pool->run_mutex);
+  int cls = opts ? opts->priority_class : 0;
+  if (cls < 0 || cls >= SCHED_NUM_CLASSES) {
+    snprintf(err, SCHED_ERRMSG_MAX,
+             "sched_run: priority class %d is not 0 to %d", cls,
+             SCHED_NUM_CLASSES - 1);
+    return REMAT_ERR_INVALID_ARG;
+  }
+  take_pool(pool, cls);
   atomic_store(&pool->error_status, 0);
   pool->context = opts ? opts->context : NULL;
+  pool->progress = opts ? opts->progress : NULL;
   status = run_locked(pool, dag, opts ? opts->trace_path : NULL,
                       opts ? opts->records : NULL, traced,
                       opts ? opts->admit_bound : 0, err);
-  pthread_mutex_unlock(&pool->run_mutex);
+  give_pool(pool);
   if (traced == &local && local.status != REMAT_OK && status == REMAT_OK) {
     snprintf(err, SCHED_ERRMSG_MAX, "%s", local.err);
     status = local.status;

@@ -5,6 +5,7 @@
 #define REMAT_SCHED_H
 
 #include <hwloc.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -144,11 +145,27 @@ typedef struct sched_run_opts {
   /* Memory admission (sched_dag_set_admit): the bytes that the admitted
    * tasks of the run may hold at once; 0: no admission. */
   int64_t admit_bound;
+  /* NULL, or the caller's per-worker counters of the run's finished
+   * tasks, at progress[worker * SCHED_PROGRESS_STRIDE] (a cache line
+   * each), zeroed by the caller: each task's end adds 1 to its worker's
+   * (relaxed; an async task finished by sched_complete counts at worker
+   * 0), so that another thread may read how far the run is. */
+  _Atomic int64_t *progress;
+  /* When runs wait for the pool: the run of the lowest class waiting
+   * goes next, first come first served within a class (0 .. 
+   * SCHED_NUM_CLASSES - 1; 0 is the most urgent). */
+  int priority_class;
 } sched_run_opts;
 
+#define SCHED_NUM_CLASSES 3
+
+#define SCHED_PROGRESS_STRIDE 8
+
 /* Runs every task of a finalized DAG once, respecting edges; returns when
- * all have finished. Runs on one pool are serialized (a second caller waits
- * for the first). Allocates nothing unless tracing. The trace, when asked
+ * all have finished. Runs on one pool are serialized: a caller waits while
+ * a run is in progress or a run of a more urgent class (opts'
+ * priority_class), or of its own class that came first, waits. Allocates
+ * nothing unless tracing. The trace, when asked
  * for, is written whatever the tasks returned. */
 remat_status sched_run(sched_pool *pool, sched_dag *dag,
                        const sched_run_opts *opts, char err[SCHED_ERRMSG_MAX]);

@@ -312,6 +312,7 @@ struct sched_pool {
   sched_links links;         /* queue links */
   sched_trace_record *trace; /* only while a traced run is in progress */
   void *context;             /* the run's sched_run_opts.context */
+  _Atomic int64_t *progress; /* the run's sched_run_opts.progress */
   int64_t trace_origin_ns;
 
   /* Read-mostly during a run. */
@@ -338,7 +339,15 @@ struct sched_pool {
   pthread_cond_t done_cond;
   int active;
   int started;
-  pthread_mutex_t run_mutex; /* serializes sched_run */
+  /* The queue of runs (run.c): one runs at a time; a finished run hands
+   * the pool to the most urgent class that waits, and within a class to
+   * the one that came first (tickets), under run_mutex. */
+  pthread_mutex_t run_mutex;
+  pthread_cond_t run_cond;
+  bool run_busy;
+  int run_waiting[SCHED_NUM_CLASSES]; /* callers waiting, per class */
+  uint64_t run_ticket[SCHED_NUM_CLASSES]; /* the next caller's ticket */
+  uint64_t run_serving[SCHED_NUM_CLASSES]; /* the ticket that goes next */
 };
 
 /* run.c: the body of one run on one worker; returns when all tasks of

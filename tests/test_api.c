@@ -363,8 +363,8 @@ static void test_status_strings(void **state) {
       "REMAT_ERR_SHAPE",   "REMAT_ERR_CONFIG",      "REMAT_ERR_LIMIT",
       "REMAT_ERR_CYCLE",   "REMAT_ERR_STATE",       "REMAT_ERR_BACKEND",
       "REMAT_ERR_IO",      "REMAT_ERR_NUMERIC",     "REMAT_ERR_BUDGET",
-      "REMAT_ERR_POLICY"};
-  for (int s = REMAT_OK; s <= REMAT_ERR_POLICY; s++)
+      "REMAT_ERR_POLICY",  "REMAT_ERR_CANCELLED"};
+  for (int s = REMAT_OK; s <= REMAT_ERR_CANCELLED; s++)
     assert_string_equal(remat_status_string((remat_status)s), names[s]);
   assert_string_equal(remat_status_string((remat_status)99),
                       "REMAT_ERR_UNKNOWN");

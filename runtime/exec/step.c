@@ -18,6 +18,7 @@
 #include "runtime/dp/dp.h"
 #include "runtime/exec/node_copies.h"
 #include "runtime/exec/precision.h"
+#include "runtime/exec/progress.h"
 #include "runtime/exec/step_stats.h"
 #include "runtime/exec/tasks.h"
 
@@ -413,6 +414,15 @@ static int64_t admit_bound(const compiled_step *c, const step_state *st) {
                                              : c->predicted.transient_peak;
 }
 
+/* The scheduler's class of a remat_priority: 0 is the most urgent. */
+static int sched_class(int priority) {
+  switch (priority) {
+  case REMAT_PRIORITY_INTERACTIVE: return 0;
+  case REMAT_PRIORITY_BATCH: return 2;
+  default: return 1;
+  }
+}
+
 /* Runs the DAG in `mode`. The counters move only after a run that
  * succeeded: the update counter after a step or a forward run, the
  * micro-steps after an accumulation. */
@@ -438,10 +448,23 @@ static remat_status run_step(graph_step *gs, run_mode mode,
     return s;
   char err[SCHED_ERRMSG_MAX] = "";
   opts.admit_bound = admit_bound(c, st);
+  opts.priority_class = sched_class(atomic_load(&c->g->priority));
+  opts.progress =
+      progress_begin(c->g->progress, sched_dag_num_tasks(c->tasks.dag));
   s = sched_run(c->g->rt->pool, c->tasks.dag, &opts, err);
+  progress_end(c->g->progress);
   remat_status local = s;
   s = dp_step_end(c, st, s, err, sizeof err);
   double secs = now_seconds() - t0;
+  if (s == REMAT_ERR_CANCELLED && local == s) {
+    step_trace_cancel(&st->trace);
+    release_transients(c, st);
+    return remat__fail(s, "%s: cancelled by remat_cancel at a task boundary "
+                       "before any update: no parameter, moment, gradient "
+                       "sum or counter was changed (remat_uncancel clears "
+                       "the flag)",
+                       what);
+  }
   if (s != REMAT_OK) {
     step_trace_cancel(&st->trace);
     release_transients(c, st);
@@ -474,8 +497,69 @@ static remat_status run_step(graph_step *gs, run_mode mode,
 
 /* ---- the public calls: enter, run, leave ---- */
 
+/* A run of a cancelled graph (remat_cancel) returns before any task. */
+static remat_status enter_run(remat_graph *g, const char *what) {
+  remat_status s = enter(g, what);
+  if (s != REMAT_OK || !atomic_load(&g->cancel))
+    return s;
+  s = remat__fail(REMAT_ERR_CANCELLED,
+                  "%s: the graph is cancelled (remat_cancel): nothing was "
+                  "run; call remat_uncancel to run it again",
+                  what);
+  graph_leave(g); /* after the failure: remat_graph_error has it */
+  return s;
+}
+
+remat_status remat_cancel(remat_graph *g) {
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG, "remat_cancel: graph is NULL");
+  atomic_store(&g->cancel, 1);
+  return REMAT_OK;
+}
+
+remat_status remat_uncancel(remat_graph *g) {
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_uncancel: graph is NULL");
+  atomic_store(&g->cancel, 0);
+  return REMAT_OK;
+}
+
+remat_status remat_set_progress(remat_graph *g, remat_progress_fn fn,
+                                void *user, int min_interval_ms) {
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_set_progress: graph is NULL");
+  remat_status s = graph_enter(g, "remat_set_progress");
+  if (s != REMAT_OK)
+    return s;
+  s = progress_set(g, fn, user, min_interval_ms);
+  graph_leave(g);
+  return s;
+}
+
+remat_status remat_graph_priority(remat_graph *g, remat_priority priority) {
+  if (g == NULL)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_graph_priority: graph is NULL");
+  if (priority != REMAT_PRIORITY_NORMAL &&
+      priority != REMAT_PRIORITY_INTERACTIVE &&
+      priority != REMAT_PRIORITY_BATCH)
+    return remat__fail(REMAT_ERR_INVALID_ARG,
+                       "remat_graph_priority: priority %d is not "
+                       "REMAT_PRIORITY_NORMAL (0), REMAT_PRIORITY_INTERACTIVE "
+                       "(1) or REMAT_PRIORITY_BATCH (2)",
+                       (int)priority);
+  atomic_store(&g->priority, (int)priority);
+  return REMAT_OK;
+}
+
+int remat_cancelled(const remat_graph *g) {
+  return g != NULL && atomic_load(&g->cancel) != 0;
+}
+
 remat_status remat_step(remat_graph *g, remat_step_stats *stats) {
-  remat_status s = enter(g, "remat_step");
+  remat_status s = enter_run(g, "remat_step");
   if (s != REMAT_OK)
     return s;
   if (g->step->compiled.forward_only)
@@ -555,7 +639,7 @@ static remat_status do_accumulate(remat_graph *g, remat_step_stats *stats) {
 }
 
 remat_status remat_accumulate(remat_graph *g, remat_step_stats *stats) {
-  remat_status s = enter(g, "remat_accumulate");
+  remat_status s = enter_run(g, "remat_accumulate");
   if (s != REMAT_OK)
     return s;
   s = do_accumulate(g, stats);
@@ -564,7 +648,7 @@ remat_status remat_accumulate(remat_graph *g, remat_step_stats *stats) {
 }
 
 remat_status remat_forward(remat_graph *g, remat_step_stats *stats) {
-  remat_status s = enter(g, "remat_forward");
+  remat_status s = enter_run(g, "remat_forward");
   if (s != REMAT_OK)
     return s;
   if (!g->step->compiled.forward_only)

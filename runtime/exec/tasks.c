@@ -16,6 +16,18 @@
 const task_bodies remat__task_bodies = {tasks_start, tasks_tile, tasks_done,
                                         dp_bucket_task, dp_agree_task};
 
+void (*remat__task_hook)(const remat_graph *g, int knode_kind);
+
+/* remat_cancel, seen at a task's start: every task before the update gate
+ * stops the run (so no update runs); those of the updates, which only the
+ * gate's passing starts, finish it, so an update is applied whole. */
+static bool cancelled(const step_run *r, const plan_knode *kn) {
+  if (remat__task_hook != NULL)
+    remat__task_hook(r->c->g, (int)kn->kind);
+  return kn->kind != KNODE_UPDATE &&
+         atomic_load_explicit(&r->c->g->cancel, memory_order_relaxed);
+}
+
 static float *buf_data(const step_state *s, int32_t b) {
   return b < 0 ? NULL : s->data[b];
 }
@@ -54,6 +66,8 @@ int tasks_start(void *run, void *arg, int worker) {
   const compiled_step *c = r->c;
   step_state *s = r->s;
   const plan_knode *kn = arg;
+  if (cancelled(r, kn))
+    return REMAT_ERR_CANCELLED;
   for (int i = 0; i < kn->ninit; i++) {
     int32_t b = kn->init[i];
     const plan_buffer *buf = &c->low.bufs[b];
@@ -249,6 +263,8 @@ int tasks_tile(void *run, void *arg, int worker) {
   const plan_tile *t = arg;
   const plan_knode *kn = t->kn;
   op_bufs local;
+  if (cancelled(r, kn))
+    return REMAT_ERR_CANCELLED;
   switch (kn->kind) {
   case KNODE_SEED: return seed_tile(r, kn);
   case KNODE_UPDATE:
@@ -272,6 +288,8 @@ int tasks_done(void *run, void *arg, int worker) {
   const compiled_step *c = r->c;
   step_state *s = r->s;
   const plan_knode *kn = arg;
+  if (cancelled(r, kn))
+    return REMAT_ERR_CANCELLED;
   for (int i = 0; i < kn->ntouch; i++) {
     int32_t b = kn->touch[i];
     const plan_buffer *buf = &c->low.bufs[b];

@@ -19,6 +19,11 @@ void tasks_bind(const compiled_step *c, step_state *s, int32_t k);
  * wrote them (creation, remat_write, a load, the broadcast). */
 void tasks_scan_maxima(const compiled_step *c, step_state *s);
 
+/* Test hook: when set, called with the graph and the knode_kind at
+ * the start of each task body, before the task looks at remat_cancel (a
+ * test cancels at a chosen point of the step from it). */
+extern void (*remat__task_hook)(const remat_graph *g, int knode_kind);
+
 /* arg: the plan_knode. */
 int tasks_start(void *run, void *arg, int worker);
 /* arg: the plan_tile. */

@@ -12,6 +12,7 @@
 #include "runtime/internal.h"
 #include "runtime/policy/policy.h"
 #include "runtime/dp/dp.h"
+#include "runtime/exec/progress.h"
 #include "runtime/exec/step_state.h"
 
 
@@ -33,6 +34,7 @@ void remat_graph_destroy(remat_graph *g) {
   if (g == NULL)
     return;
   graph_enter_wait(g); /* a step running on another thread finishes first */
+  progress_free(g->progress);
   graph_step_destroy(g);
   dp_graph_free(g);
   for (int32_t i = 0; i < g->nops; i++)
