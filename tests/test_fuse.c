@@ -290,11 +290,120 @@ static void test_op_fuse_refused(void **state) {
   op_instance_release(&inst);
 }
 
+/* A small graph on one thread: x [8,16] -> y = linear(x, w, b) [8,24]
+ * and what `shape` builds on y; compiled (forward only when no loss). */
+typedef enum shape_kind {
+  GELU_ERF_FORWARD, /* out = gelu_erf(y), kept; forward only */
+  TWO_READERS,      /* loss = mean(add(add(y, r), relu(y))) */
+  KEPT,             /* y kept; loss = mean(add(r, y)) */
+  ADD_FIRST,        /* loss = mean(add(y, r)): y is the add's input 0 */
+} shape_kind;
+
+typedef struct small {
+  remat_runtime *rt;
+  remat_graph *g;
+  remat_tensor *out;
+} small;
+
+static void small_open(small *s, shape_kind kind, const char *fuse) {
+  setenv("REMAT_FUSE", fuse, 1);
+  remat_config rc = config(1, "nothing_saveable", REMAT_PRECISION_F32);
+  assert_int_equal(remat_runtime_create(&rc, &s->rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(s->rt, &s->g), REMAT_OK);
+  remat_graph *g = s->g;
+  int64_t xd[2] = {8, 16}, wd[2] = {24, 16}, bd[1] = {24}, yd[2] = {8, 24};
+  remat_tensor *x = remat_input(g, "x", REMAT_F32, 2, xd);
+  remat_tensor *r = remat_input(g, "r", REMAT_F32, 2, yd);
+  remat_tensor *w = remat_param(g, "w", 2, wd, REMAT_INIT_NORMAL, 0.5f);
+  remat_tensor *b = remat_param(g, "b", 1, bd, REMAT_INIT_NORMAL, 0.5f);
+  remat_tensor *y = remat_linear(g, x, w, b), *loss = NULL;
+  switch (kind) {
+  case GELU_ERF_FORWARD:
+    s->out = remat_gelu(g, y, REMAT_GELU_ERF);
+    assert_int_equal(remat_keep(g, s->out), REMAT_OK);
+    break;
+  case TWO_READERS: {
+    remat_tensor *a = remat_add(g, y, r);
+    loss = remat_mean(g, remat_add(g, a, remat_relu(g, y)));
+    break;
+  }
+  case KEPT:
+    assert_int_equal(remat_keep(g, y), REMAT_OK);
+    loss = remat_mean(g, remat_add(g, r, y));
+    break;
+  case ADD_FIRST:
+    loss = remat_mean(g, remat_add(g, y, r));
+    break;
+  }
+  assert_int_equal(remat_compile(g, loss, NULL), REMAT_OK);
+  float xv[8 * 16], rv[8 * 24];
+  for (int i = 0; i < 8 * 16; i++)
+    xv[i] = (float)((i * 37) % 23) / 11.0f - 1.0f;
+  for (int i = 0; i < 8 * 24; i++)
+    rv[i] = (float)((i * 29) % 17) / 8.0f - 1.0f;
+  assert_int_equal(remat_feed(g, x, xv, sizeof xv), REMAT_OK);
+  assert_int_equal(remat_feed(g, r, rv, sizeof rv), REMAT_OK);
+  if (loss != NULL)
+    s->out = loss;
+}
+
+static void small_close(small *s) {
+  remat_graph_destroy(s->g);
+  remat_runtime_destroy(s->rt);
+}
+
+static int fused_nodes(const remat_graph *g) {
+  return count(g, KNODE_FORWARD, "linear.fwd_add") +
+         count(g, KNODE_FORWARD, "linear.fwd_gelu") +
+         count(g, KNODE_RECOMPUTE, "linear.fwd_add") +
+         count(g, KNODE_RECOMPUTE, "linear.fwd_gelu");
+}
+
+/* Fusion happens only where the linear's output has one reader and is not
+ * kept; the erf form fuses (forward only) with the same bits; an add fuses
+ * whichever of its inputs the linear's output is. */
+static void test_fuse_only_where_allowed(void **state) {
+  (void)state;
+  char *saved = getenv("REMAT_FUSE") ? strdup(getenv("REMAT_FUSE")) : NULL;
+  small s;
+  float fused[8 * 24], plain[8 * 24];
+  for (int on = 1; on >= 0; on--) {
+    small_open(&s, GELU_ERF_FORWARD, on ? "1" : "0");
+    assert_int_equal(count(s.g, KNODE_FORWARD, "linear.fwd_gelu"), on);
+    assert_int_equal(remat_forward(s.g, NULL), REMAT_OK);
+    assert_int_equal(remat_read(s.g, s.out, on ? fused : plain, sizeof fused),
+                     REMAT_OK);
+    small_close(&s);
+  }
+  assert_memory_equal(fused, plain, sizeof fused);
+  small_open(&s, TWO_READERS, "1");
+  assert_int_equal(fused_nodes(s.g), 0);
+  assert_int_equal(remat_step(s.g, NULL), REMAT_OK);
+  small_close(&s);
+  small_open(&s, KEPT, "1");
+  assert_int_equal(fused_nodes(s.g), 0);
+  small_close(&s);
+  small_open(&s, ADD_FIRST, "1");
+  assert_int_equal(count(s.g, KNODE_FORWARD, "linear.fwd_add"), 1);
+  float loss[2];
+  assert_int_equal(remat_step(s.g, NULL), REMAT_OK);
+  assert_int_equal(remat_read(s.g, s.out, &loss[0], sizeof *loss), REMAT_OK);
+  small_close(&s);
+  small_open(&s, ADD_FIRST, "0");
+  assert_int_equal(remat_step(s.g, NULL), REMAT_OK);
+  assert_int_equal(remat_read(s.g, s.out, &loss[1], sizeof *loss), REMAT_OK);
+  small_close(&s);
+  assert_memory_equal(&loss[0], &loss[1], sizeof *loss);
+  restore_env(saved);
+  free(saved);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fused_nodes),
       cmocka_unit_test(test_fused_matches_unfused),
       cmocka_unit_test(test_fused_bitwise_threads),
+      cmocka_unit_test(test_fuse_only_where_allowed),
       cmocka_unit_test(test_fuse_env_refused),
       cmocka_unit_test(test_op_fuse_refused),
   };
