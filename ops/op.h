@@ -236,12 +236,13 @@ void op_instance_release(op_instance *inst);
 /* Plans inst->fused: the forward of a planned linear `inst` with the op
  * `next` that consumes its output run as the epilogue of its matmul
  * (oneDNN post-ops, in f32 before the one rounding to the output's
- * dtype), `in` the input of next that is the linear's output: `next` a gelu of the linear's output (kernel "linear.fwd_gelu"),
- * or an add of it and another tensor of the same shape ("linear.fwd_add",
- * which reads that tensor in slot OP_SLOT_IN(3)). The kernel reads the
- * linear's inputs in their slots and writes next's output in OP_SLOT_OUT;
- * its tiles are those of the linear's forward. REMAT_ERR_INVALID_ARG when
- * the pair does not fuse (nothing planned). */
+ * dtype); `in` is the input of next that is the linear's output. `next`
+ * is a gelu of it (kernel "linear.fwd_gelu") or an add of it and another
+ * tensor of the same shape ("linear.fwd_add", which reads that tensor in
+ * slot OP_SLOT_IN(3)). The kernel reads the linear's inputs in their
+ * slots and writes next's output in OP_SLOT_OUT; its tiles are those of
+ * the linear's forward. REMAT_ERR_INVALID_ARG when the pair does not fuse
+ * (nothing planned). */
 remat_status op_fuse(op_instance *inst, const op_desc *next, int in,
                      char err[OP_ERRMSG_MAX]);
 

@@ -81,7 +81,7 @@ static void test_fused_nodes(void **state) {
     remat_config rc = config(2, c->policy, REMAT_PRECISION_F32);
     fixture f;
     assert_int_equal(fixture_open_config(&f, &two, &rc, NULL), REMAT_OK);
-    int want[6] = {c->fwd_add, c->fwd_gelu, c->fwd_linear,
+    int want[6] = {c->fwd_add, c->fwd_gelu,   c->fwd_linear,
                    c->rec_add, c->rec_linear, c->rec_gelu};
     if (!on) { /* 3 linears a layer and the head; recompute unfused */
       want[0] = want[1] = want[3] = 0;
@@ -96,8 +96,8 @@ static void test_fused_nodes(void **state) {
                   count(f.g, KNODE_RECOMPUTE, "gelu.fwd")};
     for (int i = 0; i < 6; i++)
       if (got[i] != want[i])
-        fail_msg("%s, REMAT_FUSE %d: count %d is %d, expected %d",
-                 c->policy, on, i, got[i], want[i]);
+        fail_msg("%s, REMAT_FUSE %d: count %d is %d, expected %d", c->policy,
+                 on, i, got[i], want[i]);
     assert_int_equal(count(f.g, KNODE_FORWARD, "add.fwd"), on ? 0 : 4);
     /* a fused node computes its consumer's tensor on the linear */
     const plan_lowering *l = &f.g->step->compiled.low;
@@ -220,8 +220,8 @@ static void test_fused_bitwise_threads(void **state) {
       remat_precision p = bf16 ? REMAT_PRECISION_BF16 : REMAT_PRECISION_F32;
       result one = run(fuse, 1, NULL, policies[k], p);
       result two_t = run(fuse, 2, NULL, policies[k], p);
-      result nodes = run(fuse, 2, "package:2 numa:1 core:1 pu:1",
-                         policies[k], p);
+      result nodes =
+          run(fuse, 2, "package:2 numa:1 core:1 pu:1", policies[k], p);
       if (one.hash != two_t.hash || one.hash != nodes.hash)
         fail_msg("%s %s: gradient hashes %016llx (1 thread), %016llx (2), "
                  "%016llx (2 nodes)",
@@ -258,23 +258,21 @@ static void test_fuse_env_refused(void **state) {
 /* op_fuse refuses what it cannot fuse and plans nothing. */
 static void test_op_fuse_refused(void **state) {
   (void)state;
-  op_desc lin = {.type = OP_LINEAR, .nin = 3,
-                 .in = {S2(4, 8), S2(6, 8), S1(6)}};
+  op_desc lin = {
+      .type = OP_LINEAR, .nin = 3, .in = {S2(4, 8), S2(6, 8), S1(6)}};
   op_instance inst;
   char err[OP_ERRMSG_MAX];
   assert_int_equal(op_plan(&lin, engine, &inst, err), REMAT_OK);
-  op_desc relu = {.type = OP_RELU, .nin = 1, .in = {S2(4, 6)},
-                  .out = S2(4, 6)};
+  op_desc relu = {.type = OP_RELU, .nin = 1, .in = {S2(4, 6)}, .out = S2(4, 6)};
   assert_int_equal(op_fuse(&inst, &relu, 0, err), REMAT_ERR_INVALID_ARG);
   assert_string_equal(err, "linear: y [4,6] (f32) does not fuse into relu of "
                            "[4,6] input 0 (f32): only into a gelu of y or an "
                            "add of y and a tensor of its shape");
-  op_desc wide = {.type = OP_GELU, .nin = 1, .in = {S2(4, 7)},
-                  .out = S2(4, 7)};
+  op_desc wide = {.type = OP_GELU, .nin = 1, .in = {S2(4, 7)}, .out = S2(4, 7)};
   assert_int_equal(op_fuse(&inst, &wide, 0, err), REMAT_ERR_INVALID_ARG);
   assert_int_equal(inst.nfused, 0);
-  op_desc add = {.type = OP_ADD, .nin = 2, .in = {S2(4, 6), S2(4, 6)},
-                 .out = S2(4, 6)};
+  op_desc add = {
+      .type = OP_ADD, .nin = 2, .in = {S2(4, 6), S2(4, 6)}, .out = S2(4, 6)};
   assert_int_equal(op_fuse(&inst, &add, 1, err), REMAT_OK);
   assert_int_equal(inst.nfused, 1);
   assert_string_equal(inst.fused.name, "linear.fwd_add");

@@ -13,8 +13,8 @@ static int32_t top_of(const remat_graph *g, int32_t o) {
 }
 
 /* Whether op c's input k is a linear's output that c alone reads. */
-static bool fusable(const remat_graph *g, const int32_t *readers,
-                    int32_t loss, int32_t c, int k) {
+static bool fusable(const remat_graph *g, const int32_t *readers, int32_t loss,
+                    int32_t c, int k) {
   int32_t t = g->ops[c].in[k];
   const remat_tensor *x = g->tensors[t];
   if (x->kind != TENSOR_ACT || x->keep || t == loss || readers[t] != 1 ||
