@@ -44,6 +44,7 @@ typedef struct options {
   remat_precision precision;
   int precision_both; /* --precision both */
   int compare_admission; /* --compare-admission */
+  int compare_fusion;    /* --compare-fusion */
 } options;
 
 static double now(void) {
@@ -159,6 +160,7 @@ static void usage(FILE *f) {
           "                   [--policy P] [--budget BYTES] [--accum K] [--json]\n"
           "                   [--compare-threads] [--attention fused|materialized|both]\n"
           "                   [--precision f32|bf16|both] [--compare-admission]\n"
+          "                   [--compare-fusion]\n"
           "                   [--model gpt|llama|encoder|gpt+llama]\n"
           "                   [--kv-heads KVH] [--ffn I]\n"
           "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
@@ -176,6 +178,10 @@ static void usage(FILE *f) {
           "(the runtime created with REMAT_BENCH_NO_ADMISSION set), in\n"
           "interleaved rounds, and report the step-time ratio; admission\n"
           "acts only under a budget (--budget)\n"
+          "--compare-fusion: also run the model without fused epilogues\n"
+          "(the runtime created with REMAT_FUSE=0; the main run with\n"
+          "REMAT_FUSE=1), in interleaved rounds, and report the step-time\n"
+          "ratio\n"
           "--model: the GPT (default); llama: remat_llama_build at the same\n"
           "d_model, layers, heads, seq, batch and vocab, with KVH key/value\n"
           "heads (default H/4) and a SwiGLU of width I (default 8D/3 rounded\n"
@@ -206,6 +212,7 @@ static int parse_args(int argc, char **argv, options *o) {
       {"attention", 1, 0, 'A'},
       {"precision", 1, 0, 'R'},
       {"compare-admission", 0, 0, 'X'},
+      {"compare-fusion", 0, 0, 'F'},
       {"model", 1, 0, 'm'},
       {"kv-heads", 1, 0, 'k'},
       {"ffn", 1, 0, 'f'},
@@ -237,6 +244,7 @@ static int parse_args(int argc, char **argv, options *o) {
     case 'j': o->json = 1; break;
     case 'C': o->compare_threads = 1; break;
     case 'X': o->compare_admission = 1; break;
+    case 'F': o->compare_fusion = 1; break;
     case 'A':
       if (strcmp(optarg, "fused") == 0)
         o->cfg.attention = REMAT_ATTENTION_FUSED;
@@ -294,10 +302,10 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
   }
   if (o->both + o->compare_threads + o->precision_both + o->model_both +
-          o->compare_admission > 1) {
+          o->compare_admission + o->compare_fusion > 1) {
     fprintf(stderr, "bench_train: --attention both, --precision both, "
-                    "--model gpt+llama, --compare-threads and "
-                    "--compare-admission exclude each "
+                    "--model gpt+llama, --compare-threads, "
+                    "--compare-admission and --compare-fusion exclude each "
                     "other\n");
     return 0;
   }
@@ -510,9 +518,11 @@ static const char *attention_name(remat_attention_kind k) {
 
 /* The JSON line of run b; one: its 1-thread peer (--compare-threads);
  * f32: the f32 run beside this bf16 one (--precision both); plain: the
- * same run without memory admission (--compare-admission). */
+ * same run without memory admission (--compare-admission); unfused: the
+ * same run without fused epilogues (--compare-fusion). */
 static void report(const bench *b, const bench *one, const bench *f32,
-                   const bench *plain, const options *o) {
+                   const bench *plain, const bench *unfused,
+                   const options *o) {
   const remat_step_stats st = b->st;
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   double step_s = median(b->times, o->steps);
@@ -594,6 +604,18 @@ static void report(const bench *b, const bench *one, const bench *f32,
            (long long)plain->peak,
            plain->checksum == b->checksum ? "true" : "false");
   }
+  if (unfused != NULL) {
+    /* fusion's gain: this step's median over the unfused one's, from the
+     * same rounds; its MFU against the same roofline */
+    double step_un = median(unfused->times, o->steps);
+    json_put(&nulls, "no_fusion_step_s_median", "%.6f", step_un);
+    json_put(&nulls, "fusion_step_ratio", "%.4f", step_s / step_un);
+    json_put(&nulls, "no_fusion_mfu", "%.4f", mfu * step_s / step_un);
+    printf(", \"no_fusion_activation_peak_bytes\": %lld, "
+           "\"checksum_matches_no_fusion\": %s",
+           (long long)unfused->act_peak,
+           unfused->checksum == b->checksum ? "true" : "false");
+  }
   printf("%s%s}\n", dp_json, json_nonfinite(&nulls));
 }
 
@@ -609,7 +631,10 @@ int main(int argc, char **argv) {
   bench main_run, peer;
   int compare = o.compare_threads && o.threads > 1;
   int second = compare || o.both || o.precision_both || o.model_both ||
-               o.compare_admission;
+               o.compare_admission || o.compare_fusion;
+  char *fuse_env = getenv("REMAT_FUSE") ? strdup(getenv("REMAT_FUSE")) : NULL;
+  if (o.compare_fusion) /* read when each runtime is created */
+    setenv("REMAT_FUSE", "1", 1);
   remat_attention_kind main_kind =
       o.both ? REMAT_ATTENTION_MATERIALIZED : o.cfg.attention;
   remat_precision main_precision =
@@ -620,6 +645,8 @@ int main(int argc, char **argv) {
     return 1;
   if (o.compare_admission) /* read when the peer's runtime is created */
     setenv("REMAT_BENCH_NO_ADMISSION", "1", 1);
+  if (o.compare_fusion)
+    setenv("REMAT_FUSE", "0", 1);
   if (second &&
       bench_open(&peer, &o, compare ? 1 : o.threads,
                  o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention,
@@ -627,6 +654,11 @@ int main(int argc, char **argv) {
                  o.model_both ? MODEL_LLAMA : main_model))
     return 1;
   unsetenv("REMAT_BENCH_NO_ADMISSION");
+  if (fuse_env != NULL)
+    setenv("REMAT_FUSE", fuse_env, 1);
+  else
+    unsetenv("REMAT_FUSE");
+  free(fuse_env);
   /* Interleaved rounds: the two runs alternate which goes first, so that
    * neither always follows the other's cache and frequency state. */
   for (int s = 0; s <= o.steps; s++) {
@@ -640,9 +672,11 @@ int main(int argc, char **argv) {
         return 1;
   }
   report(&main_run, compare ? &peer : NULL, NULL,
-         o.compare_admission ? &peer : NULL, &o);
+         o.compare_admission ? &peer : NULL,
+         o.compare_fusion ? &peer : NULL, &o);
   if (o.both || o.precision_both || o.model_both)
-    report(&peer, NULL, o.precision_both ? &main_run : NULL, NULL, &o);
+    report(&peer, NULL, o.precision_both ? &main_run : NULL, NULL, NULL,
+           &o);
   bench_close(&main_run);
   if (second)
     bench_close(&peer);

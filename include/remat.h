@@ -696,7 +696,9 @@ typedef enum remat_policy_source {
 typedef struct remat_tensor_plan {
   int saved;      /* 1: kept from forward to backward (inputs, parameters,
                      tensors outside regions, region inputs and outputs,
-                     and what the deciding region's policy saves) */
+                     and what the deciding region's policy saves; 0 for
+                     a linear's output that a fused kernel never stores,
+                     see docs/performance.md) */
   int recomputed; /* 1: freed after forward and recomputed for backward */
   int region;     /* the region whose policy decided (regions are numbered
                      by remat_region_begin in call order from 0), -1 none */

@@ -239,9 +239,17 @@ static remat_status gemm_prim(op_gemm *g, op_base *base, int64_t m, int64_t n,
   if (g->alpha != 1.0f)
     st = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &g->alpha);
   dnnl_post_ops_t post = NULL;
-  if (st == dnnl_success && accumulate) {
+  bool eltwise = g->post_eltwise != dnnl_alg_kind_undef;
+  if (st == dnnl_success && (accumulate || eltwise || g->post_add)) {
+    /* the sum first (accumulating), then the epilogue: GELU, then + R */
+    dnnl_memory_desc_t r = op_md2_dt(m, n, g->c_rs, g->c_cs, g->add_dt);
     st = dnnl_post_ops_create(&post);
-    if (st == dnnl_success) st = dnnl_post_ops_append_sum(post, 1.0f);
+    if (st == dnnl_success && accumulate)
+      st = dnnl_post_ops_append_sum(post, 1.0f);
+    if (st == dnnl_success && eltwise)
+      st = dnnl_post_ops_append_eltwise(post, 1.0f, g->post_eltwise, 0, 0);
+    if (st == dnnl_success && g->post_add)
+      st = dnnl_post_ops_append_binary(post, dnnl_binary_add, &r);
     if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(attr, post);
     if (post) dnnl_post_ops_destroy(post);
   }
@@ -284,21 +292,42 @@ int64_t op_gemm_tiles(const op_gemm *g) {
   return op_div_up(g->m, g->bm) * op_div_up(g->n, g->bn);
 }
 
-int op_gemm_run(const op_gemm *g, int64_t tile, const void *a,
-                const void *b, const void *bias, void *c, bool accumulate,
-                op_worker *w) {
+/* Block `tile` of the gemm, with the fused add's operand R at add (NULL:
+ * the gemm has no post_add). */
+static int gemm_exec(const op_gemm *g, int64_t tile, const void *a,
+                     const void *b, const void *bias, const void *add,
+                     void *c, bool accumulate, op_worker *w) {
   int64_t tiles_n = op_div_up(g->n, g->bn);
   int64_t m0 = (tile / tiles_n) * g->bm, n0 = (tile % tiles_n) * g->bn;
   int im = m0 + g->bm > g->m, in = n0 + g->bn > g->n;
   dnnl_primitive_t prim = g->prim[im][in][accumulate];
-  if (!prim) return REMAT_ERR_STATE;
-  op_arg args[4] = {
+  if (!prim || (add != NULL) != g->post_add) return REMAT_ERR_STATE;
+  int64_t at = m0 * g->c_rs + n0 * g->c_cs;
+  /* the binary post-op's index: after the eltwise, when there is one */
+  int idx = g->post_eltwise != dnnl_alg_kind_undef;
+  op_arg args[5] = {
       {DNNL_ARG_SRC, op_at(a, m0 * g->a_rs, g->a_dt)},
       {DNNL_ARG_WEIGHTS, op_at(b, n0 * g->b_cs, g->b_dt)},
-      {DNNL_ARG_DST, op_at(c, m0 * g->c_rs + n0 * g->c_cs, g->c_dt)},
+      {DNNL_ARG_DST, op_at(c, at, g->c_dt)},
       {DNNL_ARG_BIAS, bias ? op_at(bias, n0, g->bias_dt) : NULL},
+      {DNNL_ARG_ATTR_MULTIPLE_POST_OP(idx) | DNNL_ARG_SRC_1,
+       add ? op_at(add, at, g->add_dt) : NULL},
   };
-  return op_exec(prim, w, g->bias ? 4 : 3, args);
+  if (!g->bias) args[3] = args[4];
+  return op_exec(prim, w, 3 + g->bias + g->post_add, args);
+}
+
+int op_gemm_run(const op_gemm *g, int64_t tile, const void *a,
+                const void *b, const void *bias, void *c, bool accumulate,
+                op_worker *w) {
+  return gemm_exec(g, tile, a, b, bias, NULL, c, accumulate, w);
+}
+
+int op_gemm_run_add(const op_gemm *g, int64_t tile, const void *a,
+                    const void *b, const void *bias, const void *add,
+                    void *c, op_worker *w) {
+  if (add == NULL) return REMAT_ERR_STATE;
+  return gemm_exec(g, tile, a, b, bias, add, c, false, w);
 }
 
 int64_t op_dw_chunk_rows(int64_t rows, int64_t grad_elems) {

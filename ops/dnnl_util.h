@@ -103,6 +103,12 @@ typedef struct op_gemm {
    * A and B accumulate in f32 inside oneDNN; C may be f32 or bf16. */
   op_dtype a_dt, b_dt, c_dt, bias_dt;
   bool accumulate_too; /* also make the accumulating primitives */
+  /* Fused epilogue (oneDNN post-ops, applied in f32 before C is written):
+   * post_eltwise, when not dnnl_alg_kind_undef, maps each element (GELU);
+   * post_add adds a matrix R laid out as C (R of dtype add_dt). */
+  dnnl_alg_kind_t post_eltwise;
+  bool post_add;
+  op_dtype add_dt;
   dnnl_primitive_t prim[2][2][2]; /* [m remainder][n remainder][accum] */
 } op_gemm;
 
@@ -139,6 +145,11 @@ void op_gemm_dtypes(op_gemm *g, op_dtype a, op_dtype b, op_dtype c);
 int op_gemm_run(const op_gemm *g, int64_t tile, const void *a,
                 const void *b, const void *bias, void *c, bool accumulate,
                 op_worker *w);
+/* op_gemm_run of a gemm with post_add: C = A . B (+ bias) (then the
+ * eltwise) + R, with R starting at add (laid out as C). */
+int op_gemm_run_add(const op_gemm *g, int64_t tile, const void *a,
+                    const void *b, const void *bias, const void *add,
+                    void *c, op_worker *w);
 /* Rows per tile of a matmul with n output columns and reduction k: 128,
  * doubled while a tile would be under ~0.5 MFLOP. */
 int64_t op_gemm_rows(int64_t n, int64_t k);

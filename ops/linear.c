@@ -9,6 +9,7 @@
  * dtypes (bf16 activations, bf16 weight copies; oneDNN accumulates in f32)
  * and writes its result's dtype; linear's partial sums stay f32, and db
  * sums bf16 rows of dy in f32. */
+#include <stdio.h>
 #include <string.h>
 
 #include "base/bf16.h"
@@ -33,6 +34,7 @@ typedef struct linear_state {
    * operand has one element, rounded to bf16 into the op's temporary. */
   bool cvt_x, cvt_dy;
   op_gemm fwd, dx, dw, dw_last; /* dw over a full chunk, the last one */
+  op_gemm fused;                /* fwd with its consumer's epilogue */
 } linear_state;
 
 remat_status op_linear_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
@@ -77,6 +79,19 @@ static int linear_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
   const linear_state *s = op->state;
   return op_gemm_run(&s->fwd, tile, operand(s, b->in[0], 0, w), b->in[1],
                      op->desc.nin == 3 ? b->in[2] : NULL, b->out, false, w);
+}
+
+// the same with the consumer of y fused in: z = gelu(x . w^T + b), or
+// z = x . w^T + b + r with r (N,M) in slot 3; z is the consumer's output
+static int linear_fwd_fused(const op_instance *op, const op_bufs *b,
+                            int64_t tile, op_worker *w) {
+  const linear_state *s = op->state;
+  const void *x = operand(s, b->in[0], 0, w);
+  const void *bias = op->desc.nin == 3 ? b->in[2] : NULL;
+  if (s->fused.post_add)
+    return op_gemm_run_add(&s->fused, tile, x, b->in[1], bias, b->in[3],
+                           b->out, w);
+  return op_gemm_run(&s->fused, tile, x, b->in[1], bias, b->out, false, w);
 }
 
 // in the forward pass this was y = x . w^T, so dx (N,K) = dy (N,M) . w (M,K)
@@ -315,6 +330,51 @@ remat_status op_linear_plan(op_instance *inst, dnnl_engine_t engine,
                       OP_SLOT_DOUT | OP_SLOT_IN(1), OP_SLOT_DIN(0));
   k->span = op_span_rows(N, s->dx.bm, OP_SLOT_DOUT | OP_SLOT_DIN(0));
   linear_dw_kernels(inst, s, bias);
+  op_base_finish(&s->base, inst);
+  return REMAT_OK;
+}
+
+remat_status op_linear_fuse(op_instance *inst, const op_desc *next, int in,
+                            char err[OP_ERRMSG_MAX]) {
+  const op_desc *d = &inst->desc;
+  linear_state *s = inst->state;
+  bool gelu = next->type == OP_GELU && next->nin == 1 && in == 0;
+  bool add = next->type == OP_ADD && next->nin == 2 && (in == 0 || in == 1);
+  char by[OP_SHAPE_STR_MAX], bn[OP_SHAPE_STR_MAX];
+  if (!s || inst->nfused || (!gelu && !add) ||
+      !op_shape_eq(&next->in[in], &d->out) ||
+      !op_shape_eq(&next->out, &d->out) ||
+      next->in_dtype[in] != d->out_dtype) {
+    snprintf(err, OP_ERRMSG_MAX,
+             "linear: y %s (%s) does not fuse into %s of %s input %d (%s): "
+             "only into a gelu of y or an add of y and a tensor of its shape",
+             op_shape_str(&d->out, by), op_dtype_name(d->out_dtype),
+             op_name(next->type), op_shape_str(&next->in[in], bn), in,
+             op_dtype_name(next->in_dtype[in]));
+    return REMAT_ERR_INVALID_ARG;
+  }
+  s->fused = s->fwd;
+  memset(s->fused.prim, 0, sizeof s->fused.prim);
+  s->fused.c_dt = next->out_dtype;
+  if (gelu)
+    s->fused.post_eltwise = next->attrs.gelu_erf ? dnnl_eltwise_gelu_erf
+                                                 : dnnl_eltwise_gelu_tanh;
+  s->fused.post_add = add;
+  s->fused.add_dt = add ? next->in_dtype[1 - in] : OP_F32;
+  remat_status rs = op_gemm_plan(&s->fused, &s->base, err);
+  if (rs != REMAT_OK) return rs;
+  int64_t N = s->rows, n = N * s->M;
+  double flops = 2.0 * N * s->K * s->M + (gelu ? 20.0 * n : (double)n);
+  uint32_t reads = OP_SLOT_IN(0) | OP_SLOT_IN(1) |
+                   (d->nin == 3 ? OP_SLOT_IN(2) : 0) |
+                   (add ? OP_SLOT_IN(3) : 0);
+  inst->fused = op_make_kernel(gelu ? "linear.fwd_gelu" : "linear.fwd_add",
+                               linear_fwd_fused, op_gemm_tiles(&s->fused),
+                               flops, reads, OP_SLOT_OUT);
+  inst->fused.span =
+      op_span_rows(N, s->fused.bm,
+                   OP_SLOT_IN(0) | OP_SLOT_OUT | (add ? OP_SLOT_IN(3) : 0));
+  inst->nfused = 1;
   op_base_finish(&s->base, inst);
   return REMAT_OK;
 }

@@ -84,6 +84,20 @@ remat_status op_plan(const op_desc *desc, dnnl_engine_t engine,
   return rs;
 }
 
+remat_status op_fuse(op_instance *inst, const op_desc *next, int in,
+                     char err[OP_ERRMSG_MAX]) {
+  if (inst->desc.type != OP_LINEAR) {
+    snprintf(err, OP_ERRMSG_MAX, "%s: no fused epilogue (only linear has)",
+             op_name(inst->desc.type));
+    return REMAT_ERR_INVALID_ARG;
+  }
+  int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  remat_status rs = op_linear_fuse(inst, next, in, err);
+  omp_set_num_threads(threads);
+  return rs;
+}
+
 void op_instance_release(op_instance *inst) {
   if (!inst) return;
   op_state_free(inst->state);

@@ -205,6 +205,10 @@ typedef struct op_instance {
   size_t ws_bytes[OP_MAX_WS];
   int nws;
   size_t scratch_bytes;
+  /* op_fuse: the forward of this op and of its output's consumer in one
+   * kernel; nfused 0 (none planned) or 1 */
+  op_kernel fused;
+  int nfused;
   void *state;
 } op_instance;
 
@@ -228,6 +232,19 @@ remat_status op_infer(op_desc *desc, char err[OP_ERRMSG_MAX]);
 remat_status op_plan(const op_desc *desc, dnnl_engine_t engine,
                      op_instance *inst, char err[OP_ERRMSG_MAX]);
 void op_instance_release(op_instance *inst);
+
+/* Plans inst->fused: the forward of a planned linear `inst` with the op
+ * `next` that consumes its output run as the epilogue of its matmul
+ * (oneDNN post-ops, in f32 before the one rounding to the output's
+ * dtype); `in` is the input of next that is the linear's output. `next`
+ * is a gelu of it (kernel "linear.fwd_gelu") or an add of it and another
+ * tensor of the same shape ("linear.fwd_add", which reads that tensor in
+ * slot OP_SLOT_IN(3)). The kernel reads the linear's inputs in their
+ * slots and writes next's output in OP_SLOT_OUT; its tiles are those of
+ * the linear's forward. REMAT_ERR_INVALID_ARG when the pair does not fuse
+ * (nothing planned). */
+remat_status op_fuse(op_instance *inst, const op_desc *next, int in,
+                     char err[OP_ERRMSG_MAX]);
 
 /* The implementation oneDNN picks for a bf16 matmul on this CPU, written
  * into impl ("brg:avx512_core_bf16", "brg:avx512_core_amx", ...):

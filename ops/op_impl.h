@@ -53,6 +53,9 @@ bool op_shape_eq(const op_shape *a, const op_shape *b);
 op_shape op_scalar_shape(void);
 
 remat_status op_linear_infer(op_desc *d, char err[OP_ERRMSG_MAX]);
+/* op_fuse of a linear (inst->desc.type OP_LINEAR). */
+remat_status op_linear_fuse(op_instance *inst, const op_desc *next, int in,
+                            char err[OP_ERRMSG_MAX]);
 remat_status op_linear_plan(op_instance *inst, dnnl_engine_t engine,
                             char err[OP_ERRMSG_MAX]);
 remat_status op_matmul_infer(op_desc *d, char err[OP_ERRMSG_MAX]);

@@ -112,6 +112,7 @@ struct remat_runtime {
   bool no_admission;  /* REMAT_BENCH_NO_ADMISSION was set at creation: runs
                          under a budget without memory admission (for
                          benchmarks that measure its cost; not public) */
+  bool no_fuse;       /* REMAT_FUSE=0 at creation: no fused epilogues */
 };
 
 /* runtime.c: graphs keep their runtime alive. */
@@ -152,6 +153,11 @@ typedef struct graph_op {
   int32_t region;
   op_instance inst;
   bool planned;
+  /* plan_fusions: the linear whose fused kernel (inst.fused of that op)
+   * can compute this op's output, -1 none; fused_in: which input of this
+   * op is that linear's output */
+  int32_t fused_from;
+  int fused_in;
 } graph_op;
 
 struct graph_step;      /* exec/step_state.h */

@@ -3,7 +3,8 @@ and sane, with --compare-threads the 1-thread run side by side, with the
 same gradients bitwise and a speedup computed from the two medians, with
 --accum the micro-batches' FLOPs, tokens and activation peak, and with
 --precision both the bf16 run beside the f32 one (its roofline, MFU
-against it, and its ratios to the f32 run)."""
+against it, and its ratios to the f32 run), and with --compare-fusion the
+run without fused epilogues beside the fused one."""
 import json
 import subprocess
 import sys
@@ -63,6 +64,26 @@ assert abs(bf16["loss"] - f32["loss"]) <= 0.02 * f32["loss"], (bf16, f32)
 alone = run(["--precision", "bf16"])
 assert alone["grad_checksum"] == bf16["grad_checksum"], (alone, bf16)
 assert "step_ratio_vs_f32" not in alone, alone
+
+# --compare-fusion: the unfused run (REMAT_FUSE=0) beside the fused one;
+# in f32 the two compute the same bits, the fused line is the plain run's
+# (fused by default), the ratio and MFU come from the two medians.
+fz = run(["--compare-fusion", "--policy", "nothing_saveable"])
+check_common(fz)
+assert fz["checksum_matches_no_fusion"] is True, fz
+ratio = fz["step_s_median"] / fz["no_fusion_step_s_median"]
+assert abs(fz["fusion_step_ratio"] - ratio) <= 1e-3 * ratio + 1e-4, fz
+assert abs(fz["no_fusion_mfu"] - fz["mfu"] * ratio) <= 1e-3 * fz["mfu"] + 1e-4, fz
+assert fz["no_fusion_activation_peak_bytes"] > 0, fz
+assert "admission_step_ratio" not in fz and "fusion_step_ratio" not in plain, fz
+fz16 = run(["--compare-fusion", "--precision", "bf16"])
+check_common(fz16)
+assert fz16["checksum_matches_no_fusion"] is False, fz16  # one rounding less
+assert fz16["grad_checksum"] == alone["grad_checksum"], (fz16, alone)
+bad = subprocess.run([exe, "--compare-fusion", "--compare-threads"],
+                     capture_output=True, text=True)
+assert bad.returncode == 2, bad
+assert "--compare-admission and --compare-fusion exclude each other" in bad.stderr, bad.stderr
 
 both = run(["--compare-threads"])
 check_common(both)

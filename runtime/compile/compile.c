@@ -35,6 +35,8 @@ static remat_status run_stages(const compile_request *req, compiled_step *c) {
   remat_graph *g = req->g;
   const sched_placement *pl = sched_pool_placement(g->rt->pool);
   remat_status s = plan_ops(g);
+  if (s == REMAT_OK)
+    s = plan_fusions(g, c->loss);
   if (s == REMAT_OK) {
     plan_target target = {g, c->loss, c->has_opt, c->opt.kind,
                           g->rt->config.policy, g->rt->config.memory_budget,

@@ -17,6 +17,15 @@ typedef struct lower_ctx {
   const lower_request *req;
   const remat_graph *g;
   plan_lowering *l;
+  /* [ntensors] the decision, less the linear outputs that fused kernels
+   * never store (plan_fused) */
+  bool *saved;
+  /* [nops] per consumer op: the linear whose fused kernel computes its
+   * output in the forward pass (fuse_fwd) and in recompute (fuse_rec), -1
+   * none; per linear: whether that fused kernel replaces its own forward
+   * kernels (skip_fwd, skip_rec) */
+  int32_t *fuse_fwd, *fuse_rec;
+  bool *skip_fwd, *skip_rec;
 } lower_ctx;
 
 static int32_t add_buffer_dt(lower_ctx *p, int64_t bytes, op_dtype dtype,
@@ -200,10 +209,39 @@ static remat_status make_aux(lower_ctx *p, op_buffers *ob, int32_t o,
 
 /* ---- forward ---- */
 
+/* The fused kernel of linear `lin` that computes op o's output: the
+ * linear's inputs, o's other input (an add's addend) in slot 3, o's
+ * output. Named after o's output (task names), run on the linear. */
+static remat_status emit_fused_kernel(lower_ctx *p, int32_t o, int32_t lin,
+                                      bool recompute) {
+  const graph_op *op = &p->g->ops[o], *lop = &p->g->ops[lin];
+  plan_knode *kn = add_knode(p, recompute ? KNODE_RECOMPUTE : KNODE_FORWARD,
+                             o, &lop->inst.fused);
+  if (kn == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  kn->inst = &lop->inst;
+  for (int i = 0; i < lop->desc.nin; i++)
+    kn->slot_buf[plan_slot(OP_SLOT_IN(i))] =
+        input_buf(p, lop, i, recompute && !p->saved[lop->in[i]]);
+  if (lop->inst.fused.reads & OP_SLOT_IN(3)) {
+    int k = 1 - op->fused_in;
+    kn->slot_buf[plan_slot(OP_SLOT_IN(3))] =
+        input_buf(p, op, k, recompute && !p->saved[op->in[k]]);
+  }
+  kn->slot_buf[plan_slot(OP_SLOT_OUT)] =
+      recompute ? p->l->recomp_buf[op->out] : p->l->value_buf[op->out];
+  return REMAT_OK;
+}
+
 static remat_status emit_forward_kernels(lower_ctx *p, op_buffers *ob,
                                          int32_t o, bool recompute) {
   const remat_graph *g = p->g;
   const graph_op *op = &g->ops[o];
+  if (recompute ? p->skip_rec[o] : p->skip_fwd[o])
+    return REMAT_OK; /* its consumer's fused kernel runs it */
+  int32_t lin = recompute ? p->fuse_rec[o] : p->fuse_fwd[o];
+  if (lin >= 0)
+    return emit_fused_kernel(p, o, lin, recompute);
   for (int k = 0; k < op->inst.nfwd; k++) {
     const op_kernel *kern = &op->inst.fwd[k];
     plan_knode *kn = add_knode(p, recompute ? KNODE_RECOMPUTE : KNODE_FORWARD,
@@ -213,7 +251,7 @@ static remat_status emit_forward_kernels(lower_ctx *p, op_buffers *ob,
     for (int i = 0; i < op->desc.nin; i++) {
       int32_t t = op->in[i];
       kn->slot_buf[plan_slot(OP_SLOT_IN(i))] =
-          input_buf(p, op, i, recompute && !p->req->saved[t]);
+          input_buf(p, op, i, recompute && !p->saved[t]);
     }
     kn->slot_buf[plan_slot(OP_SLOT_OUT)] =
         recompute ? p->l->recomp_buf[op->out] : p->l->value_buf[op->out];
@@ -224,10 +262,48 @@ static remat_status emit_forward_kernels(lower_ctx *p, op_buffers *ob,
   return REMAT_OK;
 }
 
+/* ---- fused epilogues ---- */
+
+/* Where the fused kernels of plan_fusions run under this decision. A
+ * linear output that no backward kernel reads (an add's addend) is never
+ * stored: the fused kernel runs in the forward pass and in recompute, and
+ * the output counts as not saved. One that backward reads (gelu's input)
+ * fuses in the forward pass only when it is recomputed anyway; recompute
+ * then runs the linear and the gelu apart, since backward needs both. */
+static void plan_fused(lower_ctx *p, const bool *has_grad) {
+  const remat_graph *g = p->g;
+  for (int32_t o = 0; o < g->nops; o++) {
+    p->fuse_fwd[o] = p->fuse_rec[o] = -1;
+    p->skip_fwd[o] = p->skip_rec[o] = false;
+  }
+  for (int32_t c = 0; c < g->nops; c++) {
+    const graph_op *op = &g->ops[c];
+    int32_t lin = op->fused_from;
+    if (lin < 0)
+      continue;
+    int32_t t = op->in[op->fused_in];
+    bool reads = false; /* does a backward kernel read t? */
+    if (p->req->loss >= 0 && has_grad[op->out]) {
+      for (int k = 0; k < op->inst.nbwd; k++)
+        reads |= (op->inst.bwd[k].reads & OP_SLOT_IN(op->fused_in)) != 0;
+      for (int k = 0; k < g->ops[lin].inst.nbwd; k++)
+        reads |= (g->ops[lin].inst.bwd[k].reads & OP_SLOT_OUT) != 0;
+    }
+    if (!reads) {
+      p->fuse_fwd[c] = p->fuse_rec[c] = lin;
+      p->skip_fwd[lin] = p->skip_rec[lin] = true;
+      p->saved[t] = false;
+    } else if (!p->saved[t]) {
+      p->fuse_fwd[c] = lin;
+      p->skip_fwd[lin] = true;
+    }
+  }
+}
+
 /* ---- recompute: which forward tensors backward needs again ---- */
 
 static bool is_recomputed(const lower_ctx *p, int32_t t) {
-  return !p->req->saved[t];
+  return !p->saved[t];
 }
 
 /* Marks op outputs that backward kernels read and that are not saved, then
@@ -296,7 +372,7 @@ static remat_status emit_region_recompute(lower_ctx *p, op_buffers *ob,
   for (int32_t k = by_top->start[top]; k < by_top->start[top + 1]; k++) {
     int32_t o = by_top->ops[k];
     const graph_op *op = &g->ops[o];
-    if (!needed[op->out])
+    if (!needed[op->out] || p->skip_rec[o])
       continue;
     const remat_tensor *x = g->tensors[op->out];
     p->l->recomp_buf[op->out] = add_buffer_dt(
@@ -471,8 +547,11 @@ static remat_status lower_into(lower_ctx *p, bool *has_grad, bool *needed,
   remat_status s = alloc_tensor_maps(p);
   if (s == REMAT_OK)
     s = mark_gradients(p, has_grad);
-  if (s == REMAT_OK)
+  if (s == REMAT_OK) {
+    memcpy(p->saved, p->req->saved, (size_t)g->ntensors * sizeof *p->saved);
+    plan_fused(p, has_grad);
     s = make_tensor_buffers(p, has_grad);
+  }
   for (int32_t o = 0; o < g->nops && s == REMAT_OK; o++)
     s = make_aux(p, ob, o, false);
   for (int32_t o = 0; o < g->nops && s == REMAT_OK; o++)
@@ -488,17 +567,29 @@ static remat_status lower_into(lower_ctx *p, bool *has_grad, bool *needed,
 
 remat_status lower_graph(const lower_request *req, plan_lowering *out) {
   memset(out, 0, sizeof *out);
-  lower_ctx ctx = {req, req->g, out};
+  lower_ctx ctx = {req, req->g, out, NULL, NULL, NULL, NULL, NULL};
   size_t n = (size_t)req->g->ntensors + 1;
   bool *has_grad = remat__calloc(n, sizeof *has_grad);
   bool *needed = remat__calloc(n, sizeof *needed);
   op_buffers *ob = remat__calloc((size_t)req->g->nops + 1, sizeof *ob);
+  size_t nops = (size_t)req->g->nops + 1;
+  ctx.saved = remat__calloc(n, sizeof *ctx.saved);
+  ctx.fuse_fwd = remat__calloc(nops, sizeof *ctx.fuse_fwd);
+  ctx.fuse_rec = remat__calloc(nops, sizeof *ctx.fuse_rec);
+  ctx.skip_fwd = remat__calloc(nops, sizeof *ctx.skip_fwd);
+  ctx.skip_rec = remat__calloc(nops, sizeof *ctx.skip_rec);
   remat_status s = REMAT_ERR_OUT_OF_MEMORY;
-  if (has_grad != NULL && needed != NULL && ob != NULL)
+  if (has_grad != NULL && needed != NULL && ob != NULL && ctx.saved &&
+      ctx.fuse_fwd && ctx.fuse_rec && ctx.skip_fwd && ctx.skip_rec)
     s = lower_into(&ctx, has_grad, needed, ob);
   free(has_grad);
   free(needed);
   free(ob);
+  free(ctx.saved);
+  free(ctx.fuse_fwd);
+  free(ctx.fuse_rec);
+  free(ctx.skip_fwd);
+  free(ctx.skip_rec);
   if (s != REMAT_OK)
     lowering_free(out);
   return s;

@@ -20,13 +20,20 @@ typedef struct plan_region_stats {
 } plan_region_stats;
 
 /* What the plan does with activation t between forward and backward. */
-typedef enum tensor_fate { FATE_NONE, FATE_SAVED, FATE_RECOMPUTED } tensor_fate;
+typedef enum tensor_fate {
+  FATE_NONE,
+  FATE_SAVED,
+  FATE_RECOMPUTED,
+  FATE_FUSED /* a linear's output that a fused kernel never stores */
+} tensor_fate;
 
 static tensor_fate fate_of(const compiled_step *c, int32_t t) {
   if (c->g->tensors[t]->kind != TENSOR_ACT)
     return FATE_NONE;
   if (c->low.recomp_buf[t] >= 0)
     return FATE_RECOMPUTED;
+  if (c->low.bufs[c->low.value_buf[t]].users == 0)
+    return FATE_FUSED;
   return c->decision.saved[t] && !c->forward_only ? FATE_SAVED : FATE_NONE;
 }
 
@@ -133,19 +140,25 @@ static void print_source(const compiled_step *c, int32_t r) {
   }
 }
 
-/* The tensors region r lists (region_lists), saved (want_saved) or
- * recomputed. */
-static void print_names(const compiled_step *c, int32_t r, bool want_saved) {
+/* The tensors region r lists (region_lists) of one fate, after `label`;
+ * "(none)" when there are none, or no line at all when `optional`. */
+static void print_names(const compiled_step *c, int32_t r, tensor_fate want,
+                        const char *label, bool optional) {
   const remat_graph *g = c->g;
   int printed = 0;
   for (int32_t t = 0; t < g->ntensors; t++) {
-    if (!region_lists(c, r, t) ||
-        fate_of(c, t) != (want_saved ? FATE_SAVED : FATE_RECOMPUTED))
+    if (!region_lists(c, r, t) || fate_of(c, t) != want)
       continue;
-    fprintf(stderr, "%s", printed++ ? ", " : " ");
+    if (printed++ == 0)
+      fprintf(stderr, "%s ", label);
+    else
+      fputs(", ", stderr);
     print_tensor(g, g->tensors[t]);
   }
-  fprintf(stderr, "%s\n", printed ? "" : " (none)");
+  if (printed)
+    fprintf(stderr, "\n");
+  else if (!optional)
+    fprintf(stderr, "%s (none)\n", label);
 }
 
 /* One region: its name, its policy and why, its bytes and FLOPs
@@ -171,10 +184,9 @@ static void print_region(const compiled_step *c,
             mib(rs->saved_bytes), mib(rs->recomputed_bytes),
             rs->recompute_flops * 1e-9);
   }
-  fprintf(stderr, "    saved:");
-  print_names(c, r, true);
-  fprintf(stderr, "    recomputed:");
-  print_names(c, r, false);
+  print_names(c, r, FATE_SAVED, "    saved:", false);
+  print_names(c, r, FATE_RECOMPUTED, "    recomputed:", false);
+  print_names(c, r, FATE_FUSED, "    fused, never stored:", true);
 }
 
 /* Level 2: a table of the kernel nodes under a line naming its columns. */

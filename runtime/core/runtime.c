@@ -193,6 +193,16 @@ remat_status remat_runtime_create(const remat_config *config,
   atomic_init(&rt->refs, 1);
   rt->pid = getpid();
   rt->no_admission = getenv("REMAT_BENCH_NO_ADMISSION") != NULL;
+  bool env = config == NULL || !(config->set & REMAT_SET_NO_ENV);
+  const char *fuse = env ? getenv("REMAT_FUSE") : NULL;
+  if (fuse != NULL && strcmp(fuse, "0") != 0 && strcmp(fuse, "1") != 0) {
+    free(rt);
+    return remat__fail(REMAT_ERR_CONFIG,
+                       "REMAT_FUSE='%s' is not valid: expected 0 (no fused "
+                       "epilogues) or 1 (fused, the default)",
+                       remat__quote(&(remat__quoted){0}, fuse));
+  }
+  rt->no_fuse = fuse != NULL && strcmp(fuse, "0") == 0;
   /* The environment first: a bad value fails before any thread starts. */
   remat_status s = remat__config_load(config, 0, &rt->config, &rt->strings);
   if (s == REMAT_OK)

@@ -34,7 +34,11 @@ remat_status remat_tensor_plan_of(const remat_graph *g, const remat_tensor *t,
                        "call remat_compile first");
   const compiled_step *c = &g->step->compiled;
   int32_t r = c->decision.deciding_region[t->id];
-  out->saved = c->decision.saved[t->id];
+  /* an activation that no node touches is a linear's output that a fused
+   * kernel never stores: neither saved nor recomputed */
+  bool stored = t->kind != TENSOR_ACT ||
+                c->low.bufs[c->low.value_buf[t->id]].users > 0;
+  out->saved = c->decision.saved[t->id] && stored;
   out->recomputed = c->low.recomp_buf[t->id] >= 0;
   out->region = r;
   out->policy = r >= 0 ? c->decision.region_policy[r] : "";

@@ -333,6 +333,7 @@ remat_tensor *graph_add_op(remat_graph *g, op_type type,
     op->in[i] = in[i]->id;
   op->out = out->id;
   op->region = out->region;
+  op->fused_from = -1;
   out->producer = g->nops++;
   for (int i = 0; i < nin; i++) /* an op that reads a frozen one in f32 */
     if (in[i]->kind == TENSOR_PARAM)
