@@ -223,7 +223,10 @@ static int check_set_texts(remat_graph *g) {
     if ((strstr(list, item) != NULL) != (tp.saved == 1))
       fail_msg("'%s' saved %d but region %d's policy is '%s'", name,
                tp.saved, tp.region, tp.policy);
-    /* the set is a prefix of the ranking by recompute cost per byte */
+    /* the set is a prefix of the ranking by recompute cost per byte (of
+     * the tensors backward needs: the others are neither) */
+    if (!tp.saved && !tp.recomputed)
+      continue;
     double density = plan_op_cost(g, t->producer) / tensor_store_bytes(t);
     double *bound = tp.saved ? &least_saved[tp.region]
                              : &most_recomputed[tp.region];

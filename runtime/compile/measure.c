@@ -90,14 +90,19 @@ remat_status measure_decision(const lower_request *req, int nworkers,
   out->region_saved = remat__calloc(n, sizeof *out->region_saved);
   out->region_live_peak = remat__calloc(n, sizeof *out->region_live_peak);
   out->region_recompute = remat__calloc(n, sizeof *out->region_recompute);
+  out->recomputed = remat__calloc((size_t)req->g->ntensors + 1,
+                                  sizeof *out->recomputed);
   remat_status s = REMAT_ERR_OUT_OF_MEMORY;
-  if (out->region_saved && out->region_live_peak && out->region_recompute) {
+  if (out->region_saved && out->region_live_peak && out->region_recompute &&
+      out->recomputed) {
     plan_lowering l;
     s = lower_graph(req, &l); /* on failure l is empty */
     if (s == REMAT_OK)
       s = lifetimes_assign(&l);
     if (s == REMAT_OK)
       s = measure_lowering(req->g, &l, nworkers, nnodes, out);
+    for (int32_t t = 0; s == REMAT_OK && t < req->g->ntensors; t++)
+      out->recomputed[t] = l.recomp_buf[t] >= 0;
     lowering_free(&l);
   }
   if (s != REMAT_OK)
@@ -109,5 +114,6 @@ void measures_free(plan_measures *m) {
   free(m->region_saved);
   free(m->region_live_peak);
   free(m->region_recompute);
+  free(m->recomputed);
   memset(m, 0, sizeof *m);
 }

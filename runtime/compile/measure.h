@@ -19,6 +19,8 @@ typedef struct plan_measures {
   double *region_recompute; /* cost of r's recompute nodes (plan_node_cost) */
   int64_t outside_live_peak; /* the most transient bytes alive while a node
                                 outside every region runs */
+  bool *recomputed;          /* [ntensors]: freed after forward and
+                                recomputed for backward */
 } plan_measures;
 
 /* Lowers `req`, measures it into `out` (arrays allocated here, free with

@@ -395,9 +395,11 @@ static int cmp_ranked(const void *pa, const void *pb) {
 }
 
 /* Ranks, per planned top-level region, the tensors its policy decides and
- * nothing_saveable recomputes, by the cost of recomputing each per byte
- * of keeping it; sets nsets (at most one set per ranked tensor but the
- * last, whose set is everything) and ncand. */
+ * nothing_saveable recomputes for backward (not those backward never
+ * reads, nor a linear output that a fused kernel never stores: saving
+ * them would cost bytes and spare nothing), by the cost of recomputing
+ * each per byte of keeping it; sets nsets (at most one set per ranked
+ * tensor but the last) and ncand. */
 static remat_status rank_tensors(planner *pl) {
   remat_graph *g = pl->g;
   size_t nt = (size_t)g->ntensors + 1;
@@ -417,8 +419,9 @@ static remat_status rank_tensors(planner *pl) {
     top_index[pl->tops[t]] = t;
   }
   int32_t *rank = pl->rank;
+  plan_measures m;
   pl->rank = NULL; /* decide as nothing_saveable alone */
-  s = decide(pl, choice, &pl->scratch);
+  s = measure(pl, choice, &m);
   pl->rank = rank;
   if (s != REMAT_OK)
     goto out;
@@ -427,7 +430,8 @@ static remat_status rank_tensors(planner *pl) {
     int32_t d = pl->scratch.deciding_region[x];
     pl->rank[x] = -1;
     pl->top_of_tensor[x] = -1;
-    if (d < 0 || pl->scratch.saved[x] || !planned_region(pl, d))
+    if (d < 0 || pl->scratch.saved[x] || !m.recomputed[x] ||
+        !planned_region(pl, d))
       continue;
     const remat_tensor *t = g->tensors[x];
     double bytes = (double)tensor_store_bytes(t);
@@ -446,6 +450,7 @@ static remat_status rank_tensors(planner *pl) {
   pl->nsets = most - 1 < PLANNER_MAX_SETS ? (most > 1 ? most - 1 : 0)
                                           : PLANNER_MAX_SETS;
   pl->ncand = PLANNER_POLICY_CHOICES + pl->nsets;
+  measures_free(&m);
   s = REMAT_OK;
 out:
   free(choice);
