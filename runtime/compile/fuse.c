@@ -40,12 +40,15 @@ remat_status plan_fusions(remat_graph *g, int32_t loss) {
       readers[g->ops[o].in[i]]++;
   for (int32_t c = 0; c < g->nops; c++) {
     graph_op *op = &g->ops[c];
-    /* A bf16 gelu stays apart: fused, it would skip its input's rounding
+    /* Only f32 ops fuse: there the fused and separate forms give the same
+     * bits (test_fuse). A bf16 gelu fused would skip its input's rounding
      * to bf16, and since it fuses only where that input is recomputed
-     * (lower.c), the bits would depend on the policy. In f32 the fused
-     * and separate forms give the same bits (test_fuse). */
-    if (op->desc.type != OP_ADD &&
-        !(op->desc.type == OP_GELU && op->desc.in_dtype[0] == OP_F32))
+     * (lower.c), the bits would depend on the policy; a bf16 add fused
+     * (rounding once where the separate kernels round twice) took
+     * remat-train's default bf16 run to 93% exact-match accuracy where
+     * the separate kernels reach 100%, which is not understood yet. */
+    if ((op->desc.type != OP_ADD && op->desc.type != OP_GELU) ||
+        op->desc.in_dtype[0] != OP_F32)
       continue;
     for (int k = 0; k < op->desc.nin; k++) {
       if (!fusable(g, readers, loss, c, k))
