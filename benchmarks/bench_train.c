@@ -44,6 +44,7 @@ typedef struct options {
   remat_precision precision;
   int precision_both; /* --precision both */
   int compare_admission; /* --compare-admission */
+  int compare_update;    /* --compare-update */
 } options;
 
 static double now(void) {
@@ -159,6 +160,7 @@ static void usage(FILE *f) {
           "                   [--policy P] [--budget BYTES] [--accum K] [--json]\n"
           "                   [--compare-threads] [--attention fused|materialized|both]\n"
           "                   [--precision f32|bf16|both] [--compare-admission]\n"
+          "                   [--compare-update]\n"
           "                   [--model gpt|llama|encoder|gpt+llama]\n"
           "                   [--kv-heads KVH] [--ffn I]\n"
           "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
@@ -176,6 +178,10 @@ static void usage(FILE *f) {
           "(the runtime created with REMAT_BENCH_NO_ADMISSION set), in\n"
           "interleaved rounds, and report the step-time ratio; admission\n"
           "acts only under a budget (--budget)\n"
+          "--compare-update: also run the model with the optimizer's update,\n"
+          "bf16 weight refresh and node copies as separate passes (the runtime\n"
+          "created with REMAT_BENCH_SPLIT_UPDATE set), in interleaved rounds,\n"
+          "and report the step-time ratio of the one-pass update\n"
           "--model: the GPT (default); llama: remat_llama_build at the same\n"
           "d_model, layers, heads, seq, batch and vocab, with KVH key/value\n"
           "heads (default H/4) and a SwiGLU of width I (default 8D/3 rounded\n"
@@ -206,6 +212,7 @@ static int parse_args(int argc, char **argv, options *o) {
       {"attention", 1, 0, 'A'},
       {"precision", 1, 0, 'R'},
       {"compare-admission", 0, 0, 'X'},
+      {"compare-update", 0, 0, 'U'},
       {"model", 1, 0, 'm'},
       {"kv-heads", 1, 0, 'k'},
       {"ffn", 1, 0, 'f'},
@@ -237,6 +244,7 @@ static int parse_args(int argc, char **argv, options *o) {
     case 'j': o->json = 1; break;
     case 'C': o->compare_threads = 1; break;
     case 'X': o->compare_admission = 1; break;
+    case 'U': o->compare_update = 1; break;
     case 'A':
       if (strcmp(optarg, "fused") == 0)
         o->cfg.attention = REMAT_ATTENTION_FUSED;
@@ -294,11 +302,11 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
   }
   if (o->both + o->compare_threads + o->precision_both + o->model_both +
-          o->compare_admission > 1) {
+          o->compare_admission + o->compare_update > 1) {
     fprintf(stderr, "bench_train: --attention both, --precision both, "
-                    "--model gpt+llama, --compare-threads and "
-                    "--compare-admission exclude each "
-                    "other\n");
+                    "--model gpt+llama, --compare-threads, "
+                    "--compare-admission and --compare-update exclude "
+                    "each other\n");
     return 0;
   }
   if (o->kv_heads == 0)
@@ -510,9 +518,11 @@ static const char *attention_name(remat_attention_kind k) {
 
 /* The JSON line of run b; one: its 1-thread peer (--compare-threads);
  * f32: the f32 run beside this bf16 one (--precision both); plain: the
- * same run without memory admission (--compare-admission). */
+ * same run without memory admission (--compare-admission); split: the
+ * same run with the update in separate passes (--compare-update). */
 static void report(const bench *b, const bench *one, const bench *f32,
-                   const bench *plain, const options *o) {
+                   const bench *plain, const bench *split,
+                   const options *o) {
   const remat_step_stats st = b->st;
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   double step_s = median(b->times, o->steps);
@@ -594,6 +604,15 @@ static void report(const bench *b, const bench *one, const bench *f32,
            (long long)plain->peak,
            plain->checksum == b->checksum ? "true" : "false");
   }
+  if (split != NULL) {
+    /* the one-pass update's step over the split passes', same rounds */
+    double step_split = median(split->times, o->steps);
+    json_put(&nulls, "split_update_step_s_median", "%.6f", step_split);
+    json_put(&nulls, "one_pass_update_step_ratio", "%.4f",
+             step_s / step_split);
+    printf(", \"checksum_matches_split_update\": %s",
+           split->checksum == b->checksum ? "true" : "false");
+  }
   printf("%s%s}\n", dp_json, json_nonfinite(&nulls));
 }
 
@@ -609,7 +628,7 @@ int main(int argc, char **argv) {
   bench main_run, peer;
   int compare = o.compare_threads && o.threads > 1;
   int second = compare || o.both || o.precision_both || o.model_both ||
-               o.compare_admission;
+               o.compare_admission || o.compare_update;
   remat_attention_kind main_kind =
       o.both ? REMAT_ATTENTION_MATERIALIZED : o.cfg.attention;
   remat_precision main_precision =
@@ -620,6 +639,8 @@ int main(int argc, char **argv) {
     return 1;
   if (o.compare_admission) /* read when the peer's runtime is created */
     setenv("REMAT_BENCH_NO_ADMISSION", "1", 1);
+  if (o.compare_update)
+    setenv("REMAT_BENCH_SPLIT_UPDATE", "1", 1);
   if (second &&
       bench_open(&peer, &o, compare ? 1 : o.threads,
                  o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention,
@@ -627,6 +648,7 @@ int main(int argc, char **argv) {
                  o.model_both ? MODEL_LLAMA : main_model))
     return 1;
   unsetenv("REMAT_BENCH_NO_ADMISSION");
+  unsetenv("REMAT_BENCH_SPLIT_UPDATE");
   /* Interleaved rounds: the two runs alternate which goes first, so that
    * neither always follows the other's cache and frequency state. */
   for (int s = 0; s <= o.steps; s++) {
@@ -640,9 +662,11 @@ int main(int argc, char **argv) {
         return 1;
   }
   report(&main_run, compare ? &peer : NULL, NULL,
-         o.compare_admission ? &peer : NULL, &o);
+         o.compare_admission ? &peer : NULL,
+         o.compare_update ? &peer : NULL, &o);
   if (o.both || o.precision_both || o.model_both)
-    report(&peer, NULL, o.precision_both ? &main_run : NULL, NULL, &o);
+    report(&peer, NULL, o.precision_both ? &main_run : NULL, NULL, NULL,
+           &o);
   bench_close(&main_run);
   if (second)
     bench_close(&peer);

@@ -193,6 +193,7 @@ remat_status remat_runtime_create(const remat_config *config,
   atomic_init(&rt->refs, 1);
   rt->pid = getpid();
   rt->no_admission = getenv("REMAT_BENCH_NO_ADMISSION") != NULL;
+  rt->split_update = getenv("REMAT_BENCH_SPLIT_UPDATE") != NULL;
   /* The environment first: a bad value fails before any thread starts. */
   remat_status s = remat__config_load(config, 0, &rt->config, &rt->strings);
   if (s == REMAT_OK)
