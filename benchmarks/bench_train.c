@@ -45,6 +45,7 @@ typedef struct options {
   int precision_both; /* --precision both */
   int compare_admission; /* --compare-admission */
   int compare_update;    /* --compare-update */
+  int compare_dw;        /* --compare-dw */
 } options;
 
 static double now(void) {
@@ -160,7 +161,7 @@ static void usage(FILE *f) {
           "                   [--policy P] [--budget BYTES] [--accum K] [--json]\n"
           "                   [--compare-threads] [--attention fused|materialized|both]\n"
           "                   [--precision f32|bf16|both] [--compare-admission]\n"
-          "                   [--compare-update]\n"
+          "                   [--compare-update] [--compare-dw]\n"
           "                   [--model gpt|llama|encoder|gpt+llama]\n"
           "                   [--kv-heads KVH] [--ffn I]\n"
           "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
@@ -182,6 +183,9 @@ static void usage(FILE *f) {
           "bf16 weight refresh and node copies as separate passes (the runtime\n"
           "created with REMAT_BENCH_SPLIT_UPDATE set), in interleaved rounds,\n"
           "and report the step-time ratio of the one-pass update\n"
+          "--compare-dw: also run the model with the weight-gradient products\n"
+          "in their form before the shape rule (REMAT_BENCH_DW_KERNEL=strided\n"
+          "at compile), in interleaved rounds, and report both MFUs\n"
           "--model: the GPT (default); llama: remat_llama_build at the same\n"
           "d_model, layers, heads, seq, batch and vocab, with KVH key/value\n"
           "heads (default H/4) and a SwiGLU of width I (default 8D/3 rounded\n"
@@ -213,6 +217,7 @@ static int parse_args(int argc, char **argv, options *o) {
       {"precision", 1, 0, 'R'},
       {"compare-admission", 0, 0, 'X'},
       {"compare-update", 0, 0, 'U'},
+      {"compare-dw", 0, 0, 'W'},
       {"model", 1, 0, 'm'},
       {"kv-heads", 1, 0, 'k'},
       {"ffn", 1, 0, 'f'},
@@ -245,6 +250,7 @@ static int parse_args(int argc, char **argv, options *o) {
     case 'C': o->compare_threads = 1; break;
     case 'X': o->compare_admission = 1; break;
     case 'U': o->compare_update = 1; break;
+    case 'W': o->compare_dw = 1; break;
     case 'A':
       if (strcmp(optarg, "fused") == 0)
         o->cfg.attention = REMAT_ATTENTION_FUSED;
@@ -302,11 +308,11 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
   }
   if (o->both + o->compare_threads + o->precision_both + o->model_both +
-          o->compare_admission + o->compare_update > 1) {
+          o->compare_admission + o->compare_update + o->compare_dw > 1) {
     fprintf(stderr, "bench_train: --attention both, --precision both, "
                     "--model gpt+llama, --compare-threads, "
-                    "--compare-admission and --compare-update exclude "
-                    "each other\n");
+                    "--compare-admission, --compare-update and "
+                    "--compare-dw exclude each other\n");
     return 0;
   }
   if (o->kv_heads == 0)
@@ -522,7 +528,7 @@ static const char *attention_name(remat_attention_kind k) {
  * same run with the update in separate passes (--compare-update). */
 static void report(const bench *b, const bench *one, const bench *f32,
                    const bench *plain, const bench *split,
-                   const options *o) {
+                   const bench *dw_before, const options *o) {
   const remat_step_stats st = b->st;
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   double step_s = median(b->times, o->steps);
@@ -613,6 +619,16 @@ static void report(const bench *b, const bench *one, const bench *f32,
     printf(", \"checksum_matches_split_update\": %s",
            split->checksum == b->checksum ? "true" : "false");
   }
+  if (dw_before != NULL) {
+    /* the weight gradients' form before the shape rule, same rounds */
+    double step_b = median(dw_before->times, o->steps);
+    double mfu_b = flops / step_b * 1e-9 /
+                   (bf16 ? median(dw_before->roofs16, o->steps)
+                         : median(dw_before->roofs, o->steps));
+    json_put(&nulls, "strided_dw_step_s_median", "%.6f", step_b);
+    json_put(&nulls, "strided_dw_mfu", "%.4f", mfu_b);
+    json_put(&nulls, "dw_rule_step_ratio", "%.4f", step_s / step_b);
+  }
   printf("%s%s}\n", dp_json, json_nonfinite(&nulls));
 }
 
@@ -628,7 +644,7 @@ int main(int argc, char **argv) {
   bench main_run, peer;
   int compare = o.compare_threads && o.threads > 1;
   int second = compare || o.both || o.precision_both || o.model_both ||
-               o.compare_admission || o.compare_update;
+               o.compare_admission || o.compare_update || o.compare_dw;
   remat_attention_kind main_kind =
       o.both ? REMAT_ATTENTION_MATERIALIZED : o.cfg.attention;
   remat_precision main_precision =
@@ -641,6 +657,8 @@ int main(int argc, char **argv) {
     setenv("REMAT_BENCH_NO_ADMISSION", "1", 1);
   if (o.compare_update)
     setenv("REMAT_BENCH_SPLIT_UPDATE", "1", 1);
+  if (o.compare_dw) /* read when the peer's ops are planned */
+    setenv("REMAT_BENCH_DW_KERNEL", "strided", 1);
   if (second &&
       bench_open(&peer, &o, compare ? 1 : o.threads,
                  o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention,
@@ -649,6 +667,7 @@ int main(int argc, char **argv) {
     return 1;
   unsetenv("REMAT_BENCH_NO_ADMISSION");
   unsetenv("REMAT_BENCH_SPLIT_UPDATE");
+  unsetenv("REMAT_BENCH_DW_KERNEL");
   /* Interleaved rounds: the two runs alternate which goes first, so that
    * neither always follows the other's cache and frequency state. */
   for (int s = 0; s <= o.steps; s++) {
@@ -663,10 +682,10 @@ int main(int argc, char **argv) {
   }
   report(&main_run, compare ? &peer : NULL, NULL,
          o.compare_admission ? &peer : NULL,
-         o.compare_update ? &peer : NULL, &o);
+         o.compare_update ? &peer : NULL, o.compare_dw ? &peer : NULL, &o);
   if (o.both || o.precision_both || o.model_both)
     report(&peer, NULL, o.precision_both ? &main_run : NULL, NULL, NULL,
-           &o);
+           NULL, &o);
   bench_close(&main_run);
   if (second)
     bench_close(&peer);
