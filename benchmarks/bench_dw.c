@@ -110,7 +110,8 @@ static double rel_diff(const variant *a, const variant *b, int64_t n) {
 static int bench(dnnl_engine_t eng, dnnl_stream_t stream, const char *model,
                  int64_t rows, int64_t K, int64_t M, op_dtype dt, int rounds) {
   size_t es = (size_t)op_dtype_size(dt);
-  void *x = malloc((size_t)(rows * K) * es), *dy = malloc((size_t)(rows * M) * es);
+  void *x = malloc((size_t)(rows * K) * es);
+  void *dy = malloc((size_t)(rows * M) * es);
   if (!x || !dy) return 1;
   uint32_t s = 12345;
   for (int64_t i = 0; i < rows * (K > M ? K : M); i++) {
