@@ -45,6 +45,8 @@ typedef struct options {
   int precision_both; /* --precision both */
   int compare_admission; /* --compare-admission */
   int compare_fusion;    /* --compare-fusion */
+  int compare_update;    /* --compare-update */
+  int compare_dw;        /* --compare-dw */
 } options;
 
 static double now(void) {
@@ -160,7 +162,7 @@ static void usage(FILE *f) {
           "                   [--policy P] [--budget BYTES] [--accum K] [--json]\n"
           "                   [--compare-threads] [--attention fused|materialized|both]\n"
           "                   [--precision f32|bf16|both] [--compare-admission]\n"
-          "                   [--compare-fusion]\n"
+          "                   [--compare-fusion] [--compare-update] [--compare-dw]\n"
           "                   [--model gpt|llama|encoder|gpt+llama]\n"
           "                   [--kv-heads KVH] [--ffn I]\n"
           "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
@@ -182,6 +184,13 @@ static void usage(FILE *f) {
           "(the runtime created with REMAT_FUSE=0; the main run with\n"
           "REMAT_FUSE=1), in interleaved rounds, and report the step-time\n"
           "ratio\n"
+          "--compare-update: also run the model with the optimizer's update,\n"
+          "bf16 weight refresh and node copies as separate passes (the\n"
+          "runtime created with REMAT_BENCH_SPLIT_UPDATE set), in interleaved\n"
+          "rounds, and report the step-time ratio of the one-pass update\n"
+          "--compare-dw: also run the model with the weight-gradient products\n"
+          "in their form before the shape rule (REMAT_BENCH_DW_KERNEL=strided\n"
+          "at compile), in interleaved rounds, and report both MFUs\n"
           "--model: the GPT (default); llama: remat_llama_build at the same\n"
           "d_model, layers, heads, seq, batch and vocab, with KVH key/value\n"
           "heads (default H/4) and a SwiGLU of width I (default 8D/3 rounded\n"
@@ -213,6 +222,8 @@ static int parse_args(int argc, char **argv, options *o) {
       {"precision", 1, 0, 'R'},
       {"compare-admission", 0, 0, 'X'},
       {"compare-fusion", 0, 0, 'F'},
+      {"compare-update", 0, 0, 'U'},
+      {"compare-dw", 0, 0, 'W'},
       {"model", 1, 0, 'm'},
       {"kv-heads", 1, 0, 'k'},
       {"ffn", 1, 0, 'f'},
@@ -245,6 +256,8 @@ static int parse_args(int argc, char **argv, options *o) {
     case 'C': o->compare_threads = 1; break;
     case 'X': o->compare_admission = 1; break;
     case 'F': o->compare_fusion = 1; break;
+    case 'U': o->compare_update = 1; break;
+    case 'W': o->compare_dw = 1; break;
     case 'A':
       if (strcmp(optarg, "fused") == 0)
         o->cfg.attention = REMAT_ATTENTION_FUSED;
@@ -302,11 +315,12 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
   }
   if (o->both + o->compare_threads + o->precision_both + o->model_both +
-          o->compare_admission + o->compare_fusion > 1) {
+          o->compare_admission + o->compare_fusion + o->compare_update +
+              o->compare_dw > 1) {
     fprintf(stderr, "bench_train: --attention both, --precision both, "
                     "--model gpt+llama, --compare-threads, "
-                    "--compare-admission and --compare-fusion exclude each "
-                    "other\n");
+                    "--compare-admission, --compare-fusion, --compare-update "
+                    "and --compare-dw exclude each other\n");
     return 0;
   }
   if (o->kv_heads == 0)
@@ -519,9 +533,13 @@ static const char *attention_name(remat_attention_kind k) {
 /* The JSON line of run b; one: its 1-thread peer (--compare-threads);
  * f32: the f32 run beside this bf16 one (--precision both); plain: the
  * same run without memory admission (--compare-admission); unfused: the
- * same run without fused epilogues (--compare-fusion). */
+ * same run without fused epilogues (--compare-fusion); split: the same
+ * run with the update in separate passes (--compare-update); dw_before:
+ * the weight gradients in their form before the shape rule
+ * (--compare-dw). */
 static void report(const bench *b, const bench *one, const bench *f32,
                    const bench *plain, const bench *unfused,
+                   const bench *split, const bench *dw_before,
                    const options *o) {
   const remat_step_stats st = b->st;
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
@@ -616,6 +634,25 @@ static void report(const bench *b, const bench *one, const bench *f32,
            (long long)unfused->act_peak,
            unfused->checksum == b->checksum ? "true" : "false");
   }
+  if (split != NULL) {
+    /* the one-pass update's step over the split passes', same rounds */
+    double step_split = median(split->times, o->steps);
+    json_put(&nulls, "split_update_step_s_median", "%.6f", step_split);
+    json_put(&nulls, "one_pass_update_step_ratio", "%.4f",
+             step_s / step_split);
+    printf(", \"checksum_matches_split_update\": %s",
+           split->checksum == b->checksum ? "true" : "false");
+  }
+  if (dw_before != NULL) {
+    /* the weight gradients' form before the shape rule, same rounds */
+    double step_b = median(dw_before->times, o->steps);
+    double mfu_b = flops / step_b * 1e-9 /
+                   (bf16 ? median(dw_before->roofs16, o->steps)
+                         : median(dw_before->roofs, o->steps));
+    json_put(&nulls, "strided_dw_step_s_median", "%.6f", step_b);
+    json_put(&nulls, "strided_dw_mfu", "%.4f", mfu_b);
+    json_put(&nulls, "dw_rule_step_ratio", "%.4f", step_s / step_b);
+  }
   printf("%s%s}\n", dp_json, json_nonfinite(&nulls));
 }
 
@@ -631,7 +668,8 @@ int main(int argc, char **argv) {
   bench main_run, peer;
   int compare = o.compare_threads && o.threads > 1;
   int second = compare || o.both || o.precision_both || o.model_both ||
-               o.compare_admission || o.compare_fusion;
+               o.compare_admission || o.compare_fusion || o.compare_update ||
+               o.compare_dw;
   char *fuse_env = getenv("REMAT_FUSE") ? strdup(getenv("REMAT_FUSE")) : NULL;
   if (o.compare_fusion) /* read when each runtime is created */
     setenv("REMAT_FUSE", "1", 1);
@@ -647,6 +685,10 @@ int main(int argc, char **argv) {
     setenv("REMAT_BENCH_NO_ADMISSION", "1", 1);
   if (o.compare_fusion)
     setenv("REMAT_FUSE", "0", 1);
+  if (o.compare_update)
+    setenv("REMAT_BENCH_SPLIT_UPDATE", "1", 1);
+  if (o.compare_dw) /* read when the peer's ops are planned */
+    setenv("REMAT_BENCH_DW_KERNEL", "strided", 1);
   if (second &&
       bench_open(&peer, &o, compare ? 1 : o.threads,
                  o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention,
@@ -659,6 +701,8 @@ int main(int argc, char **argv) {
   else
     unsetenv("REMAT_FUSE");
   free(fuse_env);
+  unsetenv("REMAT_BENCH_SPLIT_UPDATE");
+  unsetenv("REMAT_BENCH_DW_KERNEL");
   /* Interleaved rounds: the two runs alternate which goes first, so that
    * neither always follows the other's cache and frequency state. */
   for (int s = 0; s <= o.steps; s++) {
@@ -673,10 +717,11 @@ int main(int argc, char **argv) {
   }
   report(&main_run, compare ? &peer : NULL, NULL,
          o.compare_admission ? &peer : NULL,
-         o.compare_fusion ? &peer : NULL, &o);
+         o.compare_fusion ? &peer : NULL, o.compare_update ? &peer : NULL,
+         o.compare_dw ? &peer : NULL, &o);
   if (o.both || o.precision_both || o.model_both)
     report(&peer, NULL, o.precision_both ? &main_run : NULL, NULL, NULL,
-           &o);
+           NULL, NULL, &o);
   bench_close(&main_run);
   if (second)
     bench_close(&peer);

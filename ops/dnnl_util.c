@@ -330,6 +330,22 @@ int op_gemm_run_add(const op_gemm *g, int64_t tile, const void *a,
   return gemm_exec(g, tile, a, b, bias, add, c, false, w);
 }
 
+int op_gemm_run_block_a(const op_gemm *g, int64_t tile, const void *a_block,
+                        const void *b, void *c, bool accumulate,
+                        op_worker *w) {
+  int64_t tiles_n = op_div_up(g->n, g->bn);
+  int64_t m0 = (tile / tiles_n) * g->bm, n0 = (tile % tiles_n) * g->bn;
+  int im = m0 + g->bm > g->m, in = n0 + g->bn > g->n;
+  dnnl_primitive_t prim = g->prim[im][in][accumulate];
+  if (!prim || g->bias) return REMAT_ERR_STATE;
+  op_arg args[3] = {
+      {DNNL_ARG_SRC, a_block},
+      {DNNL_ARG_WEIGHTS, op_at(b, g->b_cs * n0, g->b_dt)},
+      {DNNL_ARG_DST, op_at(c, m0 * g->c_rs + n0 * g->c_cs, g->c_dt)},
+  };
+  return op_exec(prim, w, 3, args);
+}
+
 int64_t op_dw_chunk_rows(int64_t rows, int64_t grad_elems) {
   int64_t chunks = op_min64(op_div_up(rows, OP_DW_CHUNK_MIN), OP_DW_CHUNKS);
   int64_t grad_bytes = op_max64(1, grad_elems) * (int64_t)sizeof(float);

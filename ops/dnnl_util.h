@@ -150,6 +150,12 @@ int op_gemm_run(const op_gemm *g, int64_t tile, const void *a,
 int op_gemm_run_add(const op_gemm *g, int64_t tile, const void *a,
                     const void *b, const void *bias, const void *add,
                     void *c, op_worker *w);
+/* op_gemm_run without a bias, with A given at the first row of block
+ * `tile`'s rows (a copy of those rows made by the caller, laid out as the
+ * gemm's A). */
+int op_gemm_run_block_a(const op_gemm *g, int64_t tile, const void *a_block,
+                        const void *b, void *c, bool accumulate,
+                        op_worker *w);
 /* Rows per tile of a matmul with n output columns and reduction k: 128,
  * doubled while a tile would be under ~0.5 MFLOP. */
 int64_t op_gemm_rows(int64_t n, int64_t k);

@@ -10,6 +10,7 @@
  * and writes its result's dtype; linear's partial sums stay f32, and db
  * sums bf16 rows of dy in f32. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/bf16.h"
@@ -33,6 +34,11 @@ typedef struct linear_state {
    * tensor is f32 (an f32 input, or an output that is a loss), so the
    * operand has one element, rounded to bf16 into the op's temporary. */
   bool cvt_x, cvt_dy;
+  /* The dw products read a tile-local transposed copy of their block of
+   * dy (plain, which oneDNN's brgemm takes) rather than dy^T in place
+   * (strided, on gemm:jit): see dw_form. */
+  bool dw_t;
+  bool dw_wide; /* dw blocks span all of K (dw_form) */
   op_gemm fwd, dx, dw, dw_last; /* dw over a full chunk, the last one */
   op_gemm fused;                /* fwd with its consumer's epilogue */
 } linear_state;
@@ -126,6 +132,37 @@ static void db_rows_bf16(const linear_state *s, const uint16_t *dy,
   op_store_dt(dst, dt, 0, acc, nm, accumulate);
 }
 
+/* dy's rows [0, nr) and columns [m0, m0 + nm) (row length M, elements
+ * of dtype T) transposed into t: nm rows of nr. In 8 x 8 blocks, each
+ * read as 8 contiguous runs and written as 8, held in registers between
+ * (fixed trip counts the compiler unrolls); the edges element by element. */
+#define DY_BLOCK_T(T)                                                        \
+  static void dy_block_t_##T(const T *src, int64_t M, int64_t nr,          \
+                             int64_t nm, T *dst) {                         \
+    int64_t r8 = nr / 8 * 8, i8 = nm / 8 * 8;                              \
+    for (int64_t r0 = 0; r0 < r8; r0 += 8)                                 \
+      for (int64_t i0 = 0; i0 < i8; i0 += 8) {                             \
+        T blk[8][8];                                                       \
+        for (int r = 0; r < 8; r++)                                        \
+          for (int i = 0; i < 8; i++) blk[i][r] = src[(r0 + r) * M + i0 + i]; \
+        for (int i = 0; i < 8; i++)                                        \
+          for (int r = 0; r < 8; r++) dst[(i0 + i) * nr + r0 + r] = blk[i][r]; \
+      }                                                                    \
+    for (int64_t i = 0; i < nm; i++)                                       \
+      for (int64_t r = i < i8 ? r8 : 0; r < nr; r++)                       \
+        dst[i * nr + r] = src[r * M + i];                                  \
+  }
+DY_BLOCK_T(float)
+DY_BLOCK_T(uint16_t)
+
+static void dy_block_t(const void *dy, int64_t M, int64_t nr, int64_t m0,
+                       int64_t nm, op_dtype dt, void *t) {
+  if (dt == OP_BF16)
+    dy_block_t_uint16_t((const uint16_t *)dy + m0, M, nr, nm, t);
+  else
+    dy_block_t_float((const float *)dy + m0, M, nr, nm, t);
+}
+
 // dw (M,K) = dy^T (M,N) . x (N,K) and db (M) = the sum of dy's N rows:
 // tile (c, j) sums the rows of chunk c into block j of the chunk's
 // partials ws[0] (of dw itself when there is one chunk); the tiles of the
@@ -142,10 +179,18 @@ static int linear_dw(const op_instance *op, const op_bufs *b, int64_t tile,
   if (!direct || b->din[1]) {
     const op_gemm *g = nr == s->chunk_rows ? &s->dw : &s->dw_last;
     void *dst = direct ? b->din[1] : b->ws[0] + c * s->M * s->K;
+    bool acc = direct && b->din_accumulate[1];
     /* a converted (one-element) operand has one row: r0 is 0 */
-    rs = op_gemm_run(g, j, op_at(operand(s, b->dout, 1, w), r0 * s->M, g->a_dt),
-                     op_at(operand(s, b->in[0], 0, w), r0 * s->K, g->b_dt),
-                     NULL, dst, direct && b->din_accumulate[1], w);
+    const void *dy = op_at(operand(s, b->dout, 1, w), r0 * s->M, g->a_dt);
+    const void *x = op_at(operand(s, b->in[0], 0, w), r0 * s->K, g->b_dt);
+    if (s->dw_t) { /* dy's block of rows of dw, transposed */
+      int64_t m0 = j / op_div_up(s->K, g->bn) * g->bm;
+      void *t = op_temp(&s->base, w);
+      dy_block_t(dy, s->M, nr, m0, op_min64(g->bm, s->M - m0), g->a_dt, t);
+      rs = op_gemm_run_block_a(g, j, t, x, dst, acc, w);
+    } else {
+      rs = op_gemm_run(g, j, dy, x, NULL, dst, acc, w);
+    }
   }
   int64_t tiles_n = op_div_up(s->K, s->dw.bn);
   if (rs == REMAT_OK && (direct ? b->din[2] != NULL : bias) &&
@@ -202,10 +247,39 @@ static int linear_db_sum(const op_instance *op, const op_bufs *b,
  * partials are f32). */
 static void dw_gemm_init(const linear_state *s, op_gemm *g, int64_t rows,
                          op_dtype x_dt, op_dtype c) {
-  op_gemm_init(g, s->M, s->K, rows, OP_DW_ROWS, dw_cols(s->K));
-  /* dW = dY^T X */
-  op_gemm_layout(g, op_transposed(s->M), op_plain(s->K), s->K);
+  op_gemm_init(g, s->M, s->K, rows, OP_DW_ROWS,
+               s->dw_wide ? s->K : dw_cols(s->K));
+  /* dW = dY^T X, dY^T in place or its block's copy (dw_t) */
+  op_gemm_layout(g, s->dw_t ? op_plain(rows) : op_transposed(s->M),
+                 op_plain(s->K), s->K);
   op_gemm_dtypes(g, s->cvt_dy ? OP_BF16 : s->dy_dt, x_dt, c);
+}
+
+/* The largest transposed block of dy a dw tile copies (its temporary). */
+#define OP_DW_T_BYTES (1 << 20)
+/* The widest K whose dw blocks span all of it (measured up to here). */
+#define OP_DW_WIDE_MAX 2048
+
+/* The form of the dw products, a rule of the shapes measured per shape
+ * with bench_dw (docs/performance.md), never of thread counts or
+ * timings, so that the results stay the same bits on every machine:
+ * dy^T read in place (oneDNN's gemm:jit), in blocks spanning all of K up
+ * to OP_DW_WIDE_MAX (8-13% quicker than blocks of OP_DW_COLS columns at
+ * K 1536 and 2048). A tile-local transposed copy of dy's block (plain,
+ * which oneDNN's brgemm takes) lost 2-25% on every shape measured (the
+ * copy costs more than brgemm gains), so the rule does not pick it.
+ * REMAT_BENCH_DW_KERNEL (read at planning; not public) forces "strided"
+ * (the blocks of OP_DW_COLS columns, as before) or "transposed" (the
+ * copy, with the rule's blocks), for the benchmarks' A/B. Converted
+ * one-element operands keep dy in place (they use the temporary). */
+static void dw_form(linear_state *s, op_dtype dy_dt) {
+  const char *v = getenv("REMAT_BENCH_DW_KERNEL");
+  bool strided = v != NULL && strcmp(v, "strided") == 0;
+  bool transposed = v != NULL && strcmp(v, "transposed") == 0;
+  s->dw_wide = !strided && s->K <= OP_DW_WIDE_MAX;
+  int64_t bytes = op_min64(OP_DW_ROWS, s->M) * s->chunk_rows *
+                  op_dtype_size(dy_dt);
+  s->dw_t = transposed && !s->cvt_x && !s->cvt_dy && bytes <= OP_DW_T_BYTES;
 }
 
 static remat_status linear_gemms(linear_state *s, const op_desc *d,
@@ -225,6 +299,7 @@ static remat_status linear_gemms(linear_state *s, const op_desc *d,
   op_gemm_dtypes(&s->dx, dy_dt, d->in_dtype[1], d->din_dtype[0]);
   s->chunk_rows = op_dw_chunk_rows(N, M * K);
   s->chunks = op_div_up(N, s->chunk_rows);
+  dw_form(s, dy_dt);
   dw_gemm_init(s, &s->dw, s->chunk_rows, x_dt,
                s->chunks == 1 ? s->dw_dt : OP_F32);
   s->dw.accumulate_too = s->chunks == 1;
@@ -316,6 +391,10 @@ remat_status op_linear_plan(op_instance *inst, dnnl_engine_t engine,
   /* bf16 gradients of w or b summed from f32 partials: a block of sums */
   if (s->chunks > 1 && (s->dw_dt == OP_BF16 || s->db_dt == OP_BF16))
     s->base.temp_bytes = OP_FLAT_ELEMS * sizeof(float);
+  size_t dw_t_bytes = (size_t)(op_min64(OP_DW_ROWS, s->M) * s->chunk_rows) *
+                      (size_t)op_dtype_size(s->dw.a_dt);
+  if (s->dw_t && s->base.temp_bytes < dw_t_bytes)
+    s->base.temp_bytes = dw_t_bytes; /* the transposed block of dy */
   if ((s->cvt_x || s->cvt_dy) && s->base.temp_bytes < 64)
     s->base.temp_bytes = 64; /* the converted operands */
   int64_t N = s->rows;

@@ -113,6 +113,11 @@ struct remat_runtime {
                          under a budget without memory admission (for
                          benchmarks that measure its cost; not public) */
   bool no_fuse;       /* REMAT_FUSE=0 at creation: no fused epilogues */
+  bool split_update;  /* REMAT_BENCH_SPLIT_UPDATE was set at creation: the
+                         update, the bf16 weight refresh and the node
+                         copies as separate passes over each tile (the
+                         same results; for benchmarks and tests of the
+                         one-pass update; not public) */
 };
 
 /* runtime.c: graphs keep their runtime alive. */

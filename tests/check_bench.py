@@ -133,4 +133,38 @@ assert "--precision 'fp16': expected f32, bf16 or both" in bad.stderr, bad.stder
 bad = subprocess.run([exe, "--model", "bert"], capture_output=True, text=True)
 assert bad.returncode == 2, bad
 assert "--model 'bert': expected gpt, llama, encoder or gpt+llama" in bad.stderr, bad.stderr
+# --compare-update: the split passes' run beside the one-pass update, the
+# same gradients bitwise, with an accumulation (the fold) too
+for extra in ([], ["--accum", "2", "--precision", "bf16"]):
+    up = run(["--compare-update"] + extra)
+    check_common(up)
+    assert up["checksum_matches_split_update"] is True, up
+    ratio = up["step_s_median"] / up["split_update_step_s_median"]
+    assert abs(up["one_pass_update_step_ratio"] - ratio) <= 1e-3 * ratio, up
+# --compare-dw: the weight gradients' form before the shape rule beside it
+dw = run(["--compare-dw"])
+check_common(dw)
+ratio = dw["step_s_median"] / dw["strided_dw_step_s_median"]
+assert abs(dw["dw_rule_step_ratio"] - ratio) <= 1e-3 * ratio, dw
+assert 0 < dw["strided_dw_mfu"] < 2, dw
+bad = subprocess.run([exe, "--compare-dw", "--compare-update"],
+                     capture_output=True, text=True)
+assert bad.returncode == 2, bad
+assert "--compare-update and --compare-dw exclude each other" in bad.stderr, bad.stderr
+
+# bench_dw, one round: every shape in both dtypes, the three forms' times
+# and their gradients within 1e-5 of each other
+if len(sys.argv) > 2:
+    out = subprocess.run([sys.argv[2], "1"], check=True, capture_output=True,
+                         text=True, timeout=100).stdout
+    rows = [json.loads(line) for line in out.strip().splitlines()]
+    assert len(rows) == 18, out
+    assert {r["dtype"] for r in rows} == {"f32", "bf16"}, rows
+    for r in rows:
+        for k in ("strided_ms", "rule_ms", "transposed_ms"):
+            assert r[k] > 0, r
+        assert r["rule_max_rel_diff"] < 1e-5, r
+        assert r["transposed_max_rel_diff"] < 1e-5, r
+        # the rule's blocks span all of K up to 2048
+        assert (r["tiles"][1] < r["tiles"][0]) == (512 < r["K"] <= 2048), r
 print("check_bench: ok")

@@ -497,6 +497,78 @@ static void test_load_reaches_every_node(void **state) {
   fixture_close(&b);
 }
 
+/* ---- the one-pass update ---- */
+
+/* Three optimizer steps of two micro-batches (remat_accumulate, then
+ * remat_step) with clipping on, on 2 nodes and 4 workers: the losses and
+ * the parameters' hash. With REMAT_BENCH_SPLIT_UPDATE set the runtime
+ * applies the update, the bf16 weight refresh and the node copies (and the
+ * fold of the gradient sums and their squares) as separate passes. */
+static step_bits accumulated_steps(remat_precision precision,
+                                   const remat_optimizer *opt, bool split) {
+  if (split)
+    setenv("REMAT_BENCH_SPLIT_UPDATE", "1", 1);
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_TOPOLOGY |
+                            REMAT_SET_PRECISION | REMAT_SET_TRACE,
+                     .num_threads = 4,
+                     .topology = two_nodes,
+                     .precision = precision};
+  fixture f;
+  remat_status rs = fixture_open_config(&f, &mid, &rc, opt);
+  unsetenv("REMAT_BENCH_SPLIT_UPDATE");
+  if (rs != REMAT_OK)
+    fail_msg("%s", remat_last_error());
+  assert_int_equal(remat_set_clip(f.g, 0.05f), REMAT_OK);
+  step_bits r = {0};
+  size_t n = (size_t)mid.batch * (size_t)mid.seq;
+  for (int s = 0; s < 3; s++) {
+    remat_step_stats st = {.size = sizeof st};
+    for (int k = 0; k < 2; k++) { /* micro-batches of different gradients */
+      fixture_batch(&mid, f.tokens, f.targets, (uint32_t)(2 * s + k + 1));
+      assert_int_equal(remat_feed(f.g, f.m.tokens, f.tokens,
+                                  n * sizeof *f.tokens), REMAT_OK);
+      assert_int_equal(remat_feed(f.g, f.m.targets, f.targets,
+                                  n * sizeof *f.targets), REMAT_OK);
+      assert_int_equal(k ? remat_step(f.g, &st) : remat_accumulate(f.g, &st),
+                       REMAT_OK);
+    }
+    r.loss[s % 2] = st.loss;
+    assert_true(st.grad_norm > 0.05); /* clipped */
+    assert_true(st.remote_bytes > 0); /* the node copies are used */
+  }
+  size_t count;
+  float *params = fixture_snapshot(f.g, &count);
+  assert_non_null(params);
+  r.param_hash = hash_floats(params, count);
+  r.grad_hash = fixture_grad_hash(&f);
+  free(params);
+  fixture_close(&f);
+  return r;
+}
+
+static void test_one_pass_update_same_bits(void **state) {
+  (void)state;
+  const remat_optimizer sgd = {.kind = REMAT_OPT_SGD, .lr = 0.1f};
+  const struct {
+    remat_precision precision;
+    const remat_optimizer *opt;
+  } runs[] = {{REMAT_PRECISION_BF16, &adamw},
+              {REMAT_PRECISION_F32, &adamw},
+              {REMAT_PRECISION_BF16, &sgd}};
+  for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+    step_bits split = accumulated_steps(runs[i].precision, runs[i].opt, true);
+    step_bits one = accumulated_steps(runs[i].precision, runs[i].opt, false);
+    if (memcmp(one.loss, split.loss, sizeof one.loss) != 0 ||
+        one.param_hash != split.param_hash ||
+        one.grad_hash != split.grad_hash)
+      fail_msg("run %zu: one pass: losses %.9g %.9g, hash %016llx; split "
+               "passes: %.9g %.9g, %016llx",
+               i, one.loss[0], one.loss[1],
+               (unsigned long long)one.param_hash, split.loss[0],
+               split.loss[1], (unsigned long long)split.param_hash);
+  }
+}
+
 static int setup(void **state) {
   unsetenv("REMAT_TOPOLOGY");
   unsetenv("REMAT_TRACE");
@@ -512,6 +584,7 @@ int main(void) {
       cmocka_unit_test(test_remote_bytes_of_the_default_model),
       cmocka_unit_test(test_budget_counts_the_copies),
       cmocka_unit_test(test_load_reaches_every_node),
+      cmocka_unit_test(test_one_pass_update_same_bits),
   };
   return cmocka_run_group_tests(tests, setup, remove_dir);
 }

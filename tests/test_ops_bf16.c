@@ -274,6 +274,78 @@ static void check_case(const bcase *c) {
   side_free(&h);
 }
 
+/* Linear's weight and bias gradients with dy^T read in place (the form
+ * before the shape rule, REMAT_BENCH_DW_KERNEL=strided) and from
+ * tile-local transposed copies of dy's blocks (=transposed), from the same
+ * inputs in the dtypes of precision `bf16`, accumulating into the same
+ * values: equal to 2e-6 of the largest magnitude (both sum the same
+ * products in f32, in different orders). */
+static void dw_forms_agree(const bcase *c, bool bf16) {
+  op_desc d = bf16 ? bf16_desc(c) : c->desc;
+  side a, t;
+  setenv("REMAT_BENCH_DW_KERNEL", "strided", 1);
+  side_plan(&a, d, bf16);
+  setenv("REMAT_BENCH_DW_KERNEL", "transposed", 1);
+  side_plan(&t, d, bf16);
+  unsetenv("REMAT_BENCH_DW_KERNEL");
+  const op_desc *da = &a.inst.desc;
+  for (int i = 0; i < da->nin; i++)
+    for (int64_t j = 0; j < a.n[i]; j++) {
+      double v = bf16_to_f32(bf16_from_f32((float)uniform(-1, 1)));
+      set(a.b.in[i], da->in_dtype[i], j, v);
+      set(t.b.in[i], da->in_dtype[i], j, v);
+    }
+  for (int64_t j = 0; j < a.nout; j++) {
+    double v = bf16_to_f32(bf16_from_f32((float)uniform(-1, 1)));
+    set(a.b.dout, da->out_dtype, j, v);
+    set(t.b.dout, da->out_dtype, j, v);
+  }
+  float *init[OP_MAX_IN] = {0};
+  for (int i = 0; i < da->nin; i++) {
+    init[i] = xcalloc(a.n[i], sizeof(float));
+    for (int64_t j = 0; j < a.n[i]; j++) init[i][j] = (float)uniform(-1, 1);
+  }
+  set_dins(&a, MODE_ACCUMULATE, init);
+  set_dins(&t, MODE_ACCUMULATE, init);
+  run_kernels(&a, a.inst.bwd, a.inst.nbwd, false);
+  run_kernels(&t, t.inst.bwd, t.inst.nbwd, true);
+  for (int i = 1; i < da->nin; i++) {
+    double big = 0, diff = 0;
+    int64_t at = 0;
+    for (int64_t j = 0; j < a.n[i]; j++) {
+      double x = get(a.b.din[i], da->din_dtype[i], j);
+      double y = get(t.b.din[i], da->din_dtype[i], j);
+      big = fmax(big, fabs(x));
+      if (fabs(x - y) > diff) diff = fabs(x - y), at = j;
+    }
+    if (diff > 2e-6 * big)
+      fail_msg("linear x %s, w %s, %s: din[%d][%lld] differs by %.3g "
+               "between the forms (largest %.3g)",
+               op_shape_str(&da->in[0], (char[OP_SHAPE_STR_MAX]){0}),
+               op_shape_str(&da->in[1], (char[OP_SHAPE_STR_MAX]){0}),
+               bf16 ? "bf16" : "f32", i, (long long)at, diff, big);
+  }
+  for (int i = 0; i < OP_MAX_IN; i++) free(init[i]);
+  side_free(&a);
+  side_free(&t);
+}
+
+static void test_linear_dw_transposed(void **state) {
+  (void)state;
+  /* three chunks of 384 rows (the last 332), blocks of 64 rows of dw and a
+   * remainder of 2, blocks spanning all of K */
+  bcase c = make_case(OP_LINEAR, 3, S2(1100, 600), S2(130, 600), S1(130));
+  c.param[1] = c.param[2] = true;
+  dw_forms_agree(&c, false);
+  dw_forms_agree(&c, true);
+  /* one chunk (straight into dw), K past the widest blocks: 256 columns
+   * and a remainder of 52 */
+  c = make_case(OP_LINEAR, 2, S3(2, 65, 2100), S2(70, 2100));
+  c.param[1] = true;
+  dw_forms_agree(&c, false);
+  dw_forms_agree(&c, true);
+}
+
 /* Planning `d` with out_dtype `out` fails with exactly `msg`. */
 static void expect_plan_error(op_desc d, op_dtype out, const char *msg) {
   char err[OP_ERRMSG_MAX];
@@ -512,6 +584,7 @@ int main(void) {
   rng_state = 0x2545f4914f6cdd1dull;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_linear),      cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_linear_dw_transposed),
       cmocka_unit_test(test_add),         cmocka_unit_test(test_bias_add),
       cmocka_unit_test(test_relu_gelu),   cmocka_unit_test(test_layernorm),
       cmocka_unit_test(test_softmax),     cmocka_unit_test(test_attn_scores),

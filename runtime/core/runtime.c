@@ -203,6 +203,7 @@ remat_status remat_runtime_create(const remat_config *config,
                        remat__quote(&(remat__quoted){0}, fuse));
   }
   rt->no_fuse = fuse != NULL && strcmp(fuse, "0") == 0;
+  rt->split_update = getenv("REMAT_BENCH_SPLIT_UPDATE") != NULL;
   /* The environment first: a bad value fails before any thread starts. */
   remat_status s = remat__config_load(config, 0, &rt->config, &rt->strings);
   if (s == REMAT_OK)

@@ -61,6 +61,19 @@ void optim_fold(float *g, const float *acc, int64_t n, float scale) {
     g[i] = (acc[i] + g[i]) * scale;
 }
 
+enum { OPTIM_CHUNK = 1024 };
+double optim_fold_sum_squares(float *g, const float *acc, int64_t n,
+                              float scale) {
+  double sum = 0.0;
+  for (int64_t lo = 0; lo < n; lo += OPTIM_CHUNK) {
+    int64_t hi = lo + OPTIM_CHUNK < n ? lo + OPTIM_CHUNK : n;
+    optim_fold(g + lo, acc + lo, hi - lo, scale);
+    for (int64_t i = lo; i < hi; i++)
+      sum += (double)g[i] * (double)g[i];
+  }
+  return sum;
+}
+
 float optim_clip_scale(double norm, float clip) {
   if (clip <= 0.0f || !(norm > (double)clip))
     return 1.0f;
@@ -104,10 +117,10 @@ static inline float sgd_elem(const coefs *k, float g, float w) {
 static float max2(float a, float b) { return a > b ? a : b; }
 
 /* w is the parameter, g its gradient (times the clip factor s), m and v
- * AdamW's moments. Records the largest |w|, |m| and v it wrote: after
- * each chunk of OPTIM_CHUNK elements, while the chunk is in L1 (the
- * update's loop does not vectorize; the maxima do). */
-enum { OPTIM_CHUNK = 1024 };
+ * AdamW's moments. Records the largest |w|, |m| and v it wrote, and hands
+ * the chunk to chunk_done: after each chunk of OPTIM_CHUNK elements,
+ * while the chunk is in L1 (the update's loop does not vectorize; the
+ * maxima do). */
 void optim_update(const remat_optimizer *opt, const optim_tile_args *a) {
   float *w = a->param, *m = a->adam_m, *v = a->adam_v;
   const float *g = a->grad;
@@ -125,6 +138,8 @@ void optim_update(const remat_optimizer *opt, const optim_tile_args *a) {
       vmax = max2(vmax, max_abs(v + lo, hi - lo));
     }
     wmax = max2(wmax, max_abs(w + lo, hi - lo));
+    if (a->chunk_done != NULL)
+      a->chunk_done(a->ctx, lo, hi);
   }
   a->max[OPTIM_MAX_W] = wmax;
   a->max[OPTIM_MAX_M] = mmax;

@@ -31,6 +31,10 @@ float optim_accumulate(float *acc, const float *g, int64_t n, bool first);
 bool optim_accumulate_bounded(double acc_max, double g_max);
 bool optim_accumulate_finite(const float *acc, const float *g, int64_t n);
 void optim_fold(float *g, const float *acc, int64_t n, float scale);
+/* optim_fold, then optim_sum_squares of the folded g, in one pass of
+ * chunks (the same values, summed in the same order). */
+double optim_fold_sum_squares(float *g, const float *acc, int64_t n,
+                              float scale);
 /* The clip factor of a global gradient norm: 1 when clip is 0 (off) or the
  * norm is at most clip, else clip / (norm + 1e-6). */
 float optim_clip_scale(double norm, float clip);
@@ -53,6 +57,11 @@ typedef struct optim_tile_args {
   float decay;
   float grad_scale;
   float *max;
+  /* Called, when not NULL, after each chunk [lo, hi) of the elements is
+   * written, while the chunk is in L1: the caller's copies of the new
+   * weights (bf16 weights, other nodes' copies) in the same pass. */
+  void (*chunk_done)(void *ctx, int64_t lo, int64_t hi);
+  void *ctx;
 } optim_tile_args;
 /* The update, recording the maxima of what it wrote in a->max. */
 void optim_update(const remat_optimizer *opt, const optim_tile_args *a);

@@ -90,17 +90,25 @@ static int64_t param_numel(const compiled_step *c, const plan_knode *kn) {
 }
 
 /* The last micro-step of an accumulation first folds the sum of the
- * earlier ones into its gradient (the mean of all); then the tile's sum of
- * squares goes to its own slot, for the finite check and the gate's norm. */
+ * earlier ones into its gradient (the mean of all), in the pass that sums
+ * its squares; the tile's sum of squares goes to its own slot, for the
+ * finite check and the gate's norm. */
 static int check_tile(const step_run *r, const plan_knode *kn, int64_t tile) {
   step_state *s = r->s;
   int64_t lo, hi;
   optim_tile_range(param_numel(r->c, kn), tile, &lo, &hi);
   float *grad = buf_data(s, kn->optim.grad) + lo;
-  if (s->accum_count > 0 && r->mode == RUN_STEP)
-    optim_fold(grad, s->accum[kn->optim.param_tensor] + lo,
-               hi - lo, 1.0f / (float)(s->accum_count + 1));
-  double sumsq = optim_sum_squares(grad, hi - lo);
+  bool fold = s->accum_count > 0 && r->mode == RUN_STEP;
+  const float *acc = fold ? s->accum[kn->optim.param_tensor] + lo : NULL;
+  float scale = fold ? 1.0f / (float)(s->accum_count + 1) : 1.0f;
+  double sumsq;
+  if (fold && !r->c->g->rt->split_update) {
+    sumsq = optim_fold_sum_squares(grad, acc, hi - lo, scale);
+  } else { /* REMAT_BENCH_SPLIT_UPDATE: two passes, the same values */
+    if (fold)
+      optim_fold(grad, acc, hi - lo, scale);
+    sumsq = optim_sum_squares(grad, hi - lo);
+  }
   s->check_sumsq[kn->optim.check_tile0 + tile] = sumsq;
   if (!isfinite(sumsq))
     atomic_store(&s->nonfinite, 1);
@@ -198,9 +206,40 @@ void tasks_scan_maxima(const compiled_step *c, step_state *s) {
   }
 }
 
+/* Where one tile's new weights go besides the node's copy it updates:
+ * the bf16 weights and the other nodes' copies of both. */
+typedef struct update_sinks {
+  const compiled_step *c;
+  step_state *s;
+  const plan_knode *kn;
+  int node;
+  int64_t lo;           /* the tile's first element in the parameter */
+  const float *param;   /* the updated copy, at the tile */
+} update_sinks;
+
+static void refresh_copies(const update_sinks *u, int64_t lo, int64_t hi) {
+  const plan_knode *kn = u->kn;
+  node_copies_refresh(u->c, u->s, kn->optim.param, u->node, u->lo + lo,
+                      u->lo + hi);
+  if (kn->optim.param_copy < 0)
+    return;
+  /* the bf16 weights the next step reads */
+  uint16_t *copy = (uint16_t *)node_copy(u->c, u->s, kn->optim.param_copy,
+                                         u->node);
+  bf16_from_f32_row(copy + u->lo + lo, u->param + lo, hi - lo);
+  node_copies_refresh(u->c, u->s, kn->optim.param_copy, u->node, u->lo + lo,
+                      u->lo + hi);
+}
+
+static void chunk_done(void *ctx, int64_t lo, int64_t hi) {
+  refresh_copies(ctx, lo, hi);
+}
+
 /* Runs after the gate: nothing is written when any check failed. The
- * worker's node's copy of the parameter is updated, then copied to the
- * others. */
+ * worker's node's copy of the parameter is updated and, chunk by chunk in
+ * the same pass, rounded into the bf16 weights and copied to the other
+ * nodes (REMAT_BENCH_SPLIT_UPDATE: as passes over the whole tile after
+ * the update; the same values). */
 static int update_tile(const step_run *r, const plan_knode *kn, int64_t tile,
                        int node) {
   const compiled_step *c = r->c;
@@ -218,13 +257,15 @@ static int update_tile(const step_run *r, const plan_knode *kn, int64_t tile,
   }
   remat_optimizer opt = c->opt;
   opt.lr = s->lr;
-  optim_update(&opt, &a);
-  node_copies_refresh(c, s, kn->optim.param, node, lo, hi);
-  if (kn->optim.param_copy >= 0) { /* the bf16 weights the next step reads */
-    uint16_t *copy = (uint16_t *)node_copy(c, s, kn->optim.param_copy, node);
-    bf16_from_f32_row(copy + lo, a.param, hi - lo);
-    node_copies_refresh(c, s, kn->optim.param_copy, node, lo, hi);
+  update_sinks u = {c, s, kn, node, lo, a.param};
+  bool split = c->g->rt->split_update;
+  if (!split) {
+    a.chunk_done = chunk_done;
+    a.ctx = &u;
   }
+  optim_update(&opt, &a);
+  if (split)
+    refresh_copies(&u, 0, hi - lo);
   return REMAT_OK;
 }
 

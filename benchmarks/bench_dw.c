@@ -1,0 +1,207 @@
+/* Linear's weight-gradient kernel (linear.dw) in its three forms, in one
+ * process: dy^T read in place in blocks of at most 256 columns of dw (as
+ * before the shape rule; oneDNN's gemm:jit), the shape rule's form (in
+ * place, blocks spanning all of K up to 2048), and a tile-local
+ * transposed copy of dy's block (plain; oneDNN's brgemm). For each shape
+ * of the default GPT and of the 6-layer d384 model, in f32 and in bf16
+ * precision, the three are planned (REMAT_BENCH_DW_KERNEL at planning),
+ * all tiles of the kernel run on one worker in turns, and the median
+ * time of each (the thread's CPU time, which other processes on a shared
+ * machine do not inflate) printed as a JSON line with the ratios to the
+ * first and how far the gradients differ (largest difference over the
+ * largest magnitude).
+ *
+ *   bench_dw [rounds]   (default 9; 1 thread) */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/bf16.h"
+#include "ops/op.h"
+
+/* The calling thread's CPU time (oneDNN runs a tile on it): on a shared
+ * machine, what other processes take does not count. */
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* A planned linear (x [rows, K], w [M, K]) with its dw buffers. */
+typedef struct variant {
+  op_instance inst;
+  op_worker worker;
+  op_bufs b;
+  const op_kernel *dw;
+  int64_t ndw;
+} variant;
+
+/* Plans the linear with the dw form `form` ("strided", "transposed", or
+ * NULL: the shape rule); x and dy are shared (dtype dt). */
+static int plan(variant *v, dnnl_engine_t eng, dnnl_stream_t stream,
+                int64_t rows, int64_t K, int64_t M, op_dtype dt, void *x,
+                void *dy, const char *form) {
+  memset(v, 0, sizeof *v);
+  op_desc d = {.type = OP_LINEAR, .nin = 2};
+  d.in[0] = (op_shape){.ndim = 2, .dim = {rows, K}};
+  d.in[1] = (op_shape){.ndim = 2, .dim = {M, K}};
+  d.in_dtype[0] = d.in_dtype[1] = d.din_dtype[0] = d.out_dtype = dt;
+  d.din_dtype[1] = OP_F32; /* a parameter's gradient */
+  char err[OP_ERRMSG_MAX];
+  if (form) setenv("REMAT_BENCH_DW_KERNEL", form, 1);
+  remat_status rs = op_plan(&d, eng, &v->inst, err);
+  unsetenv("REMAT_BENCH_DW_KERNEL");
+  if (rs != REMAT_OK) {
+    fprintf(stderr, "bench_dw: %s\n", err);
+    return 1;
+  }
+  for (int i = 0; i < v->inst.nbwd; i++)
+    if (strcmp(v->inst.bwd[i].name, "linear.dw") == 0) v->dw = &v->inst.bwd[i];
+  v->b.in[0] = x;
+  v->b.dout = dy;
+  v->b.din[1] = calloc((size_t)(M * K), sizeof(float));
+  for (int k = 0; k < v->inst.nws; k++)
+    v->b.ws[k] = calloc(v->inst.ws_bytes[k], 1);
+  v->worker.stream = stream;
+  v->worker.scratch_bytes = v->inst.scratch_bytes;
+  v->worker.scratch = malloc(v->inst.scratch_bytes ? v->inst.scratch_bytes : 1);
+  return v->dw && v->b.din[1] && v->worker.scratch ? 0 : 1;
+}
+
+static void release(variant *v) {
+  free(v->b.din[1]);
+  for (int k = 0; k < OP_MAX_WS; k++) free(v->b.ws[k]);
+  free(v->worker.scratch);
+  op_instance_release(&v->inst);
+}
+
+/* Seconds for every tile of linear.dw, or -1 on a failure. */
+static double run_dw(variant *v) {
+  double t0 = now();
+  for (int64_t t = 0; t < v->dw->tiles; t++)
+    if (v->dw->fn(&v->inst, &v->b, t, &v->worker) != REMAT_OK) return -1;
+  return now() - t0;
+}
+
+/* What linear.dw wrote: the partials, or dw itself for one chunk. */
+static const float *grad_of(const variant *v) {
+  return v->inst.nws ? v->b.ws[0] : v->b.din[1];
+}
+
+/* The largest |a - b| over the largest |a| of what linear.dw wrote. */
+static double rel_diff(const variant *a, const variant *b, int64_t n) {
+  const float *p = grad_of(a), *q = grad_of(b);
+  double big = 0, diff = 0;
+  for (int64_t i = 0; i < n; i++) {
+    big = fmax(big, fabs(p[i]));
+    diff = fmax(diff, fabs((double)p[i] - q[i]));
+  }
+  return big > 0 ? diff / big : diff;
+}
+
+static int bench(dnnl_engine_t eng, dnnl_stream_t stream, const char *model,
+                 int64_t rows, int64_t K, int64_t M, op_dtype dt, int rounds) {
+  size_t es = (size_t)op_dtype_size(dt);
+  void *x = malloc((size_t)(rows * K) * es);
+  void *dy = malloc((size_t)(rows * M) * es);
+  if (!x || !dy) return 1;
+  uint32_t s = 12345;
+  for (int64_t i = 0; i < rows * (K > M ? K : M); i++) {
+    s = s * 1664525u + 1013904223u;
+    float f = (float)(s >> 8) / 16777216.0f - 0.5f;
+    if (i < rows * K) {
+      if (dt == OP_BF16) ((uint16_t *)x)[i] = bf16_from_f32(f);
+      else ((float *)x)[i] = f;
+    }
+    if (i < rows * M) {
+      if (dt == OP_BF16) ((uint16_t *)dy)[i] = bf16_from_f32(0.5f * f);
+      else ((float *)dy)[i] = 0.5f * f;
+    }
+  }
+  /* before (strided, narrow blocks), the shape rule, the transposed copy */
+  enum { NV = 3 };
+  variant v[NV];
+  const char *forms[NV] = {"strided", NULL, "transposed"};
+  const char *names[NV] = {"strided", "rule", "transposed"};
+  int rc = 0;
+  for (int k = 0; k < NV && rc == 0; k++)
+    rc = plan(&v[k], eng, stream, rows, K, M, dt, x, dy, forms[k]);
+  double *sec = calloc(NV * (size_t)rounds, sizeof *sec);
+  for (int r = -1; rc == 0 && sec && r < rounds; r++) /* -1: warm-up */
+    for (int k = 0; k < NV; k++) {
+      int kk = (k + (r < 0 ? 0 : r)) % NV; /* rotate which goes first */
+      double t = run_dw(&v[kk]);
+      if (t < 0) rc = 1;
+      if (r >= 0) sec[kk * rounds + r] = t;
+    }
+  if (rc == 0 && sec) {
+    double med[NV];
+    for (int k = 0; k < NV; k++) {
+      qsort(sec + k * rounds, (size_t)rounds, sizeof *sec, cmp_double);
+      med[k] = sec[k * rounds + rounds / 2];
+    }
+    int64_t n = v[0].inst.nws ? (int64_t)(v[0].inst.ws_bytes[0] / 4) : M * K;
+    double flops = 2.0 * (double)rows * (double)K * (double)M;
+    printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"rows\": %lld, "
+           "\"K\": %lld, \"M\": %lld, \"tiles\": [%lld, %lld, %lld]",
+           model, dt == OP_BF16 ? "bf16" : "f32", (long long)rows,
+           (long long)K, (long long)M, (long long)v[0].dw->tiles,
+           (long long)v[1].dw->tiles, (long long)v[2].dw->tiles);
+    for (int k = 0; k < NV; k++)
+      printf(", \"%s_ms\": %.3f, \"%s_gflops\": %.2f", names[k],
+             med[k] * 1e3, names[k], flops / med[k] * 1e-9);
+    printf(", \"rule_over_strided\": %.4f, "
+           "\"transposed_over_strided\": %.4f, "
+           "\"rule_max_rel_diff\": %.3g, "
+           "\"transposed_max_rel_diff\": %.3g}\n",
+           med[1] / med[0], med[2] / med[0], rel_diff(&v[0], &v[1], n),
+           rel_diff(&v[0], &v[2], n));
+  }
+  for (int k = 0; k < NV; k++) release(&v[k]);
+  free(sec);
+  free(x);
+  free(dy);
+  return rc || !sec;
+}
+
+int main(int argc, char **argv) {
+  int rounds = argc > 1 ? atoi(argv[1]) : 9;
+  if (rounds < 1) {
+    fprintf(stderr, "usage: bench_dw [rounds]\n");
+    return 2;
+  }
+  omp_set_num_threads(1); /* one worker, as the runtime runs a tile */
+  dnnl_engine_t eng;
+  dnnl_stream_t stream;
+  if (dnnl_engine_create(&eng, dnnl_cpu, 0) != dnnl_success ||
+      dnnl_stream_create(&stream, eng, dnnl_stream_default_flags) !=
+          dnnl_success) {
+    fprintf(stderr, "bench_dw: cannot create a oneDNN engine\n");
+    return 1;
+  }
+  /* (rows, K, M) of the linears: qkv, proj, fc1, fc2, head */
+  static const struct {
+    const char *model;
+    int64_t rows, K, M;
+  } shapes[] = {{"gpt-d512", 2048, 512, 1536}, {"gpt-d512", 2048, 512, 512},
+                {"gpt-d512", 2048, 512, 2048}, {"gpt-d512", 2048, 2048, 512},
+                {"gpt-d512", 2048, 512, 256},  {"gpt-d384", 1152, 384, 1152},
+                {"gpt-d384", 1152, 384, 384},  {"gpt-d384", 1152, 384, 1536},
+                {"gpt-d384", 1152, 1536, 384}};
+  int rc = 0;
+  for (int p = 0; p < 2 && rc == 0; p++)
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes && rc == 0; i++)
+      rc = bench(eng, stream, shapes[i].model, shapes[i].rows, shapes[i].K,
+                 shapes[i].M, p ? OP_BF16 : OP_F32, rounds);
+  dnnl_stream_destroy(stream);
+  dnnl_engine_destroy(eng);
+  return rc;
+}
