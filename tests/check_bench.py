@@ -78,7 +78,7 @@ assert fz["no_fusion_activation_peak_bytes"] > 0, fz
 assert "admission_step_ratio" not in fz and "fusion_step_ratio" not in plain, fz
 fz16 = run(["--compare-fusion", "--precision", "bf16"])
 check_common(fz16)
-assert fz16["checksum_matches_no_fusion"] is False, fz16  # one rounding less
+assert fz16["checksum_matches_no_fusion"] is True, fz16  # bf16 does not fuse
 assert fz16["grad_checksum"] == alone["grad_checksum"], (fz16, alone)
 bad = subprocess.run([exe, "--compare-fusion", "--compare-threads"],
                      capture_output=True, text=True)
