@@ -83,7 +83,7 @@ assert fz16["grad_checksum"] == alone["grad_checksum"], (fz16, alone)
 bad = subprocess.run([exe, "--compare-fusion", "--compare-threads"],
                      capture_output=True, text=True)
 assert bad.returncode == 2, bad
-assert "--compare-admission and --compare-fusion exclude each other" in bad.stderr, bad.stderr
+assert "--compare-fusion, --compare-update and --compare-dw exclude each other" in bad.stderr, bad.stderr
 
 both = run(["--compare-threads"])
 check_common(both)
