@@ -651,6 +651,15 @@ def trainer(train, tmp, rng):
     check(r.stdout.split() == [str(t) for t in ctx], "remat-train --init "
           "GPT-2 --prompt: greedy ids as the float64 model's (%r vs %s; %s)"
           % (r.stdout.strip(), " ".join(map(str, ctx)), r.stderr.strip()))
+    data = os.path.join(tmp, "outside.u32")
+    np.array([1, 2, 97, 3] * 100, "<u4").tofile(data)
+    r = subprocess.run([train, "--init", path, "--data", data,
+                        "--data-format", "u32", "--seq", "8", "--steps", "1"],
+                       capture_output=True, text=True)
+    check(r.returncode == 1 and r.stderr.strip() == "remat-train: --data '%s'"
+          ": token id 97 at position 2 is outside the vocabulary of 97 (ids 0 "
+          "to 96)" % data, "--data-format u32: an id outside vocab_size (%r)"
+          % r.stderr.strip())
     bad = os.path.join(tmp, "absurd")
     r = subprocess.run([train, "--init", bad, "--prompt", "1"],
                        capture_output=True, text=True)
