@@ -49,13 +49,13 @@ static int dump(remat_graph *g, const remat_gpt *m, const char *prefix,
   float *logits = malloc(lbytes);
   char path[4096];
   snprintf(path, sizeof path, "%s.logits.f32", prefix);
-  int ok = logits != NULL &&
-           remat_feed(g, m->tokens, batch, n * sizeof(int32_t)) == REMAT_OK &&
-           remat_feed(g, m->targets, batch + n, n * sizeof(int32_t)) ==
-               REMAT_OK &&
-           remat_step(g, &st) == REMAT_OK &&
-           remat_read(g, m->logits, logits, lbytes) == REMAT_OK &&
-           write_file(path, logits, lbytes);
+  int ok =
+      logits != NULL &&
+      remat_feed(g, m->tokens, batch, n * sizeof(int32_t)) == REMAT_OK &&
+      remat_feed(g, m->targets, batch + n, n * sizeof(int32_t)) == REMAT_OK &&
+      remat_step(g, &st) == REMAT_OK &&
+      remat_read(g, m->logits, logits, lbytes) == REMAT_OK &&
+      write_file(path, logits, lbytes);
   free(logits);
   snprintf(path, sizeof path, "%s.grads.safetensors", prefix);
   ok = ok && remat_save_grads_safetensors(g, path) == REMAT_OK;
@@ -102,16 +102,16 @@ int main(int argc, char **argv) {
   remat_runtime *rt = NULL;
   remat_graph *g = NULL;
   remat_gpt m;
-  int ok = batch != NULL && read_file(argv[5], batch, 2 * n * sizeof *batch) &&
-           remat_runtime_create(&rc, &rt) == REMAT_OK &&
-           remat_graph_create(rt, &g) == REMAT_OK &&
-           hf_build(g, &hf, T, B,
-                    fused ? REMAT_ATTENTION_FUSED
-                          : REMAT_ATTENTION_MATERIALIZED,
-                    &m) == REMAT_OK &&
-           remat_keep(g, m.logits) == REMAT_OK &&
-           remat_compile(g, m.loss, NULL) == REMAT_OK &&
-           save(g, prefix, "before.safetensors");
+  int ok =
+      batch != NULL && read_file(argv[5], batch, 2 * n * sizeof *batch) &&
+      remat_runtime_create(&rc, &rt) == REMAT_OK &&
+      remat_graph_create(rt, &g) == REMAT_OK &&
+      hf_build(g, &hf, T, B,
+               fused ? REMAT_ATTENTION_FUSED : REMAT_ATTENTION_MATERIALIZED,
+               &m) == REMAT_OK &&
+      remat_keep(g, m.logits) == REMAT_OK &&
+      remat_compile(g, m.loss, NULL) == REMAT_OK &&
+      save(g, prefix, "before.safetensors");
   int loaded = ok && hf_load(g, &hf) == REMAT_OK;
   char why[1024]; /* before the save below can change the last error */
   snprintf(why, sizeof why, "%s",

@@ -38,12 +38,16 @@ static int int_field(const cJSON *root, const char *name, int min, int max,
   if (v == NULL)
     snprintf(err, len, "config.json: %s is missing", name);
   else if (!cJSON_IsNumber(v))
-    snprintf(err, len, "config.json: %s is %s: expected a whole number from "
-             "%d to %d", name, json_kind(v), min, max);
+    snprintf(err, len,
+             "config.json: %s is %s: expected a whole number from "
+             "%d to %d",
+             name, json_kind(v), min, max);
   else if (v->valuedouble != floor(v->valuedouble) || v->valuedouble < min ||
            v->valuedouble > max)
-    snprintf(err, len, "config.json: %s %.17g: expected a whole number from "
-             "%d to %d", name, v->valuedouble, min, max);
+    snprintf(err, len,
+             "config.json: %s %.17g: expected a whole number from "
+             "%d to %d",
+             name, v->valuedouble, min, max);
   else {
     *out = (int)v->valuedouble;
     return 0;
@@ -60,11 +64,15 @@ static int float_field(const cJSON *root, const char *name, double max,
     return 0;
   }
   if (!cJSON_IsNumber(v))
-    snprintf(err, len, "config.json: %s is %s: expected a number above 0 "
-             "and at most %g", name, json_kind(v), max);
+    snprintf(err, len,
+             "config.json: %s is %s: expected a number above 0 "
+             "and at most %g",
+             name, json_kind(v), max);
   else if (!(v->valuedouble > 0 && v->valuedouble <= max))
-    snprintf(err, len, "config.json: %s %g: expected a number above 0 "
-             "and at most %g", name, v->valuedouble, max);
+    snprintf(err, len,
+             "config.json: %s %g: expected a number above 0 "
+             "and at most %g",
+             name, v->valuedouble, max);
   else {
     *out = (float)v->valuedouble;
     return 0;
@@ -114,11 +122,16 @@ static int absent_field(const cJSON *root, const char *name, const char *why,
   return -1;
 }
 
-enum { MAX_WIDTH = 65536, MAX_FFN = 1 << 20, MAX_HEADS = 4096,
-       MAX_VOCAB = 1 << 24, MAX_POSITIONS = 1 << 24 };
+enum {
+  MAX_WIDTH = 65536,
+  MAX_FFN = 1 << 20,
+  MAX_HEADS = 4096,
+  MAX_VOCAB = 1 << 24,
+  MAX_POSITIONS = 1 << 24
+};
 
-static int divides(int width, int heads, const char *wname,
-                   const char *hname, char *err, size_t len) {
+static int divides(int width, int heads, const char *wname, const char *hname,
+                   char *err, size_t len) {
   if (width % heads == 0)
     return 0;
   snprintf(err, len, "config.json: %s %d is not divisible by %s %d", wname,
@@ -137,8 +150,8 @@ static int read_llama(const cJSON *r, hf_model *m, char *err, size_t len) {
                 &c->num_hidden_layers, err, len) ||
       int_field(r, "num_attention_heads", 1, MAX_HEADS, -1,
                 &c->num_attention_heads, err, len) ||
-      int_field(r, "num_key_value_heads", 1, MAX_HEADS,
-                c->num_attention_heads, &c->num_key_value_heads, err, len) ||
+      int_field(r, "num_key_value_heads", 1, MAX_HEADS, c->num_attention_heads,
+                &c->num_key_value_heads, err, len) ||
       int_field(r, "vocab_size", 2, MAX_VOCAB, -1, &c->vocab_size, err, len) ||
       int_field(r, "max_position_embeddings", 1, MAX_POSITIONS, 0,
                 &m->positions, err, len) ||
@@ -146,12 +159,16 @@ static int read_llama(const cJSON *r, hf_model *m, char *err, size_t len) {
       float_field(r, "rope_theta", 1e12, 10000.0f, &c->rope_theta, err, len) ||
       bool_field(r, "tie_word_embeddings", 0, &tied, err, len) ||
       string_field(r, "hidden_act", "silu", "silu", err, len) ||
-      absent_field(r, "rope_scaling", "remat's RoPE has no scaling (the "
-                   "frequencies of rope_theta alone)", err, len) ||
-      absent_field(r, "attention_bias", "remat's Llama projections have no "
-                   "bias", err, len) ||
-      absent_field(r, "mlp_bias", "remat's Llama feed-forward has no bias",
+      absent_field(r, "rope_scaling",
+                   "remat's RoPE has no scaling (the "
+                   "frequencies of rope_theta alone)",
                    err, len) ||
+      absent_field(r, "attention_bias",
+                   "remat's Llama projections have no "
+                   "bias",
+                   err, len) ||
+      absent_field(r, "mlp_bias", "remat's Llama feed-forward has no bias", err,
+                   len) ||
       divides(c->hidden_size, c->num_attention_heads, "hidden_size",
               "num_attention_heads", err, len) ||
       divides(c->num_attention_heads, c->num_key_value_heads,
@@ -183,13 +200,15 @@ static int read_gpt2(const cJSON *r, hf_model *m, char *err, size_t len) {
       (int_field(r, "n_inner", 1, MAX_FFN, -1, &inner, err, len) ||
        inner != 4 * c->d_model)) {
     if (inner != 0)
-      snprintf(err, len, "config.json: n_inner %d: remat's GPT-2 "
-               "feed-forward is 4 x n_embd = %d wide (or give null)", inner,
-               4 * c->d_model);
+      snprintf(err, len,
+               "config.json: n_inner %d: remat's GPT-2 "
+               "feed-forward is 4 x n_embd = %d wide (or give null)",
+               inner, 4 * c->d_model);
     return -1;
   }
   if (!tied) {
-    snprintf(err, len, "config.json: tie_word_embeddings is false: remat's "
+    snprintf(err, len,
+             "config.json: tie_word_embeddings is false: remat's "
              "GPT-2 ties the LM head to wte");
     return -1;
   }
@@ -200,8 +219,7 @@ static int read_gpt2(const cJSON *r, hf_model *m, char *err, size_t len) {
 }
 
 /* DIR/NAME when it is a regular file. */
-static int find_file(const char *dir, const char *name, char *out,
-                     size_t len) {
+static int find_file(const char *dir, const char *name, char *out, size_t len) {
   struct stat st;
   snprintf(out, len, "%s/%s", dir, name);
   return stat(out, &st) == 0 && S_ISREG(st.st_mode);
@@ -245,26 +263,33 @@ int hf_read(const char *dir, hf_model *m, char *err, size_t len) {
   const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
   int rc = -1;
   if (type == NULL)
-    snprintf(err, len, "config.json: model_type is missing: expected "
+    snprintf(err, len,
+             "config.json: model_type is missing: expected "
              "\"llama\" or \"gpt2\"");
   else if (!cJSON_IsString(type))
-    snprintf(err, len, "config.json: model_type is %s: expected \"llama\" or "
-             "\"gpt2\"", json_kind(type));
+    snprintf(err, len,
+             "config.json: model_type is %s: expected \"llama\" or "
+             "\"gpt2\"",
+             json_kind(type));
   else if (strcmp(type->valuestring, "llama") == 0)
     rc = read_llama(root, m, err, len);
   else if (strcmp(type->valuestring, "gpt2") == 0) {
     m->gpt2 = 1;
     rc = read_gpt2(root, m, err, len);
   } else
-    snprintf(err, len, "config.json: model_type \"%.64s\": expected \"llama\" "
-             "or \"gpt2\"", type->valuestring);
+    snprintf(err, len,
+             "config.json: model_type \"%.64s\": expected \"llama\" "
+             "or \"gpt2\"",
+             type->valuestring);
   cJSON_Delete(root);
   if (rc == 0 &&
       !find_file(dir, "model.safetensors", m->weights, sizeof m->weights) &&
       !find_file(dir, "model.safetensors.index.json", m->weights,
                  sizeof m->weights)) {
-    snprintf(err, len, "--init '%.200s': neither model.safetensors nor "
-             "model.safetensors.index.json is there", dir);
+    snprintf(err, len,
+             "--init '%.200s': neither model.safetensors nor "
+             "model.safetensors.index.json is there",
+             dir);
     rc = -1;
   }
   return rc;

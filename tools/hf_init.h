@@ -15,13 +15,13 @@
 #define HF_CONFIG_MAX (1 << 20)
 
 typedef struct hf_model {
-  int gpt2;                  /* 1: GPT-2 (gpt), 0: Llama (llama) */
-  remat_gpt_config gpt;      /* GPT-2: all but seq, batch and attention */
-  remat_llama_config llama;  /* Llama: the same */
-  int vocab;                 /* vocab_size */
-  int positions;             /* n_positions or max_position_embeddings;
-                                0: not given (Llama) */
-  char weights[4160];        /* DIR/model.safetensors or the index */
+  int gpt2;                 /* 1: GPT-2 (gpt), 0: Llama (llama) */
+  remat_gpt_config gpt;     /* GPT-2: all but seq, batch and attention */
+  remat_llama_config llama; /* Llama: the same */
+  int vocab;                /* vocab_size */
+  int positions;            /* n_positions or max_position_embeddings;
+                               0: not given (Llama) */
+  char weights[4160];       /* DIR/model.safetensors or the index */
 } hf_model;
 
 /* Reads DIR/config.json and finds the weights. Returns 0, or -1 after a

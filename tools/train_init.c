@@ -20,8 +20,10 @@ int init_read(train_options *o) {
   o->data_u16 = 1; /* token ids, whatever their width */
   o->tokens_only = o->data_path == NULL;
   if (model.positions > 0 && o->cfg.seq > model.positions) {
-    fprintf(stderr, "remat-train: --seq %d is more than the %d positions of "
-            "--init's model (%s)\n", o->cfg.seq, model.positions,
+    fprintf(stderr,
+            "remat-train: --seq %d is more than the %d positions of "
+            "--init's model (%s)\n",
+            o->cfg.seq, model.positions,
             model.gpt2 ? "n_positions" : "max_position_embeddings");
     return EXIT_USAGE;
   }

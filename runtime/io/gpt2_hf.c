@@ -65,12 +65,13 @@ static remat_status hf_names(safet_item *items, int n, const char *what) {
       return remat__fail(REMAT_ERR_INVALID_ARG,
                          "%s: the model has its own LM head 'lm_head', but "
                          "GPT-2 ties the head to wte: build it with "
-                         "tie_head = 1", what);
+                         "tie_head = 1",
+                         what);
     if (!found)
       return remat__fail(REMAT_ERR_INVALID_ARG,
                          "%s: parameter '%s' is not one of remat_gpt_build's, "
-                         "so it has no name in a GPT-2 checkpoint", what,
-                         remat__quote(&(remat__quoted){0}, name));
+                         "so it has no name in a GPT-2 checkpoint",
+                         what, remat__quote(&(remat__quoted){0}, name));
   }
   return REMAT_OK;
 }
