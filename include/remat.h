@@ -758,6 +758,13 @@ REMAT_API remat_status remat_save_safetensors(remat_graph *g, const char *path);
  * with REMAT_ERR_IO naming it; a model tensor that the map lacks fails
  * with REMAT_ERR_SHAPE. Every shard stays open during the load. */
 REMAT_API remat_status remat_load_safetensors(remat_graph *g, const char *path);
+/* The same as remat_save_safetensors, with every tensor written as BF16
+ * (each value rounded to the nearest bf16, ties to even; a frozen
+ * parameter stored in bf16 as it is): half the bytes, as most published
+ * checkpoints are. remat_load_safetensors reads it back (into f32
+ * storage, the bf16 values exactly). */
+REMAT_API remat_status remat_save_safetensors_bf16(remat_graph *g,
+                                                   const char *path);
 /* Writes the gradients of the last step, one F32 tensor per trainable
  * parameter (a frozen one has none) under the parameter's name, in the same format and the same way as
  * remat_save_safetensors (for checking gradients against another

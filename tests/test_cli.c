@@ -165,7 +165,7 @@ static void test_tool_messages(void **state) {
   expect(&r, 2, "--policy auto needs --budget BYTES: it picks each block's "
                 "policy to fit that budget");
   run(&r, "--data", "x", "--data-format", "u16", "--vocab", "1", NULL);
-  expect(&r, 2, "--vocab '1': expected a whole number from 2 to 65536");
+  expect(&r, 2, "--vocab '1': expected a whole number from 2 to 16777216");
   run(&r, "--layers", "x\033[2J", NULL);
   expect(&r, 2, "--layers 'x\\x1B[2J': expected a whole number from 1 to "
                 "1000000");
@@ -345,16 +345,38 @@ static void test_token_file_errors(void **state) {
            "169 tokens, at least 170 are needed", ids);
   expect(&r, 1, want);
   run(&r, "--data-format", "u8", NULL);
-  expect(&r, 2, "--data-format 'u8': expected bytes or u16");
+  expect(&r, 2, "--data-format 'u8': expected bytes, u16 or u32");
   run(&r, "--data-format", "u16", NULL);
   expect(&r, 2, "--data-format u16 needs --data FILE");
   run(&r, "--data", ids, "--vocab", "300", NULL);
-  expect(&r, 2, "--vocab needs --data-format u16 (the vocabulary of bytes is "
-                "256, that of the addition task 14)");
+  expect(&r, 2, "--vocab needs --data-format u16 or u32 (the vocabulary of "
+                "bytes is 256, that of the addition task 14)");
   run(&r, "--data", ids, "--data-format", "u16", "--vocab", "65537", NULL);
-  expect(&r, 2, "--vocab '65537': expected a whole number from 2 to 65536");
-  run(&r, "--data", ids, "--data-format", "u16", "--vocab", "1000001", NULL);
-  expect(&r, 2, "--vocab '1000001': expected a whole number from 2 to 65536");
+  expect(&r, 2, "--vocab 65537 is more than a u16 file's 65536 ids: "
+                "--data-format u32 takes up to 16777216");
+  run(&r, "--data", ids, "--data-format", "u32", "--vocab", "16777217", NULL);
+  expect(&r, 2, "--vocab '16777217': expected a whole number from 2 to "
+                "16777216");
+  /* --init's options against the others (tests/hf_check.py runs --init) */
+  run(&r, "--init", "dir", "--layers", "3", "--prompt", "1", NULL);
+  expect(&r, 2, "--layers does not apply to --init: the model's config.json "
+                "gives the model");
+  run(&r, "--init", "dir", "--data", ids, "--data-format", "u16",
+      "--save", "x", "--save-every", "5", NULL);
+  expect(&r, 2, "--save-every does not apply to --init: an --init run saves "
+                "the weights alone, without the optimizer's state to resume "
+                "from");
+  run(&r, "--save-dtype", "bf16", NULL);
+  expect(&r, 2, "--save-dtype bf16 needs --init: a training checkpoint holds "
+                "F32 weights and moments, for an exact --resume");
+  run(&r, "--init", "dir", NULL);
+  expect(&r, 2, "--init needs --data FILE (a token file) to fine-tune on, or "
+                "--prompt IDS to sample from");
+  run(&r, "--init", "dir", "--data", ids, NULL);
+  expect(&r, 2, "--init trains on token ids: give --data-format u16 or u32 "
+                "with --data");
+  run(&r, "--save-dtype", "f16", NULL);
+  expect(&r, 2, "--save-dtype 'f16': expected f32 or bf16");
   /* llm.c's magic in a file shorter than its header is not read as ids */
   unsigned char magic[512] = {0x88, 0xd8, 0x34, 0x01, 1, 0, 0, 0, 100};
   write_file(odd, magic, sizeof magic);
@@ -368,7 +390,7 @@ static void test_token_file_errors(void **state) {
            "20240520 but has 4 bytes, fewer than its header of 1024", odd);
   expect(&r, 1, want);
   run(&r, "--data", ids, "--data-format", "u16", "--vocab", "0", NULL);
-  expect(&r, 2, "--vocab '0': expected a whole number from 2 to 65536");
+  expect(&r, 2, "--vocab '0': expected a whole number from 2 to 16777216");
 }
 
 /* A token file whose ids are a text's bytes, with --vocab 256, trains

@@ -702,6 +702,195 @@ static void test_sharded(void **state) {
   close_model(&md);
 }
 
+/* ---- GPT-2 as Hugging Face writes it (remat_gpt_load_hf) ---- */
+
+/* remat_gpt_build's names for one layer, Hugging Face's, and whether the
+ * file holds the weight transposed ([in,out], Conv1D). */
+static const struct {
+  const char *remat, *hf;
+  bool transposed;
+} gpt2_names[] = {
+    {"wte", "wte.weight", false},
+    {"wpe", "wpe.weight", false},
+    {"h0.ln1.gamma", "h.0.ln_1.weight", false},
+    {"h0.ln1.beta", "h.0.ln_1.bias", false},
+    {"h0.attn.w_qkv", "h.0.attn.c_attn.weight", true},
+    {"h0.attn.b_qkv", "h.0.attn.c_attn.bias", false},
+    {"h0.attn.w_out", "h.0.attn.c_proj.weight", true},
+    {"h0.attn.b_out", "h.0.attn.c_proj.bias", false},
+    {"h0.ln2.gamma", "h.0.ln_2.weight", false},
+    {"h0.ln2.beta", "h.0.ln_2.bias", false},
+    {"h0.ffn.w_in", "h.0.mlp.c_fc.weight", true},
+    {"h0.ffn.b_in", "h.0.mlp.c_fc.bias", false},
+    {"h0.ffn.w_out", "h.0.mlp.c_proj.weight", true},
+    {"h0.ffn.b_out", "h.0.mlp.c_proj.bias", false},
+    {"lnf.gamma", "ln_f.weight", false},
+    {"lnf.beta", "ln_f.bias", false},
+};
+#define GPT2_N (int)(sizeof gpt2_names / sizeof *gpt2_names)
+
+static void open_gpt2(model *md, int tie_head) {
+  remat_gpt_config c = tiny;
+  c.tie_head = tie_head;
+  c.positions = 6;
+  assert_int_equal(remat_runtime_create(NULL, &md->rt), REMAT_OK);
+  assert_int_equal(remat_graph_create(md->rt, &md->g), REMAT_OK);
+  assert_int_equal(remat_gpt_build(md->g, &c, &md->m), REMAT_OK);
+  assert_int_equal(remat_compile(md->g, md->m.loss, NULL), REMAT_OK);
+}
+
+/* Writes the GPT-2 file of md's parameters (value of element e of file
+ * tensor k: k + e / 1024, in the file's layout), with the prefix
+ * "transformer.", the two attention buffers and a tied lm_head.weight;
+ * `skip` names a tensor left out (NULL: none). data[k] gets the values. */
+static void write_gpt2(const model *md, const char *path, const char *skip,
+                       float *data[GPT2_N]) {
+  static char names[GPT2_N + 3][64];
+  st_tensor t[GPT2_N + 3];
+  static float mask[36], masked_bias = -1e4f;
+  int n = 0;
+  for (int k = 0; k < GPT2_N; k++) {
+    const remat_tensor *p = remat_param_at(md->g, k);
+    assert_string_equal(remat_tensor_name(p), gpt2_names[k].remat);
+    int64_t numel = remat_tensor_numel(p);
+    data[k] = malloc((size_t)numel * sizeof(float));
+    for (int64_t e = 0; e < numel; e++)
+      data[k][e] = (float)k + (float)e / 1024.0f;
+    if (skip != NULL && strcmp(gpt2_names[k].hf, skip) == 0)
+      continue;
+    snprintf(names[n], sizeof names[n], "transformer.%s", gpt2_names[k].hf);
+    t[n] = (st_tensor){.name = names[n], .dtype = "F32",
+                       .ndim = remat_tensor_ndim(p), .data = data[k],
+                       .bytes = (size_t)numel * 4, .begin = -1, .end = -1};
+    for (int d = 0; d < t[n].ndim; d++)
+      t[n].dims[d] = remat_tensor_dim(
+          p, gpt2_names[k].transposed ? t[n].ndim - 1 - d : d);
+    n++;
+  }
+  for (int i = 0; i < 36; i++)
+    mask[i] = i % 6 <= i / 6;
+  t[n++] = (st_tensor){.name = "transformer.h.0.attn.bias", .dtype = "F32",
+                       .ndim = 4, .dims = {1, 1, 6, 6}, .data = mask,
+                       .bytes = sizeof mask, .begin = -1, .end = -1};
+  t[n++] = (st_tensor){.name = "transformer.h.0.attn.masked_bias",
+                       .dtype = "F32", .ndim = 0, .data = &masked_bias,
+                       .bytes = 4, .begin = -1, .end = -1};
+  t[n++] = (st_tensor){.name = "lm_head.weight", .dtype = "F32", .ndim = 2,
+                       .dims = {tiny.vocab, tiny.d_model}, .data = data[0],
+                       .bytes = (size_t)tiny.vocab * tiny.d_model * 4,
+                       .begin = -1, .end = -1};
+  write_st(path, t, n);
+}
+
+static float *read_param(const model *md, int k) {
+  const remat_tensor *p = remat_param_at(md->g, k);
+  size_t bytes = (size_t)remat_tensor_numel(p) * sizeof(float);
+  float *v = malloc(bytes);
+  assert_int_equal(remat_read(md->g, p, v, bytes), REMAT_OK);
+  return v;
+}
+
+/* Every parameter takes its file tensor, the Conv1D weights transposed:
+ * parameter [R,C] element r*C + c is file [C,R] element c*R + r. */
+static void test_gpt2_hf(void **state) {
+  (void)state;
+  model md;
+  open_gpt2(&md, 1);
+  assert_int_equal(remat_num_params(md.g), GPT2_N); /* no lm_head */
+  float *data[GPT2_N];
+  const char *path = path_in_dir("gpt2.safetensors");
+  write_gpt2(&md, path, NULL, data);
+  assert_int_equal(remat_gpt_load_hf(md.g, path), REMAT_OK);
+  for (int k = 0; k < GPT2_N; k++) {
+    const remat_tensor *p = remat_param_at(md.g, k);
+    float *v = read_param(&md, k);
+    int64_t rows = remat_tensor_dim(p, 0), numel = remat_tensor_numel(p);
+    int64_t cols = numel / rows;
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t c = 0; c < cols; c++) {
+        int64_t from = gpt2_names[k].transposed ? c * rows + r : r * cols + c;
+        assert_true(v[r * cols + c] == data[k][from]);
+      }
+    free(v);
+    free(data[k]);
+  }
+  close_model(&md);
+}
+
+/* A file without one of the model's tensors, and a model with its own
+ * head: refused with their messages, no parameter changed. */
+static void test_gpt2_hf_refused(void **state) {
+  (void)state;
+  model md;
+  open_gpt2(&md, 1);
+  float *data[GPT2_N], *before[GPT2_N];
+  const char *path = path_in_dir("gpt2-missing.safetensors");
+  write_gpt2(&md, path, "h.0.ln_2.bias", data);
+  for (int k = 0; k < GPT2_N; k++)
+    before[k] = read_param(&md, k);
+  assert_int_equal(remat_gpt_load_hf(md.g, path), REMAT_ERR_SHAPE);
+  char want[512];
+  snprintf(want, sizeof want, "remat_gpt_load_hf: '%s': the model's tensor "
+           "'h.0.ln_2.bias' is missing from the file", path);
+  assert_string_equal(remat_last_error(), want);
+  for (int k = 0; k < GPT2_N; k++) {
+    float *v = read_param(&md, k);
+    size_t bytes = (size_t)remat_tensor_numel(remat_param_at(md.g, k)) * 4;
+    assert_memory_equal(v, before[k], bytes);
+    free(v);
+    free(before[k]);
+    free(data[k]);
+  }
+  close_model(&md);
+  open_gpt2(&md, 0);
+  assert_int_equal(remat_gpt_load_hf(md.g, path), REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_last_error(),
+                      "remat_gpt_load_hf: the model has its own LM head "
+                      "'lm_head', but GPT-2 ties the head to wte: build it "
+                      "with tie_head = 1");
+  close_model(&md);
+}
+
+/* remat_save_safetensors_bf16 writes BF16 tensors holding each value
+ * rounded to nearest even, which a load reads back exactly. */
+static void test_save_bf16(void **state) {
+  (void)state;
+  model a, b;
+  open_model(&a, 5, REMAT_PRECISION_F32, false);
+  open_model(&b, 6, REMAT_PRECISION_F32, false);
+  const char *path = path_in_dir("saved-bf16.safetensors");
+  assert_int_equal(remat_save_safetensors_bf16(a.g, path), REMAT_OK);
+  FILE *f = fopen(path, "rb");
+  unsigned char hl[8];
+  assert_int_equal(fread(hl, 1, 8, f), 8);
+  char header[8192] = "";
+  size_t hlen = hl[0] | (size_t)hl[1] << 8;
+  assert_true(hlen < sizeof header);
+  assert_int_equal(fread(header, 1, hlen, f), hlen);
+  fclose(f);
+  assert_null(strstr(header, "\"F32\""));
+  assert_non_null(strstr(header, "\"dtype\":\"BF16\""));
+  assert_int_equal(remat_load_safetensors(b.g, path), REMAT_OK);
+  int rounded_up = 0;
+  for (int k = 0; k < remat_num_params(a.g); k++) {
+    float *x = read_param(&a, k), *y = read_param(&b, k);
+    for (int64_t e = 0; e < remat_tensor_numel(remat_param_at(a.g, k)); e++) {
+      uint32_t u, w;
+      memcpy(&u, &x[e], 4);
+      w = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;
+      rounded_up += (w >> 16) != (u >> 16);
+      float want;
+      memcpy(&want, &w, 4);
+      assert_true(y[e] == want);
+    }
+    free(x);
+    free(y);
+  }
+  assert_true(rounded_up > 0); /* rounding, not truncation, was seen */
+  close_model(&a);
+  close_model(&b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_f16_values),
@@ -710,6 +899,9 @@ int main(void) {
       cmocka_unit_test(test_bf16_storage),
       cmocka_unit_test(test_refused),
       cmocka_unit_test(test_sharded),
+      cmocka_unit_test(test_gpt2_hf),
+      cmocka_unit_test(test_gpt2_hf_refused),
+      cmocka_unit_test(test_save_bf16),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

@@ -74,14 +74,14 @@ static int open_model(trainer *t) {
   if (remat_runtime_create(&rc, &t->rt) != REMAT_OK ||
       remat_graph_create(t->rt, &t->g) != REMAT_OK ||
       remat_graph_seed(t->g, o->seed) != REMAT_OK ||
-      remat_gpt_build(t->g, &o->cfg, &t->m) != REMAT_OK ||
+      train_build(t->g, o, o->cfg.batch, &t->m) != REMAT_OK ||
       dp_tool_attach(t->g) != REMAT_OK || /* under mpirun: dp_tool.h */
       remat_compile(t->g, t->m.loss, &opt) != REMAT_OK ||
       remat_set_clip(t->g, o->clip) != REMAT_OK ||
       (o->trace_path != NULL &&
        remat_trace_steps(t->g, trace, o->trace_steps) != REMAT_OK))
     return fail("");
-  if (o->load_path != NULL && remat_load_safetensors(t->g, o->load_path))
+  if (train_load(t->g, o) != REMAT_OK)
     return fail("");
   if (o->resume_path != NULL &&
       checkpoint_resume(t->g, o, t->data, &t->first_step) != 0)
@@ -213,7 +213,10 @@ static remat_status save_now(trainer *t, int done) {
   if (o->save_path == NULL || dp_tool_rank() != 0)
     return REMAT_OK;
   signals_writing(1);
-  remat_status s = checkpoint_save(t->rt, t->g, o, o->save_path, done, t->data);
+  remat_status s = o->init != NULL ? init_save(t->g, o)
+                                    : checkpoint_save(t->rt, t->g, o,
+                                                      o->save_path, done,
+                                                      t->data);
   signals_writing(0);
   return s;
 }
@@ -370,6 +373,8 @@ static int run(trainer *t) {
   train_options *o = &t->o;
   char err[512];
   int rc = checkpoint_options(o); /* the model of --load or --resume */
+  if (rc == 0)
+    rc = init_read(o); /* the model of --init */
   if (rc != 0)
     return rc;
   t->data = dataset_open(o, err, sizeof err);

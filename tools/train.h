@@ -9,6 +9,7 @@
 
 #include "remat.h"
 #include "remat_gpt.h"
+#include "tools/hf_init.h"
 
 /* Exit codes: 2 for a bad command line, 1 for a failure while running. */
 #define EXIT_USAGE 2
@@ -77,6 +78,12 @@ typedef struct train_options {
   float temperature;    /* 0: greedy */
   int top_k;            /* 0: every token */
   const char *sample_opt; /* the last of --tokens, --temperature, --top-k */
+  /* a pre-trained model (--init DIR): its config and weights, read by
+   * init_read (train_init.c) before anything is built */
+  const char *init_dir;
+  hf_model *init;
+  int data_u32;         /* --data-format u32: little-endian uint32 ids */
+  int save_bf16;        /* --save-dtype bf16 (with --init) */
 } train_options;
 
 /* The learning rate of step `step` (from 0): linear warm-up, then the
@@ -112,6 +119,7 @@ typedef struct dataset {
    * train_lo > 0 only on data-parallel ranks */
   unsigned char *text;
   uint16_t *ids;
+  uint32_t *ids32;       /* --data-format u32 (u16 is set too: token ids) */
   int vocab;
   int64_t len, train_len, heldout_start, train_lo;
   /* addition: held-out problems (a, b) */
@@ -138,6 +146,11 @@ dataset *dataset_u16(const char *path, int seq, int vocab, char *err,
 dataset *dataset_u16_bytes(unsigned char *raw, int64_t bytes,
                            const char *path, int seq, int vocab, char *err,
                            size_t err_len);
+/* A token file of little-endian uint32 ids (--data-format u32, for
+ * vocabularies over 65536), all below `vocab` (0: the largest id + 1).
+ * NULL after a message in `err`, as dataset_u16. */
+dataset *dataset_u32(const char *path, int seq, int vocab, char *err,
+                     size_t err_len);
 /* The tokens of a file's data without the data, for --prompt: bytes, or
  * u16 ids below `vocab`. NULL when out of memory. */
 dataset *dataset_tokens_only(int u16, int vocab);
@@ -147,6 +160,8 @@ dataset *dataset_open(const train_options *o, char *err, size_t err_len);
 void dataset_destroy(dataset *d);
 /* Token `i` of a file's data. */
 static inline int32_t dataset_at(const dataset *d, int64_t i) {
+  if (d->ids32 != NULL)
+    return (int32_t)d->ids32[i];
   return d->ids != NULL ? d->ids[i] : d->text[i];
 }
 int dataset_vocab(const dataset *d);
@@ -271,6 +286,25 @@ remat_status evaluator_open_rows(remat_runtime *rt, const train_options *o,
                                  int rows, eval_model **out);
 /* Loads the weights of a safetensors file or checkpoint. */
 remat_status evaluator_load(eval_model *e, const char *path);
+/* Loads the --init model's weights into the evaluation graph. */
+remat_status evaluator_load_init(eval_model *e, const hf_model *m);
+
+/* ---- a pre-trained model: --init DIR (train_init.c) ---- */
+
+/* Reads --init's config.json and takes the model's vocabulary and the
+ * token-file form of the data from it (before the data is opened). Returns
+ * 0, or an exit status after printing why. No --init: 0. */
+int init_read(train_options *o);
+/* Builds the model of the options with `batch` rows: --init's, or the GPT
+ * of --layers, --d-model and --heads. */
+remat_status train_build(remat_graph *g, const train_options *o, int batch,
+                         remat_gpt *m);
+/* The weights a run starts from, once g is compiled: --load's file, else
+ * --init's checkpoint, else none (the builder's random ones). */
+remat_status train_load(remat_graph *g, const train_options *o);
+/* Writes --save after an --init run: the weights alone (F32, or BF16 with
+ * --save-dtype bf16), under the model's names. */
+remat_status init_save(remat_graph *g, const train_options *o);
 /* The logits [vocab] of the token after context[0..n), n >= 1, seen
  * through the last --seq tokens (in row 0); valid until the next call. */
 remat_status evaluator_next(eval_model *e, const int32_t *context, int n,

@@ -206,7 +206,7 @@ static dataset *file_dataset(unsigned char *text, uint16_t *ids, int64_t len,
   } else {
     *d = (dataset){.text = text, .ids = ids, .len = len, .vocab = vocab,
                    .u16 = ids != NULL};
-    if (split(d, path, seq, ids != NULL ? "tokens" : "bytes", err,
+    if (split(d, path, seq, text == NULL ? "tokens" : "bytes", err,
               err_len) == 0)
       return d;
   }
@@ -313,6 +313,50 @@ dataset *dataset_u16_bytes(unsigned char *raw, int64_t bytes,
                       seq, err, err_len);
 }
 
+dataset *dataset_u32(const char *path, int seq, int vocab, char *err,
+                     size_t err_len) {
+  int64_t bytes = 0;
+  unsigned char *raw = load(path, 0, &bytes, err, err_len);
+  if (raw == NULL)
+    return NULL;
+  if (bytes % 4 != 0) {
+    snprintf(err, err_len, "--data '%s' has %lld bytes, not a multiple of "
+             "4: --data-format u32 takes 4-byte tokens", QUOTED(path),
+             (long long)bytes);
+    free(raw);
+    return NULL;
+  }
+  /* in place: id i is read from bytes 4i to 4i + 3 before it is stored
+   * there */
+  uint32_t *ids = (uint32_t *)(void *)raw;
+  int64_t len = bytes / 4;
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < len; i++) {
+    const unsigned char *p = raw + 4 * i;
+    uint32_t id = (uint32_t)p[0] | (uint32_t)p[1] << 8 |
+                  (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    ids[i] = id;
+    largest = id > largest ? id : largest;
+    if ((vocab > 0 && id >= (uint32_t)vocab) || id > INT32_MAX - 1) {
+      snprintf(err, err_len, "--data '%s': token id %lu at position %lld is "
+               "outside the vocabulary of %d (ids 0 to %d)", QUOTED(path),
+               (unsigned long)id, (long long)i, vocab, vocab - 1);
+      free(raw);
+      return NULL;
+    }
+  }
+  dataset *d = file_dataset(NULL, NULL, len, vocab > 0 ? vocab
+                                                      : (int)largest + 1,
+                            path, seq, err, err_len);
+  if (d == NULL) {
+    free(raw);
+    return NULL;
+  }
+  d->ids32 = ids;
+  d->u16 = 1;
+  return d;
+}
+
 dataset *dataset_tokens_only(int u16, int vocab) {
   dataset *d = calloc(1, sizeof *d);
   if (d != NULL)
@@ -326,6 +370,8 @@ dataset *dataset_open(const train_options *o, char *err, size_t err_len) {
     d = dataset_tokens_only(o->data_u16, o->data_u16 ? o->vocab : 256);
   else if (o->data_path == NULL)
     d = dataset_addition(o->seed);
+  else if (o->data_u32)
+    return dataset_u32(o->data_path, o->cfg.seq, o->vocab, err, err_len);
   else if (o->data_u16)
     return dataset_u16(o->data_path, o->cfg.seq, o->vocab, err, err_len);
   else
@@ -339,6 +385,7 @@ void dataset_destroy(dataset *d) {
   if (d != NULL) {
     free(d->text);
     free(d->ids);
+    free(d->ids32);
   }
   free(d);
 }

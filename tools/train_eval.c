@@ -81,7 +81,7 @@ static remat_status eval_open(eval_model *e, remat_runtime *rt,
                                "vocabulary x 4)", logits);
   remat_status s = remat_graph_create(rt, &e->g);
   if (s == REMAT_OK)
-    s = remat_gpt_build(e->g, &c, &e->m);
+    s = train_build(e->g, o, batch, &e->m);
   if (s == REMAT_OK)
     s = remat_keep(e->g, e->m.logits);
   if (s == REMAT_OK)
@@ -277,6 +277,10 @@ remat_status evaluator_open(remat_runtime *rt, const train_options *o,
 
 remat_status evaluator_load(eval_model *e, const char *path) {
   return remat_load_safetensors(e->g, path);
+}
+
+remat_status evaluator_load_init(eval_model *e, const hf_model *m) {
+  return hf_load(e->g, m);
 }
 
 remat_status evaluator_next(eval_model *e, const int32_t *context, int n,

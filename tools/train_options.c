@@ -9,6 +9,25 @@
 #include "base/error.h"
 #include "tools/train.h"
 
+/* The options of --init, a pre-trained model. */
+static void usage_init(FILE *f) {
+  fprintf(f,
+"\n"
+"Fine-tuning a pre-trained model (no tokenizer: token files are the\n"
+"interface):\n"
+"  --init DIR       start from the model of DIR, as Hugging Face writes it:\n"
+"                   config.json (model_type llama or gpt2) and\n"
+"                   model.safetensors or model.safetensors.index.json with\n"
+"                   its shards (F32, BF16 or F16); --data is then a token\n"
+"                   file (--data-format u16 or u32, every id below the\n"
+"                   config's vocab_size) and --prompt token ids separated\n"
+"                   by spaces or commas; the model's options (--layers,\n"
+"                   --d-model, --heads, --vocab) come from config.json\n"
+"  --save-dtype D   f32 or bf16: with --init, --save writes the weights\n"
+"                   alone (under the model's names: a Llama's are Hugging\n"
+"                   Face's) in F32 or BF16 (default f32)\n");
+}
+
 static void usage(FILE *f) {
   fprintf(f,
 "usage: remat-train [options]\n"
@@ -20,11 +39,13 @@ static void usage(FILE *f) {
 "  --data FILE      train on the bytes of a text file: a regular file of\n"
 "                   at most 1 GiB, or - for standard input (same limit);\n"
 "                   its last tenth is held out for evaluation\n"
-"  --data-format F  bytes (a text file, default) or u16: a token file of\n"
+"  --data-format F  bytes (a text file, default), u16: a token file of\n"
 "                   little-endian uint16 ids, flat (nanoGPT) or after\n"
-"                   llm.c's 1 KiB header\n"
-"  --vocab N        vocabulary of a u16 file, at most 65536 (default: its\n"
-"                   largest id + 1); every id must be below it\n"
+"                   llm.c's 1 KiB header, or u32: little-endian uint32 ids\n"
+"                   (for vocabularies over 65536)\n"
+"  --vocab N        vocabulary of a token file, at most 65536 for u16 and\n"
+"                   16777216 for u32 (default: its largest id + 1); every\n"
+"                   id must be below it\n"
 "  --layers N       transformer blocks (default 2)\n"
 "  --d-model N      model width (default 128)\n"
 "  --heads N        attention heads; must divide --d-model (default 4)\n"
@@ -225,7 +246,7 @@ enum { OPT_DATA = 256, OPT_LAYERS, OPT_DMODEL, OPT_HEADS, OPT_SEQ, OPT_BATCH,
        OPT_STRICT_RESUME };
 /* data, evaluation and sampling (apply_run) */
 enum { OPT_DATA_FORMAT = 512, OPT_VOCAB, OPT_EVAL_EVERY, OPT_PROMPT,
-       OPT_TOKENS, OPT_TEMPERATURE, OPT_TOP_K };
+       OPT_TOKENS, OPT_TEMPERATURE, OPT_TOP_K, OPT_INIT, OPT_SAVE_DTYPE };
 
 static const struct option longopts[] = {
     {"data", 1, 0, OPT_DATA},       {"layers", 1, 0, OPT_LAYERS},
@@ -251,6 +272,8 @@ static const struct option longopts[] = {
     {"precision", 1, 0, OPT_PRECISION},
     {"schedule-steps", 1, 0, OPT_SCHEDULE_STEPS},
     {"strict-resume", 0, 0, OPT_STRICT_RESUME},
+    {"init", 1, 0, OPT_INIT},
+    {"save-dtype", 1, 0, OPT_SAVE_DTYPE},
     {0, 0, 0, 0}};
 
 /* train_options.given has a bit for each */
@@ -264,13 +287,23 @@ static int apply_training(int c, const char *arg, const char *raw,
  * apply_training. */
 static int apply_run(int c, const char *arg, const char *raw,
                      train_options *o) {
-  static const char *const formats[] = {"bytes", "u16", NULL};
+  static const char *const formats[] = {"bytes", "u16", "u32", NULL};
+  static const char *const dtypes[] = {"f32", "bf16", NULL};
+  int kind = 0, r;
   switch (c) {
   case OPT_DATA_FORMAT:
-    return parse_name("--data-format", arg, formats, "bytes or u16",
-                      &o->data_u16);
+    r = parse_name("--data-format", arg, formats, "bytes, u16 or u32",
+                   &kind);
+    o->data_u16 = kind > 0;
+    o->data_u32 = kind == 2;
+    return r;
   case OPT_VOCAB:
-    return parse_int_max("--vocab", arg, 2, 65536, &o->vocab);
+    return parse_int_max("--vocab", arg, 2, 1 << 24, &o->vocab);
+  case OPT_INIT: o->init_dir = arg; return 0;
+  case OPT_SAVE_DTYPE:
+    r = parse_name("--save-dtype", arg, dtypes, "f32 or bf16", &kind);
+    o->save_bf16 = kind == 1;
+    return r;
   case OPT_EVAL_EVERY:
     return parse_int("--eval-every", arg, 1, &o->eval_every);
   case OPT_PROMPT: o->prompt = arg; return 0;
@@ -293,7 +326,7 @@ static int check_run(const train_options *o, const char *trains) {
   char why[160] = "";
   if (o->prompt == NULL && o->sample_opt != NULL)
     snprintf(why, sizeof why, "%s needs --prompt TEXT", o->sample_opt);
-  else if (o->prompt != NULL && o->load_path == NULL)
+  else if (o->prompt != NULL && o->load_path == NULL && o->init_dir == NULL)
     snprintf(why, sizeof why, "--prompt needs --load FILE: the weights to "
              "sample from");
   else if (o->prompt != NULL && trains != NULL)
@@ -302,8 +335,11 @@ static int check_run(const train_options *o, const char *trains) {
   else if (o->data_u16 && o->data_path == NULL)
     snprintf(why, sizeof why, "--data-format u16 needs --data FILE");
   else if (o->vocab > 0 && !o->data_u16)
-    snprintf(why, sizeof why, "--vocab needs --data-format u16 (the "
+    snprintf(why, sizeof why, "--vocab needs --data-format u16 or u32 (the "
              "vocabulary of bytes is 256, that of the addition task 14)");
+  else if (o->vocab > 65536 && !o->data_u32)
+    snprintf(why, sizeof why, "--vocab %d is more than a u16 file's 65536 "
+             "ids: --data-format u32 takes up to 16777216", o->vocab);
   else if (o->eval_every > o->steps && o->prompt == NULL)
     snprintf(why, sizeof why, "--eval-every %d is more than --steps %d: "
              "it takes 1 to --steps (the end of training is always "
@@ -336,7 +372,7 @@ static int apply(int c, const char *arg, const char *raw, train_options *o,
   case OPT_LOAD: o->load_path = arg; return 0;
   case OPT_TRACE: o->trace_path = arg; return 0;
   case OPT_JSON: o->json = 1; return 0;
-  case OPT_HELP: usage(stdout); return -1;
+  case OPT_HELP: usage(stdout); usage_init(stdout); return -1;
   case OPT_VERSION: printf("remat-train %s\n", remat_version()); return -1;
   default: return apply_run(c, arg, raw, o);
   }
@@ -415,6 +451,36 @@ static int check_training(const train_options *o) {
   return why != NULL;
 }
 
+/* --init and --save-dtype against the other options. */
+static int check_init(const train_options *o) {
+  static const char *const model_opts[] = {"layers", "d-model", "heads",
+                                           "vocab", "resume", "save-every",
+                                           NULL};
+  char why[200] = "";
+  for (int i = 0; o->init_dir != NULL && model_opts[i] != NULL; i++)
+    if (option_given(o, model_opts[i]) && why[0] == '\0')
+      snprintf(why, sizeof why, "--%s does not apply to --init: %s",
+               model_opts[i],
+               i < 4 ? "the model's config.json gives the model"
+                     : "an --init run saves the weights alone, without "
+                       "the optimizer's state to resume from");
+  if (why[0] == '\0' && o->save_bf16 && o->init_dir == NULL)
+    snprintf(why, sizeof why, "--save-dtype bf16 needs --init: a training "
+             "checkpoint holds F32 weights and moments, for an exact "
+             "--resume");
+  else if (why[0] == '\0' && o->init_dir != NULL && o->data_path == NULL &&
+           o->prompt == NULL)
+    snprintf(why, sizeof why, "--init needs --data FILE (a token file) to "
+             "fine-tune on, or --prompt IDS to sample from");
+  else if (why[0] == '\0' && o->init_dir != NULL && o->data_path != NULL &&
+           !o->data_u16)
+    snprintf(why, sizeof why, "--init trains on token ids: give "
+             "--data-format u16 or u32 with --data");
+  if (why[0] != '\0')
+    fprintf(stderr, "remat-train: %s\n", why);
+  return why[0] != '\0';
+}
+
 int option_given(const train_options *o, const char *name) {
   for (int i = 0; longopts[i].name != NULL; i++)
     if (strcmp(longopts[i].name, name) == 0)
@@ -460,9 +526,10 @@ int options_parse(int argc, char **argv, train_options *o) {
             o->cfg.d_model, o->cfg.heads);
     return EXIT_USAGE;
   }
-  if (check_training(o) != 0 || check_run(o, trains) != 0)
+  if (check_training(o) != 0 || check_run(o, trains) != 0 ||
+      check_init(o) != 0)
     return EXIT_USAGE;
-  if (o->data_path == NULL && o->cfg.seq < ADD_LEN) {
+  if (o->data_path == NULL && o->init_dir == NULL && o->cfg.seq < ADD_LEN) {
     fprintf(stderr, "remat-train: --seq %d is shorter than an addition "
                     "problem (%d tokens)\n", o->cfg.seq, ADD_LEN);
     return EXIT_USAGE;

@@ -150,8 +150,10 @@ int sample_run(const train_options *o, const dataset *d) {
   if (s == REMAT_OK)
     s = evaluator_open_rows(rt, o, 1, &e);
   const char *hint = "";
-  if (s == REMAT_OK && (s = evaluator_load(e, o->load_path)) ==
-                           REMAT_ERR_SHAPE)
+  if (s == REMAT_OK && o->load_path == NULL && o->init != NULL)
+    s = evaluator_load_init(e, o->init);
+  else if (s == REMAT_OK && (s = evaluator_load(e, o->load_path)) ==
+                                REMAT_ERR_SHAPE && o->init == NULL)
     hint = "; --prompt takes the --layers, --d-model, --heads, --seq, --data "
            "and --vocab that trained the weights";
   if (s == REMAT_OK)

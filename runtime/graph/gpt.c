@@ -41,12 +41,13 @@ static remat_tensor *block(remat_graph *g, const remat_gpt_config *c, int l,
   remat_tensor *b_pr =
       model_param(g, b, "ffn.b_out", 1, d, 0, REMAT_INIT_ZEROS, 0);
 
+  float eps = c->ln_eps > 0 ? c->ln_eps : 1e-5f;
   remat_region_begin(g, NULL);
   char region[16];
   snprintf(region, sizeof region, "h%d", l);
   remat_region_name(g, region);
   remat_tensor *h =
-      model_named(g, remat_layernorm(g, x, ln1_g, ln1_b, 1e-5f), "ln1_out");
+      model_named(g, remat_layernorm(g, x, ln1_g, ln1_b, eps), "ln1_out");
   remat_tensor *qkv = model_named(g, remat_linear(g, h, w_qkv, b_qkv), "qkv");
   remat_tensor *att = c->attention == REMAT_ATTENTION_FUSED
                           ? remat_fused_attention(g, qkv, c->heads)
@@ -54,7 +55,7 @@ static remat_tensor *block(remat_graph *g, const remat_gpt_config *c, int l,
   att = model_named(g, att, "attn_values");
   remat_tensor *o = model_named(g, remat_linear(g, att, w_o, b_o), "attn_out");
   remat_tensor *x1 = model_named(g, remat_add(g, x, o), "resid_mid");
-  h = model_named(g, remat_layernorm(g, x1, ln2_g, ln2_b, 1e-5f), "ln2_out");
+  h = model_named(g, remat_layernorm(g, x1, ln2_g, ln2_b, eps), "ln2_out");
   remat_tensor *f = model_named(g, remat_linear(g, h, w_fc, b_fc), "ffn_in");
   f = model_named(
       g, remat_gelu(g, f, c->gelu_erf ? REMAT_GELU_ERF : REMAT_GELU_TANH),
@@ -78,6 +79,16 @@ static remat_status check_config(remat_graph *g, const remat_gpt_config *c) {
       model_check_form(g, "remat_gpt_build", "layers", c->layers, c->attention);
   if (s != REMAT_OK)
     return s;
+  if (c->positions != 0 && c->positions < c->seq)
+    return graph_fail(g, REMAT_ERR_INVALID_ARG,
+                      "remat_gpt_build: positions %d, seq %d: expected 0 (as "
+                      "many as seq) or at least seq",
+                      c->positions, c->seq);
+  if (!isfinite(c->ln_eps) || c->ln_eps < 0)
+    return graph_fail(g, REMAT_ERR_INVALID_ARG,
+                      "remat_gpt_build: ln_eps %g: expected a finite value "
+                      ">= 0 (0 for 1e-5)",
+                      (double)c->ln_eps);
   if (c->d_model % c->heads != 0)
     return graph_fail(g, REMAT_ERR_SHAPE,
                       "remat_gpt_build: d_model %d is not divisible by heads "
@@ -105,7 +116,8 @@ remat_status remat_gpt_build(remat_graph *g, const remat_gpt_config *c,
   remat_tensor *wte =
       model_param(g, "", "wte", 2, c->vocab, d, REMAT_INIT_NORMAL, 0.02f);
   remat_tensor *wpe =
-      model_param(g, "", "wpe", 2, c->seq, d, REMAT_INIT_NORMAL, 0.01f);
+      model_param(g, "", "wpe", 2, c->positions > 0 ? c->positions : c->seq, d,
+                  REMAT_INIT_NORMAL, 0.01f);
   remat_tensor *x = remat_embed(g, out->tokens, wte, wpe);
   for (int l = 0; l < c->layers; l++)
     x = block(g, c, l, x);
@@ -114,8 +126,10 @@ remat_status remat_gpt_build(remat_graph *g, const remat_gpt_config *c,
   remat_tensor *lnf_b =
       model_param(g, "", "lnf.beta", 1, d, 0, REMAT_INIT_ZEROS, 0);
   remat_tensor *w_head =
-      model_param(g, "", "lm_head", 2, c->vocab, d, REMAT_INIT_NORMAL, 0.02f);
-  x = remat_layernorm(g, x, lnf_g, lnf_b, 1e-5f);
+      c->tie_head ? wte
+                  : model_param(g, "", "lm_head", 2, c->vocab, d,
+                                REMAT_INIT_NORMAL, 0.02f);
+  x = remat_layernorm(g, x, lnf_g, lnf_b, c->ln_eps > 0 ? c->ln_eps : 1e-5f);
   out->logits = remat_linear(g, x, w_head, NULL);
   out->loss = remat_cross_entropy(g, out->logits, out->targets);
   return remat_graph_status(g);

@@ -33,6 +33,12 @@ static bool param_bytes(const remat_tensor *p, size_t *out) {
   return remat__mul_size((size_t)remat_tensor_numel(p), sizeof(float), out);
 }
 
+/* An item's size in bytes in the file: F32, or BF16 when saved so. */
+static bool item_file_bytes(const safet_item *it, size_t *out) {
+  return remat__mul_size((size_t)remat_tensor_numel(it->param),
+                         it->save_bf16 ? 2 : sizeof(float), out);
+}
+
 /* ---- holding the graph, and the list of parameters ---- */
 
 remat_status safet_hold(remat_graph *g, const char *path, const char *what) {
@@ -168,8 +174,10 @@ static cJSON *build_header(const safet_item *items, int n,
     cJSON *entry = cJSON_AddObjectToObject(root, items[i].name);
     cJSON *shape = cJSON_AddArrayToObject(entry, "shape");
     cJSON *offsets = cJSON_AddArrayToObject(entry, "data_offsets");
-    if (cJSON_AddStringToObject(entry, "dtype", "F32") == NULL ||
-        shape == NULL || offsets == NULL || !param_bytes(p, &bytes)) {
+    if (cJSON_AddStringToObject(entry, "dtype",
+                                items[i].save_bf16 ? "BF16" : "F32") == NULL ||
+        shape == NULL || offsets == NULL ||
+        !item_file_bytes(&items[i], &bytes)) {
       cJSON_Delete(root);
       return NULL;
     }
@@ -217,6 +225,30 @@ static int write_widened(int fd, const uint16_t *src, size_t n) {
   return 0;
 }
 
+/* n f32 values written as BF16 (rounded to nearest even), a chunk at a
+ * time; 0, or -1 with errno set. */
+static int write_narrowed(int fd, const float *src, size_t n) {
+  enum { CHUNK = 1024 };
+  uint16_t chunk[CHUNK];
+  for (size_t lo = 0; lo < n; lo += CHUNK) {
+    size_t len = n - lo < CHUNK ? n - lo : CHUNK;
+    bf16_from_f32_row(chunk, src + lo, (int64_t)len);
+    if (write_all(fd, chunk, len * sizeof *chunk) != 0)
+      return -1;
+  }
+  return 0;
+}
+
+/* One item's data as the file holds it: F32 (widened from bf16 storage)
+ * or BF16 (narrowed from f32 storage, bf16 storage as it is). */
+static int write_item(int fd, const safet_item *it, size_t n) {
+  if (it->save_bf16)
+    return it->store == OP_BF16 ? write_all(fd, it->data, n * 2)
+                                : write_narrowed(fd, it->data, n);
+  return it->store == OP_BF16 ? write_widened(fd, it->data, n)
+                              : write_all(fd, it->data, n * sizeof(float));
+}
+
 /* What a save writes: the header text and the items. */
 typedef struct save_body {
   const char *json;
@@ -246,9 +278,7 @@ static remat_status write_body(int fd, const save_body *body, const char *what,
     size_t bytes = 0;
     if (!param_bytes(body->items[i].param, &bytes))
       return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-    bad = body->items[i].store == OP_BF16
-              ? write_widened(fd, body->items[i].data, bytes / sizeof(float))
-              : write_all(fd, body->items[i].data, bytes);
+    bad = write_item(fd, &body->items[i], bytes / sizeof(float));
   }
   if (bad)
     return remat__fail(REMAT_ERR_IO, "%s: cannot write '%s': %s", what,
@@ -308,15 +338,18 @@ remat_status safet_save(remat_graph *g, const char *path,
   return s;
 }
 
-/* The two weights-only saves: every parameter's value or gradient. */
+/* The weights-only saves: every parameter's value (in F32 or BF16) or
+ * gradient. */
 static remat_status save_params(remat_graph *g, const char *path, bool grads,
-                                const char *what) {
+                                bool bf16, const char *what) {
   remat_status s = safet_hold(g, path, what);
   if (s != REMAT_OK)
     return s;
   safet_item *items = NULL;
   int n = 0;
   s = safet_params(g, grads, 0, &items, &n, what);
+  for (int i = 0; s == REMAT_OK && i < n; i++)
+    items[i].save_bf16 = bf16;
   if (s == REMAT_OK)
     s = safet_save(g, path, items, n, NULL, 0, what);
   free(items);
@@ -325,11 +358,15 @@ static remat_status save_params(remat_graph *g, const char *path, bool grads,
 }
 
 remat_status remat_save_safetensors(remat_graph *g, const char *path) {
-  return save_params(g, path, false, "remat_save_safetensors");
+  return save_params(g, path, false, false, "remat_save_safetensors");
+}
+
+remat_status remat_save_safetensors_bf16(remat_graph *g, const char *path) {
+  return save_params(g, path, false, true, "remat_save_safetensors_bf16");
 }
 
 remat_status remat_save_grads_safetensors(remat_graph *g, const char *path) {
-  return save_params(g, path, true, "remat_save_grads_safetensors");
+  return save_params(g, path, true, false, "remat_save_grads_safetensors");
 }
 
 /* ---- loading ---- */
@@ -606,7 +643,9 @@ static remat_status check_offsets(const source *src, const char *name,
 
 /* The file's shape against the parameter's. */
 static remat_status check_shape(const source *src, const char *name,
-                                const cJSON *shape, const remat_tensor *p) {
+                                const cJSON *shape, const safet_item *it) {
+  const remat_tensor *p = it->param;
+  int pd = remat_tensor_ndim(p);
   double dims[REMAT_MAX_DIMS], model[REMAT_MAX_DIMS];
   int ndim = 0;
   const cJSON *d;
@@ -615,9 +654,9 @@ static remat_status check_shape(const source *src, const char *name,
       return LOAD_FAIL(REMAT_ERR_IO, "tensor '%s' has a shape that is not a "
                        "list of whole numbers", src->what, src->path, name);
   }
-  int same = ndim == remat_tensor_ndim(p);
-  for (int k = 0; k < remat_tensor_ndim(p); k++) {
-    model[k] = (double)remat_tensor_dim(p, k);
+  int same = ndim == pd;
+  for (int k = 0; k < pd; k++) {
+    model[k] = (double)remat_tensor_dim(p, it->transpose ? pd - 1 - k : k);
     same = same && dims[k] == model[k];
   }
   if (same)
@@ -626,7 +665,15 @@ static remat_status check_shape(const source *src, const char *name,
   format_shape(fs, sizeof fs, ndim, dims);
   format_shape(ms, sizeof ms, remat_tensor_ndim(p), model);
   return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' has shape %s in the file "
-                   "but %s in the model", src->what, src->path, name, fs, ms);
+                   "but %s in the model%s", src->what, src->path, name, fs, ms,
+                   it->transpose ? " (transposed: [in,out])" : "");
+}
+
+/* A file tensor's name as the items know it: without the request's
+ * prefix, when it has it. */
+static const char *file_key(const safet_load_req *req, const char *name) {
+  size_t n = req->prefix != NULL ? strlen(req->prefix) : 0;
+  return n > 0 && strncmp(name, req->prefix, n) == 0 ? name + n : name;
 }
 
 /* Checks one header entry against the file and the model: its fields, its
@@ -653,7 +700,7 @@ static remat_status check_entry(const safet_load_req *req,
   remat_status s = check_offsets(src, name, offs, &e);
   if (s != REMAT_OK || skip)
     return s;
-  int i = find_item(items, item->string);
+  int i = find_item(items, file_key(req, item->string));
   if (i < 0)
     return LOAD_FAIL(REMAT_ERR_SHAPE, "tensor '%s' is not a parameter of the "
                      "model%s", src->what, src->path, name,
@@ -668,7 +715,7 @@ static remat_status check_entry(const safet_load_req *req,
                      "takes " ACCEPTED_DTYPES, src->what, src->path, name, dt);
   e.item = &req->items[i];
   e.src = src;
-  if ((s = check_shape(src, name, shape, e.item->param)) != REMAT_OK)
+  if ((s = check_shape(src, name, shape, e.item)) != REMAT_OK)
     return s;
   size_t need = 0;
   if (!remat__mul_size((size_t)remat_tensor_numel(e.item->param),
@@ -729,6 +776,8 @@ static remat_status check_cover(const safet_load_req *req, const char *path,
 /* A checkpoint's optimizer state, which a weights-only load skips. */
 static bool skipped(const safet_load_req *req, const name_index *items,
                     const cJSON *meta, const char *name) {
+  if (req->ignored != NULL && req->ignored(file_key(req, name)))
+    return true;
   return req->weights_only &&
          cJSON_GetObjectItemCaseSensitive(meta, SAFET_CHECKPOINT_KEY) &&
          find_item(items, name) < 0 &&
@@ -820,6 +869,23 @@ static remat_status check_values(const entry *e, const unsigned char *data) {
   return REMAT_OK;
 }
 
+/* A [C,R] file tensor into its [R,C] parameter: file element c*R + r is
+ * parameter element r*C + c. */
+static void store_transposed(const entry *e, const unsigned char *data,
+                             size_t count) {
+  size_t rows = (size_t)remat_tensor_dim(e->item->param, 0);
+  size_t cols = count / rows;
+  bool half = e->item->store == OP_BF16;
+  for (size_t i = 0; i < count; i++) {
+    float v = src_value(e->dt, data, i);
+    size_t to = (i % rows) * cols + i / rows;
+    if (half)
+      ((uint16_t *)e->item->data)[to] = bf16_from_f32(v);
+    else
+      ((float *)e->item->data)[to] = v;
+  }
+}
+
 /* Writes a checked tensor into its item: the bits as they are where the
  * file's dtype is the storage's (F32 into f32, BF16 into a frozen
  * parameter stored in bf16), else each value converted to f32 (exact from
@@ -827,6 +893,10 @@ static remat_status check_values(const entry *e, const unsigned char *data) {
 static void store_values(const entry *e, const unsigned char *data) {
   size_t count = (size_t)(e->end - e->begin) / dtypes[e->dt].size;
   bool half = e->item->store == OP_BF16;
+  if (e->item->transpose) {
+    store_transposed(e, data, count);
+    return;
+  }
   if ((e->dt == DT_F32 && !half) || (e->dt == DT_BF16 && half)) {
     memcpy(e->item->data, data, (size_t)(e->end - e->begin));
     return;
@@ -1134,15 +1204,22 @@ static remat_status index_open(const char *path, const safet_load_req *req,
   return s;
 }
 
-remat_status remat_load_safetensors(remat_graph *g, const char *path) {
-  const char *what = "remat_load_safetensors";
+remat_status safet_load_weights(remat_graph *g, const char *path,
+                                const char *what,
+                                remat_status (*rename)(safet_item *items,
+                                                       int n, const char *what),
+                                const char *prefix,
+                                bool (*ignored)(const char *name)) {
   remat_status s = safet_hold(g, path, what);
   if (s != REMAT_OK)
     return s;
-  safet_load_req req = {.what = what, .weights_only = true};
+  safet_load_req req = {.what = what, .weights_only = true,
+                        .prefix = prefix, .ignored = ignored};
   safet_loading *ld = NULL;
   const cJSON *meta;
   s = safet_params(g, false, 0, &req.items, &req.nitems, what);
+  if (s == REMAT_OK && rename != NULL)
+    s = rename(req.items, req.nitems, what);
   if (s == REMAT_OK)
     s = is_index(path) ? index_open(path, &req, &ld)
                        : safet_load_open(path, &req, &ld, &meta);
@@ -1154,4 +1231,9 @@ remat_status remat_load_safetensors(remat_graph *g, const char *path) {
   free(req.items);
   safet_release(g);
   return s;
+}
+
+remat_status remat_load_safetensors(remat_graph *g, const char *path) {
+  return safet_load_weights(g, path, "remat_load_safetensors", NULL, NULL,
+                            NULL);
 }

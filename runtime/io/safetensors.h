@@ -25,6 +25,9 @@ typedef struct safet_item {
   const remat_tensor *param;
   void *data;
   op_dtype store;
+  bool transpose; /* a load: the file holds the 2-D parameter transposed
+                     ([in,out], as GPT-2's Conv1D stores it) */
+  bool save_bf16; /* a save: written as BF16 (rounded to nearest even) */
 } safet_item;
 
 /* One __metadata__ entry (safetensors metadata values are strings). */
@@ -39,6 +42,10 @@ typedef struct safet_load_req {
   safet_item *items;
   int nitems;
   bool weights_only;  /* skip a checkpoint's optimizer state */
+  const char *prefix; /* a prefix a file's names may carry ("transformer."),
+                         dropped before matching; NULL none */
+  bool (*ignored)(const char *name); /* a file's tensors (after the prefix)
+                                        that no item takes; NULL none */
 } safet_load_req;
 
 /* A load in progress (safetensors.c). */
@@ -76,5 +83,17 @@ remat_status safet_read_header(const char *path, const char *what,
                                cJSON **root, const cJSON **meta);
 
 void safet_load_close(safet_loading *ld);
+
+/* A weights-only load of every parameter from `path` (a file, or a
+ * sharded checkpoint's index when it ends in ".json") for the public call
+ * `what`: `rename` (NULL: none) gives each item the name and layout it has
+ * in the file, or fails naming the parameter; `prefix` and `ignored` as in
+ * safet_load_req. All or nothing. */
+remat_status safet_load_weights(remat_graph *g, const char *path,
+                                const char *what,
+                                remat_status (*rename)(safet_item *items,
+                                                       int n, const char *what),
+                                const char *prefix,
+                                bool (*ignored)(const char *name));
 
 #endif
