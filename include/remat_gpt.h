@@ -6,6 +6,7 @@
 #define REMAT_GPT_H
 
 #include "remat.h"
+#include "remat_lora.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -22,6 +23,10 @@ typedef struct remat_gpt_config {
   int layers, d_model, heads, seq, batch, vocab;
   int gelu_erf; /* 0: tanh GELU (default), 1: erf GELU */
   remat_attention_kind attention;
+  /* LoRA adapters (remat_lora.h; all zero: none) on the modules
+   * transformer.h.N.attn.c_attn, .attn.c_proj, .mlp.c_fc, .mlp.c_proj:
+   * Hugging Face GPT-2's names, which the adapter files use. */
+  remat_lora_config lora;
 } remat_gpt_config;
 
 typedef struct remat_gpt {
@@ -39,7 +44,11 @@ typedef struct remat_gpt {
 /* Builds token + position embedding, `layers` blocks of (pre-LN causal
  * multi-head attention + residual, pre-LN GELU feed-forward d->4d->d +
  * residual), a final layer norm, the LM head and the cross-entropy loss.
- * More than REMAT_GPT_MAX_LAYERS layers: REMAT_ERR_LIMIT. */
+ * More than REMAT_GPT_MAX_LAYERS layers: REMAT_ERR_LIMIT. With
+ * cfg->lora.rank > 0 the targeted linears get adapters
+ * (remat_lora_linear, inside their block's region) and every other
+ * parameter not in lora.trainable is frozen; bad LoRA settings fail with
+ * a message before anything is added to the graph. */
 REMAT_API remat_status remat_gpt_build(remat_graph *g,
                                        const remat_gpt_config *cfg,
                                        remat_gpt *out);

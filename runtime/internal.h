@@ -154,6 +154,16 @@ typedef struct graph_op {
   bool planned;
 } graph_op;
 
+/* A LoRA adapter on a linear (lora.c): tensor ids of the base weight w
+ * and of the adapters A [rank,in] and B [out,rank]. */
+typedef struct graph_lora {
+  int32_t w, a, b;
+  int rank;
+  float alpha;
+  bool conv1d; /* Hugging Face stores the module as a Conv1D (GPT-2) */
+  char module[REMAT__NAME_MAX];
+} graph_lora;
+
 struct graph_step;      /* exec/step_state.h */
 struct remat_policy;    /* policy.c */
 
@@ -196,6 +206,8 @@ struct remat_graph {
   int depth;               /* its nested calls */
   struct graph_step *step; /* the compiled step and its state */
   struct dp_graph *dp;     /* data parallel (mpi_dp.c), NULL when not */
+  graph_lora *lora;        /* the LoRA adapters (lora.c), [nlora] */
+  int32_t nlora, cap_lora;
 };
 
 /* graph_check.c: records the first error on the graph (sticky) and in
