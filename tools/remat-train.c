@@ -74,14 +74,15 @@ static int open_model(trainer *t) {
   if (remat_runtime_create(&rc, &t->rt) != REMAT_OK ||
       remat_graph_create(t->rt, &t->g) != REMAT_OK ||
       remat_graph_seed(t->g, o->seed) != REMAT_OK ||
-      remat_gpt_build(t->g, &o->cfg, &t->m) != REMAT_OK ||
+      train_build(t->g, o, o->cfg.batch, &t->m) != REMAT_OK ||
       dp_tool_attach(t->g) != REMAT_OK || /* under mpirun: dp_tool.h */
       remat_compile(t->g, t->m.loss, &opt) != REMAT_OK ||
       remat_set_clip(t->g, o->clip) != REMAT_OK ||
       (o->trace_path != NULL &&
        remat_trace_steps(t->g, trace, o->trace_steps) != REMAT_OK))
     return fail("");
-  if (o->load_path != NULL && remat_load_safetensors(t->g, o->load_path))
+  if ((o->load_path != NULL && remat_load_safetensors(t->g, o->load_path)) ||
+      lora_load_adapter(t->g, o) != REMAT_OK)
     return fail("");
   if (o->resume_path != NULL &&
       checkpoint_resume(t->g, o, t->data, &t->first_step) != 0)
@@ -214,6 +215,8 @@ static remat_status save_now(trainer *t, int done) {
     return REMAT_OK;
   signals_writing(1);
   remat_status s = checkpoint_save(t->rt, t->g, o, o->save_path, done, t->data);
+  if (s == REMAT_OK)
+    s = lora_save_adapter(t->g, o); /* LoRA mode: PEFT's files too */
   signals_writing(0);
   return s;
 }
@@ -369,7 +372,9 @@ static void close_trainer(trainer *t) {
 static int run(trainer *t) {
   train_options *o = &t->o;
   char err[512];
-  int rc = checkpoint_options(o); /* the model of --load or --resume */
+  int rc = lora_prepare(o); /* LoRA mode: --save's directory */
+  if (rc == 0)
+    rc = checkpoint_options(o); /* the model of --load or --resume */
   if (rc != 0)
     return rc;
   t->data = dataset_open(o, err, sizeof err);
@@ -402,6 +407,8 @@ static int run(trainer *t) {
   else if (rc == 0 && signals_stop() != 0) /* it came during the save */
     rc = stopped(t, signals_stop(), o->steps, 1);
   signals_catch(0);
+  if (rc == 0 && dp_tool_rank() == 0 && lora_merge(t->g, o) != REMAT_OK)
+    rc = fail("--merge-lora: ");
   if (rc == 0)
     rc = report(t, now() - start);
   return rc;

@@ -81,7 +81,7 @@ static remat_status eval_open(eval_model *e, remat_runtime *rt,
                                "vocabulary x 4)", logits);
   remat_status s = remat_graph_create(rt, &e->g);
   if (s == REMAT_OK)
-    s = remat_gpt_build(e->g, &c, &e->m);
+    s = train_build(e->g, o, batch, &e->m);
   if (s == REMAT_OK)
     s = remat_keep(e->g, e->m.logits);
   if (s == REMAT_OK)

@@ -25,6 +25,8 @@ typedef struct safet_item {
   const remat_tensor *param;
   void *data;
   op_dtype store;
+  bool optional; /* a load may find it absent (a LoRA adapter in a base
+                    model's file): it keeps its values */
 } safet_item;
 
 /* One __metadata__ entry (safetensors metadata values are strings). */
