@@ -1,8 +1,10 @@
 /* Tests of LoRA (remat_lora.h): a tiny Llama fine-tuned with adapters on
  * q_proj and v_proj keeps its frozen weights bitwise, has gradients and
- * AdamW moments for the adapters alone and learns; the merged weights and
+ * AdamW moments for the adapters alone and learns; it starts as the base
+ * model whose file it loads; the merged weights and
  * a reloaded adapter file give its logits; the LoRA linear's gradients
- * against central finite differences; every policy gives the same bits at
+ * against central finite differences; a frozen weight whose gradient
+ * would be summed from row-chunk partials costs no partials; every policy gives the same bits at
  * 1 and 2 threads; checkpoints hold adapters and moments and resume
  * bitwise; bad settings fail with their exact messages. */
 #include <cjson/cJSON.h>
@@ -182,6 +184,27 @@ static void trainable_names_stay_trainable(void **state) {
   }
   assert_int_equal(adapters, 2 * 7 * 2);
   close_run(&r);
+}
+
+/* A base model's file (no adapters) loads into the LoRA graph, whose
+ * zero B makes its logits bitwise the base model's. */
+static void starts_as_base(void **state) {
+  (void)state;
+  run plain, lora;
+  remat_llama_config c = tiny;
+  c.lora.rank = 0;
+  open_run(&plain, &c, 2, "nothing_saveable", NULL, 4);
+  char path[128];
+  snprintf(path, sizeof path, "%s/base.safetensors", dir);
+  must(remat_save_safetensors(plain.g, path), "save base");
+  open_run(&lora, &tiny, 2, "nothing_saveable", NULL, 8);
+  must(remat_load_safetensors(lora.g, path), "load base into LoRA");
+  float *want = logits(&plain, 2), *got = logits(&lora, 2);
+  assert_memory_equal(got, want, N * 23 * sizeof *got);
+  free(want);
+  free(got);
+  close_run(&lora);
+  close_run(&plain);
 }
 
 /* ---- merging and adapter files ---- */
@@ -426,6 +449,57 @@ static void lora_linear_gradients(void **state) {
   remat_runtime_destroy(rt);
 }
 
+/* x[ROWS2,16] -> linear(w1) -> linear(w2) -> cross-entropy, with so many
+ * rows that w2's gradient is summed from partials over row chunks: frozen,
+ * w2 costs no weight-gradient FLOPs (the partials are not computed
+ * either), and w1's gradient is bitwise the unfrozen run's. */
+enum { ROWS2 = 2048, K2 = 16, V2 = 8 };
+
+static double chunked(bool freeze, float *grad_w1) {
+  remat_runtime *rt;
+  remat_graph *g;
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_PRECISION,
+                     .num_threads = 2};
+  must(remat_runtime_create(&rc, &rt), "runtime");
+  must(remat_graph_create(rt, &g), "graph");
+  int64_t xd[2] = {ROWS2, K2}, td[1] = {ROWS2}, d1[2] = {K2, K2},
+          d2[2] = {V2, K2};
+  remat_tensor *x = remat_input(g, "x", REMAT_F32, 2, xd);
+  remat_tensor *t = remat_input(g, "t", REMAT_I32, 1, td);
+  remat_tensor *w1 = remat_param(g, "w1", 2, d1, REMAT_INIT_NORMAL, 0.3f);
+  remat_tensor *w2 = remat_param(g, "w2", 2, d2, REMAT_INIT_NORMAL, 0.3f);
+  remat_tensor *loss = remat_cross_entropy(
+      g, remat_linear(g, remat_linear(g, x, w1, NULL), w2, NULL), t);
+  if (freeze)
+    must(remat_param_freeze(g, w2), "freeze");
+  must(remat_compile(g, loss, NULL), "compile");
+  float *xv = malloc(ROWS2 * K2 * sizeof *xv);
+  int32_t *tv = malloc(ROWS2 * sizeof *tv);
+  for (int i = 0; i < ROWS2 * K2; i++)
+    xv[i] = sinf(0.37f * (float)i);
+  for (int i = 0; i < ROWS2; i++)
+    tv[i] = (i * 5) % V2;
+  must(remat_feed(g, x, xv, ROWS2 * K2 * sizeof *xv), "feed");
+  must(remat_feed(g, t, tv, ROWS2 * sizeof *tv), "feed");
+  remat_step_stats st = {.size = sizeof st};
+  must(remat_step(g, &st), "step");
+  must(remat_read_grad(g, w1, grad_w1, K2 * K2 * sizeof *grad_w1), "grad");
+  free(xv);
+  free(tv);
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+  return st.flops;
+}
+
+static void frozen_chunked_dw_skipped(void **state) {
+  (void)state;
+  float free_grad[K2 * K2], frozen_grad[K2 * K2];
+  double all = chunked(false, free_grad), frozen = chunked(true, frozen_grad);
+  /* the partial products, and their sum over the chunks */
+  assert_true(all - frozen >= 2.0 * ROWS2 * K2 * V2);
+  assert_memory_equal(free_grad, frozen_grad, sizeof free_grad);
+}
+
 /* ---- every policy, 1 and 2 threads: the same bits ---- */
 
 static uint64_t run_hash(int threads, const char *policy) {
@@ -560,10 +634,12 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(frozen_stay_adapters_learn),
       cmocka_unit_test(trainable_names_stay_trainable),
+      cmocka_unit_test(starts_as_base),
       cmocka_unit_test(merged_matches),
       cmocka_unit_test(adapter_file_reloads),
       cmocka_unit_test(checkpoint_resumes),
       cmocka_unit_test(lora_linear_gradients),
+      cmocka_unit_test(frozen_chunked_dw_skipped),
       cmocka_unit_test(policies_same_bits),
       cmocka_unit_test(bad_settings),
   };
