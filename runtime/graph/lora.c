@@ -7,7 +7,7 @@
 
 #include "base/alloc.h"
 #include "remat_lora.h"
-#include "runtime/graph/model_parts.h"
+#include "runtime/graph/lora.h"
 #include "runtime/internal.h"
 
 #define LORA_A_SUFFIX ".lora_A.weight"
@@ -102,15 +102,17 @@ remat_tensor *graph_lora_linear(remat_graph *g, const remat_tensor *x,
     return NULL;
   float a = alpha > 0.0f ? alpha : (float)rank;
   char name[REMAT__NAME_MAX];
+  int64_t da[2] = {rank, w->shape.dim[1]}, db[2] = {w->shape.dim[0], rank};
   snprintf(name, sizeof name, "%s" LORA_A_SUFFIX, module);
-  remat_tensor *pa = model_param(g, "", name, 2, rank, w->shape.dim[1],
-                                 REMAT_INIT_NORMAL, 1.0f / (float)rank);
+  remat_tensor *pa = remat_param(g, name, 2, da, REMAT_INIT_NORMAL,
+                                 1.0f / (float)rank);
   snprintf(name, sizeof name, "%s.lora_B.weight", module);
-  remat_tensor *pb = model_param(g, "", name, 2, w->shape.dim[0], rank,
-                                 REMAT_INIT_ZEROS, 0.0f);
+  remat_tensor *pb = remat_param(g, name, 2, db, REMAT_INIT_ZEROS, 0.0f);
   remat_tensor *base = remat_linear(g, x, w, b);
+  remat_tensor *down = remat_linear(g, x, pa, NULL);
   down_name(name, sizeof name, module);
-  remat_tensor *down = model_named(g, remat_linear(g, x, pa, NULL), name);
+  if (down != NULL)
+    remat_checkpoint_name(g, down, name);
   remat_tensor *up = remat_linear(g, down, pb, NULL);
   remat_tensor *y = remat_add(g, base, remat_scale(g, up, a / (float)rank));
   if (y == NULL)

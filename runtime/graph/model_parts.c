@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "runtime/graph/lora.h"
 #include "runtime/graph/model_parts.h"
 
 remat_tensor *model_param(remat_graph *g, const char *prefix, const char *name,

@@ -22,13 +22,6 @@ remat_status model_check_form(remat_graph *g, const char *who,
 
 /* ---- LoRA (lora.c and model_parts.c) ---- */
 
-/* remat_lora_linear's body: the adapter on module MODULE (conv1d: Hugging
- * Face stores it as a Conv1D), without freezing w and b. */
-remat_tensor *graph_lora_linear(remat_graph *g, const remat_tensor *x,
-                                remat_tensor *w, remat_tensor *b,
-                                const char *module, int rank, float alpha,
-                                bool conv1d);
-
 /* A module name that a model's LoRA targets may hold: the bits of the
  * linears it names, and the smallest in or out width among them. */
 typedef struct model_lora_module {
