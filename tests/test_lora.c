@@ -6,7 +6,8 @@
  * against central finite differences; a frozen weight whose gradient
  * would be summed from row-chunk partials costs no partials; every policy gives the same bits at
  * 1 and 2 threads; checkpoints hold adapters and moments and resume
- * bitwise; bad settings fail with their exact messages. */
+ * bitwise; the GPT's adapters under GPT-2's module names; bad settings
+ * fail with their exact messages. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <setjmp.h>
@@ -546,6 +547,57 @@ static void policies_same_bits(void **state) {
                  policies[i], threads);
 }
 
+/* ---- the GPT: Hugging Face GPT-2's module names ---- */
+
+static void gpt_adapters(void **state) {
+  (void)state;
+  remat_runtime *rt;
+  remat_graph *g;
+  must(remat_runtime_create(NULL, &rt), "runtime");
+  must(remat_graph_create(rt, &g), "graph");
+  remat_gpt_config c = {.layers = 2, .d_model = 16, .heads = 2, .seq = 8,
+                        .batch = 2, .vocab = 11,
+                        .lora = {.rank = 2, .targets = "c_proj"}};
+  remat_gpt m;
+  must(remat_gpt_build(g, &c, &m), "remat_gpt_build");
+  static const char *const want[] = {
+      "transformer.h.0.attn.c_proj.lora_A.weight",
+      "transformer.h.0.attn.c_proj.lora_B.weight",
+      "transformer.h.0.mlp.c_proj.lora_A.weight",
+      "transformer.h.0.mlp.c_proj.lora_B.weight"};
+  int found = 0, adapters = 0;
+  for (int i = 0; i < remat_num_params(g); i++) {
+    const char *name = remat_tensor_name(remat_param_at(g, i));
+    for (size_t k = 0; k < sizeof want / sizeof *want; k++)
+      found += strcmp(name, want[k]) == 0;
+    adapters += is_adapter(remat_param_at(g, i));
+  }
+  assert_int_equal(found, 4);
+  assert_int_equal(adapters, 2 * 2 * 2);
+  must(remat_compile(g, m.loss, &adamw), "compile");
+  char path[128], config[128];
+  snprintf(path, sizeof path, "%s/gpt_adapter.safetensors", dir);
+  snprintf(config, sizeof config, "%s/gpt_adapter_config.json", dir);
+  must(remat_lora_save(g, path, config), "remat_lora_save");
+  cJSON *cfg = read_json(config);
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(cfg, "fan_in_fan_out")));
+  char *targets =
+      cJSON_PrintUnformatted(cJSON_GetObjectItem(cfg, "target_modules"));
+  assert_string_equal(targets, "[\"c_proj\"]");
+  cJSON_free(targets);
+  cJSON_Delete(cfg);
+  remat_graph_destroy(g);
+  must(remat_graph_create(rt, &g), "graph");
+  c.lora.targets = "c_attn,q_proj";
+  assert_int_not_equal(remat_gpt_build(g, &c, &m), REMAT_OK);
+  assert_string_equal(remat_graph_error(g),
+                      "remat_gpt_build: lora target 'q_proj': expected a "
+                      "comma-separated list of c_attn, attn.c_proj, c_fc, "
+                      "mlp.c_proj, c_proj");
+  remat_graph_destroy(g);
+  remat_runtime_destroy(rt);
+}
+
 /* ---- refusals ---- */
 
 static void build_fails(const remat_llama_config *c, const char *message) {
@@ -641,6 +693,7 @@ int main(void) {
       cmocka_unit_test(lora_linear_gradients),
       cmocka_unit_test(frozen_chunked_dw_skipped),
       cmocka_unit_test(policies_same_bits),
+      cmocka_unit_test(gpt_adapters),
       cmocka_unit_test(bad_settings),
   };
   return cmocka_run_group_tests(tests, make_dir, remove_dir);
