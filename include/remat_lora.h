@@ -45,8 +45,7 @@ typedef struct remat_lora_config {
  * NULL, empty, over 40 characters or already adapted, or w not a [out,in]
  * parameter fail with
  * a message on the graph's sticky error and return NULL. */
-REMAT_API remat_tensor *remat_lora_linear(remat_graph *g,
-                                          const remat_tensor *x,
+REMAT_API remat_tensor *remat_lora_linear(remat_graph *g, const remat_tensor *x,
                                           remat_tensor *w, remat_tensor *b,
                                           const char *module, int rank,
                                           float alpha);
@@ -80,8 +79,7 @@ REMAT_API remat_status remat_lora_load(remat_graph *g, const char *path);
  * w + (alpha / rank) * B . A (summed in f32, over the rank in order), so
  * that a graph without adapters that loads the file computes the same
  * function. The graph's own parameters do not change. */
-REMAT_API remat_status remat_lora_save_merged(remat_graph *g,
-                                              const char *path);
+REMAT_API remat_status remat_lora_save_merged(remat_graph *g, const char *path);
 
 #ifdef __cplusplus
 }

@@ -4,9 +4,9 @@
  * model whose file it loads; the merged weights and
  * a reloaded adapter file give its logits; the LoRA linear's gradients
  * against central finite differences; a frozen weight whose gradient
- * would be summed from row-chunk partials costs no partials; every policy gives the same bits at
- * 1 and 2 threads; checkpoints hold adapters and moments and resume
- * bitwise; the GPT's adapters under GPT-2's module names; bad settings
+ * would be summed from row-chunk partials costs no partials; every policy gives
+ * the same bits at 1 and 2 threads; checkpoints hold adapters and moments and
+ * resume bitwise; the GPT's adapters under GPT-2's module names; bad settings
  * fail with their exact messages. */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -178,8 +178,8 @@ static void trainable_names_stay_trainable(void **state) {
     size_t bytes = (size_t)remat_tensor_numel(p) * sizeof(float);
     remat_status s = bytes <= sizeof g ? remat_read_grad(r.g, p, g, bytes)
                                        : REMAT_ERR_INVALID_ARG;
-    bool trainable = is_adapter(p) ||
-                     strcmp(remat_tensor_name(p), "model.norm.weight") == 0;
+    bool trainable =
+        is_adapter(p) || strcmp(remat_tensor_name(p), "model.norm.weight") == 0;
     adapters += is_adapter(p);
     assert_int_equal(s, trainable ? REMAT_OK : REMAT_ERR_INVALID_ARG);
   }
@@ -366,7 +366,8 @@ static void checkpoint_resumes(void **state) {
   }
   for (int i = 0; i < remat_num_params(r.g); i++) {
     remat_tensor *p = remat_param_at(r.g, i);
-    float *want_v = read_param(r.g, p), *got_v = read_param(back.g, remat_param_at(back.g, i));
+    float *want_v = read_param(r.g, p),
+          *got_v = read_param(back.g, remat_param_at(back.g, i));
     assert_memory_equal(got_v, want_v, remat_tensor_numel(p) * sizeof(float));
     free(want_v);
     free(got_v);
@@ -419,8 +420,7 @@ static void lora_linear_gradients(void **state) {
                      .num_threads = 2};
   must(remat_runtime_create(&rc, &rt), "runtime");
   must(remat_graph_create(rt, &g), "graph");
-  int64_t xd[2] = {ROWS, IN}, wd[2] = {OUT, IN}, bd[1] = {OUT},
-          td[1] = {ROWS};
+  int64_t xd[2] = {ROWS, IN}, wd[2] = {OUT, IN}, bd[1] = {OUT}, td[1] = {ROWS};
   remat_tensor *x = remat_input(g, "x", REMAT_F32, 2, xd);
   remat_tensor *t = remat_input(g, "t", REMAT_I32, 1, td);
   remat_tensor *w = remat_param(g, "w", 2, wd, REMAT_INIT_NORMAL, 0.5f);
@@ -534,7 +534,9 @@ static uint64_t run_hash(int threads, const char *policy) {
 static void policies_same_bits(void **state) {
   (void)state;
   static const char *const policies[] = {
-      "everything_saveable", "nothing_saveable", "dots_saveable",
+      "everything_saveable",
+      "nothing_saveable",
+      "dots_saveable",
       "dots_with_no_batch_dims_saveable",
       "save_only_these_names:q_proj_lora,v_proj_lora,q,v",
       "save_any_names_but_these:q_proj_lora"};
@@ -555,8 +557,12 @@ static void gpt_adapters(void **state) {
   remat_graph *g;
   must(remat_runtime_create(NULL, &rt), "runtime");
   must(remat_graph_create(rt, &g), "graph");
-  remat_gpt_config c = {.layers = 2, .d_model = 16, .heads = 2, .seq = 8,
-                        .batch = 2, .vocab = 11,
+  remat_gpt_config c = {.layers = 2,
+                        .d_model = 16,
+                        .heads = 2,
+                        .seq = 8,
+                        .batch = 2,
+                        .vocab = 11,
                         .lora = {.rank = 2, .targets = "c_proj"}};
   remat_gpt m;
   must(remat_gpt_build(g, &c, &m), "remat_gpt_build");

@@ -48,9 +48,9 @@ static void slurp(const char *path, char *buf, size_t len) {
  * arguments. */
 static void run(result *r, ...) {
   static const char *const model[] = {
-      "--model", "llama", "--layers", "2", "--d-model", "32", "--heads",
-      "4", "--kv-heads", "2", "--seq", "16", "--batch", "8", "--threads",
-      "2", "--json"};
+      "--model", "llama", "--layers",   "2", "--d-model", "32",
+      "--heads", "4",     "--kv-heads", "2", "--seq",     "16",
+      "--batch", "8",     "--threads",  "2", "--json"};
   const char *exe = getenv("REMAT_TRAIN");
   assert_non_null(exe);
   char *argv[64];
@@ -125,7 +125,8 @@ static void resumes_and_merges(void **state) {
   char *base = path_of("base.safetensors");
   run(&r, "--steps", "10", "--save", base, NULL);
   ok(&r);
-  const char *lora[] = {"--lora-rank", "4", "--lora-alpha", "8",
+  const char *lora[] = {"--lora-rank",    "4",
+                        "--lora-alpha",   "8",
                         "--lora-targets", "q_proj,v_proj,down_proj"};
 #define LORA lora[0], lora[1], lora[2], lora[3], lora[4], lora[5]
   char *d1 = path_of("d1"), *d2 = path_of("d2");
@@ -134,8 +135,8 @@ static void resumes_and_merges(void **state) {
   run(&r, LORA, "--load", base, "--steps", "6", "--schedule-steps", "12",
       "--save", d2, NULL);
   ok(&r);
-  run(&r, LORA, "--load", base, "--steps", "12", "--resume", d2, "--save",
-      d2, NULL);
+  run(&r, LORA, "--load", base, "--steps", "12", "--resume", d2, "--save", d2,
+      NULL);
   ok(&r);
   same_file(path_of("d1/adapter_model.safetensors"),
             path_of("d2/adapter_model.safetensors"));
@@ -187,8 +188,8 @@ static void bad_options(void **state) {
   expect(&r, 2, "--kv-heads must divide --heads");
   run(&r, "--model", "gpt3", NULL);
   expect(&r, 2, "--model 'gpt3': expected gpt or llama");
-  run(&r, "--lora-rank", "2", "--lora-targets", "q_proj,c_attn", "--steps",
-      "1", NULL);
+  run(&r, "--lora-rank", "2", "--lora-targets", "q_proj,c_attn", "--steps", "1",
+      NULL);
   assert_int_equal(r.code, 1);
   assert_non_null(strstr(r.err, "lora target 'c_attn': expected a "
                                 "comma-separated list of q_proj, k_proj, "

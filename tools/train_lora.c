@@ -46,32 +46,41 @@ int lora_option(int c, const char *arg, train_options *o) {
     o->cfg.lora.alpha = strtof(arg, &end);
     if (errno != 0 || end == arg || *end != '\0' ||
         !isfinite(o->cfg.lora.alpha) || o->cfg.lora.alpha <= 0.0f)
-      return lora_bad("--lora-alpha '%s': expected a finite number > 0%s",
-                      arg, "");
+      return lora_bad("--lora-alpha '%s': expected a finite number > 0%s", arg,
+                      "");
     return 0;
-  case OPT_LORA_TARGETS: o->cfg.lora.targets = arg; return 0;
-  case OPT_TRAIN: o->cfg.lora.trainable = arg; return 0;
-  case OPT_LOAD_ADAPTER: o->load_adapter = arg; return 0;
-  case OPT_MERGE_LORA: o->merge_path = arg; return 0;
+  case OPT_LORA_TARGETS:
+    o->cfg.lora.targets = arg;
+    return 0;
+  case OPT_TRAIN:
+    o->cfg.lora.trainable = arg;
+    return 0;
+  case OPT_LOAD_ADAPTER:
+    o->load_adapter = arg;
+    return 0;
+  case OPT_MERGE_LORA:
+    o->merge_path = arg;
+    return 0;
   case OPT_MODEL:
     if (strcmp(arg, "gpt") != 0 && strcmp(arg, "llama") != 0)
       return lora_bad("--model '%s': expected gpt or llama%s", arg, "");
     o->llama = strcmp(arg, "llama") == 0;
     return 0;
-  case OPT_KV_HEADS: return whole("--kv-heads", arg, 1, 1000000, &o->kv_heads);
-  case OPT_FFN: return whole("--ffn", arg, 1, 1000000, &o->ffn);
-  default: return -2;
+  case OPT_KV_HEADS:
+    return whole("--kv-heads", arg, 1, 1000000, &o->kv_heads);
+  case OPT_FFN:
+    return whole("--ffn", arg, 1, 1000000, &o->ffn);
+  default:
+    return -2;
   }
 }
 
 int lora_check(const train_options *o) {
-  const char *why = NULL, *lora_only[] = {"lora-alpha", "lora-targets",
-                                          "train", "load-adapter",
-                                          "merge-lora"};
+  const char *why = NULL, *lora_only[] = {"lora-alpha", "lora-targets", "train",
+                                          "load-adapter", "merge-lora"};
   for (size_t i = 0; i < sizeof lora_only / sizeof *lora_only && !why; i++)
     if (option_given(o, lora_only[i]) && o->cfg.lora.rank == 0) {
-      fprintf(stderr, "remat-train: --%s needs --lora-rank R\n",
-              lora_only[i]);
+      fprintf(stderr, "remat-train: --%s needs --lora-rank R\n", lora_only[i]);
       return EXIT_USAGE;
     }
   if (!o->llama && (o->kv_heads > 0 || o->ffn > 0))
@@ -125,12 +134,13 @@ int lora_prepare(train_options *o) {
   if (o->save_path != NULL) {
     o->lora_dir = o->save_path;
     if (mkdir(o->lora_dir, 0777) != 0 && errno != EEXIST) {
-      fprintf(stderr, "remat-train: --save '%s': cannot create the adapter "
-              "directory: %s\n", o->lora_dir, strerror(errno));
+      fprintf(stderr,
+              "remat-train: --save '%s': cannot create the adapter "
+              "directory: %s\n",
+              o->lora_dir, strerror(errno));
       return EXIT_RUNTIME;
     }
-    snprintf(state_path, sizeof state_path, "%s/" LORA_STATE_FILE,
-             o->lora_dir);
+    snprintf(state_path, sizeof state_path, "%s/" LORA_STATE_FILE, o->lora_dir);
     o->save_path = state_path;
   }
   if (o->resume_path != NULL && is_dir(o->resume_path)) {
@@ -139,8 +149,8 @@ int lora_prepare(train_options *o) {
     o->resume_path = resume_state;
   }
   if (o->load_adapter != NULL && is_dir(o->load_adapter)) {
-    snprintf(adapter_path, sizeof adapter_path,
-             "%s/adapter_model.safetensors", o->load_adapter);
+    snprintf(adapter_path, sizeof adapter_path, "%s/adapter_model.safetensors",
+             o->load_adapter);
     o->load_adapter = adapter_path;
   }
   return 0;

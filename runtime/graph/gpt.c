@@ -60,20 +60,25 @@ static remat_tensor *block(remat_graph *g, const remat_gpt_config *c, int l,
   remat_region_name(g, region);
   remat_tensor *h =
       model_named(g, remat_layernorm(g, x, ln1_g, ln1_b, 1e-5f), "ln1_out");
-  remat_tensor *qkv = model_named(g, proj(g, c, mask, C_ATTN, l, "attn.c_attn", h, w_qkv,
-                                     b_qkv), "qkv");
+  remat_tensor *qkv = model_named(
+      g, proj(g, c, mask, C_ATTN, l, "attn.c_attn", h, w_qkv, b_qkv), "qkv");
   remat_tensor *att = c->attention == REMAT_ATTENTION_FUSED
                           ? remat_fused_attention(g, qkv, c->heads)
                           : remat_causal_self_attention(g, qkv, c->heads);
   att = model_named(g, att, "attn_values");
-  remat_tensor *o = model_named(g, proj(g, c, mask, ATTN_C_PROJ, l, "attn.c_proj", att, w_o, b_o), "attn_out");
+  remat_tensor *o = model_named(
+      g, proj(g, c, mask, ATTN_C_PROJ, l, "attn.c_proj", att, w_o, b_o),
+      "attn_out");
   remat_tensor *x1 = model_named(g, remat_add(g, x, o), "resid_mid");
   h = model_named(g, remat_layernorm(g, x1, ln2_g, ln2_b, 1e-5f), "ln2_out");
-  remat_tensor *f = model_named(g, proj(g, c, mask, C_FC, l, "mlp.c_fc", h, w_fc, b_fc), "ffn_in");
+  remat_tensor *f = model_named(
+      g, proj(g, c, mask, C_FC, l, "mlp.c_fc", h, w_fc, b_fc), "ffn_in");
   f = model_named(
       g, remat_gelu(g, f, c->gelu_erf ? REMAT_GELU_ERF : REMAT_GELU_TANH),
       "ffn_act");
-  f = model_named(g, proj(g, c, mask, MLP_C_PROJ, l, "mlp.c_proj", f, w_pr, b_pr), "ffn_out");
+  f = model_named(g,
+                  proj(g, c, mask, MLP_C_PROJ, l, "mlp.c_proj", f, w_pr, b_pr),
+                  "ffn_out");
   remat_tensor *out = remat_add(g, x1, f);
   remat_region_end(g);
   return out;

@@ -61,9 +61,12 @@ static remat_tensor *block(remat_graph *g, const remat_llama_config *c, int l,
   snprintf(region, sizeof region, "layers.%d", l);
   remat_region_name(g, region);
   remat_tensor *h = remat_rmsnorm(g, x, n1, eps);
-  remat_tensor *q = model_named(g, proj(g, c, mask, Q, b, "self_attn.q_proj", h, wq), "q");
-  remat_tensor *k = model_named(g, proj(g, c, mask, K, b, "self_attn.k_proj", h, wk), "k");
-  remat_tensor *v = model_named(g, proj(g, c, mask, V, b, "self_attn.v_proj", h, wv), "v");
+  remat_tensor *q =
+      model_named(g, proj(g, c, mask, Q, b, "self_attn.q_proj", h, wq), "q");
+  remat_tensor *k =
+      model_named(g, proj(g, c, mask, K, b, "self_attn.k_proj", h, wk), "k");
+  remat_tensor *v =
+      model_named(g, proj(g, c, mask, V, b, "self_attn.v_proj", h, wv), "v");
   q = remat_rope(g, q, heads, theta);
   k = remat_rope(g, k, kvh, theta);
   remat_attention_config ac = {.heads = heads,
@@ -72,14 +75,18 @@ static remat_tensor *block(remat_graph *g, const remat_llama_config *c, int l,
                                .fused = c->attention == REMAT_ATTENTION_FUSED};
   remat_tensor *a =
       model_named(g, remat_attention(g, q, k, v, &ac), "attn_values");
-  remat_tensor *o = model_named(g, proj(g, c, mask, O, b, "self_attn.o_proj", a, wo), "attn_out");
+  remat_tensor *o = model_named(
+      g, proj(g, c, mask, O, b, "self_attn.o_proj", a, wo), "attn_out");
   remat_tensor *x1 = model_named(g, remat_add(g, x, o), "resid_mid");
   h = model_named(g, remat_rmsnorm(g, x1, n2, eps), "ln2_out");
-  remat_tensor *gate = model_named(g, proj(g, c, mask, GATE, b, "mlp.gate_proj", h, wg), "gate");
-  remat_tensor *up = model_named(g, proj(g, c, mask, UP, b, "mlp.up_proj", h, wu), "up");
+  remat_tensor *gate =
+      model_named(g, proj(g, c, mask, GATE, b, "mlp.gate_proj", h, wg), "gate");
+  remat_tensor *up =
+      model_named(g, proj(g, c, mask, UP, b, "mlp.up_proj", h, wu), "up");
   remat_tensor *f =
       model_named(g, remat_mul(g, remat_silu(g, gate), up), "ffn_act");
-  f = model_named(g, proj(g, c, mask, DOWN, b, "mlp.down_proj", f, wd), "ffn_out");
+  f = model_named(g, proj(g, c, mask, DOWN, b, "mlp.down_proj", f, wd),
+                  "ffn_out");
   remat_tensor *out = remat_add(g, x1, f);
   remat_region_end(g);
   return out;
@@ -128,10 +135,10 @@ static remat_status lora_mask(remat_graph *g, const remat_llama_config *c,
   int64_t d = c->hidden_size, ffn = c->intermediate_size;
   int64_t kvd = d / c->num_attention_heads * kv_heads_of(c);
   int64_t dffn = d < ffn ? d : ffn;
-  model_lora_module mods[] = {
-      {"q_proj", Q, d},       {"k_proj", K, kvd},    {"v_proj", V, kvd},
-      {"o_proj", O, d},       {"gate_proj", GATE, dffn},
-      {"up_proj", UP, dffn},  {"down_proj", DOWN, dffn}};
+  model_lora_module mods[] = {{"q_proj", Q, d},          {"k_proj", K, kvd},
+                              {"v_proj", V, kvd},        {"o_proj", O, d},
+                              {"gate_proj", GATE, dffn}, {"up_proj", UP, dffn},
+                              {"down_proj", DOWN, dffn}};
   return model_lora_targets(g, "remat_llama_build", &c->lora, mods,
                             (int)(sizeof mods / sizeof mods[0]),
                             "q_proj,v_proj", mask);

@@ -104,8 +104,8 @@ remat_tensor *graph_lora_linear(remat_graph *g, const remat_tensor *x,
   char name[REMAT__NAME_MAX];
   int64_t da[2] = {rank, w->shape.dim[1]}, db[2] = {w->shape.dim[0], rank};
   snprintf(name, sizeof name, "%s" LORA_A_SUFFIX, module);
-  remat_tensor *pa = remat_param(g, name, 2, da, REMAT_INIT_NORMAL,
-                                 1.0f / (float)rank);
+  remat_tensor *pa =
+      remat_param(g, name, 2, da, REMAT_INIT_NORMAL, 1.0f / (float)rank);
   snprintf(name, sizeof name, "%s.lora_B.weight", module);
   remat_tensor *pb = remat_param(g, name, 2, db, REMAT_INIT_ZEROS, 0.0f);
   remat_tensor *base = remat_linear(g, x, w, b);
@@ -117,8 +117,12 @@ remat_tensor *graph_lora_linear(remat_graph *g, const remat_tensor *x,
   remat_tensor *y = remat_add(g, base, remat_scale(g, up, a / (float)rank));
   if (y == NULL)
     return NULL;
-  graph_lora rec = {.w = w->id, .a = pa->id, .b = pb->id, .rank = rank,
-                    .alpha = a, .conv1d = conv1d};
+  graph_lora rec = {.w = w->id,
+                    .a = pa->id,
+                    .b = pb->id,
+                    .rank = rank,
+                    .alpha = a,
+                    .conv1d = conv1d};
   snprintf(rec.module, sizeof rec.module, "%s", module);
   return record(g, &rec) ? y : NULL;
 }

@@ -112,8 +112,7 @@ remat_tensor *model_linear(remat_graph *g, const remat_lora_config *lora,
                            remat_tensor *b, bool conv1d) {
   if ((mask & bit) == 0)
     return remat_linear(g, x, w, b);
-  return graph_lora_linear(g, x, w, b, module, lora->rank, lora->alpha,
-                           conv1d);
+  return graph_lora_linear(g, x, w, b, module, lora->rank, lora->alpha, conv1d);
 }
 
 static bool is_adapter(const remat_graph *g, int32_t id) {

@@ -15,8 +15,7 @@
 #include "runtime/io/safetensors.h"
 
 /* An item for tensor t with t's value buffer (the caller names it). */
-static void value_item(remat_graph *g, const remat_tensor *t,
-                       safet_item *it) {
+static void value_item(remat_graph *g, const remat_tensor *t, safet_item *it) {
   const plan_lowering *l = &g->step->compiled.low;
   int32_t b = l->value_buf[t->id];
   it->param = t;
@@ -59,9 +58,8 @@ static remat_status check_uniform(const remat_graph *g, const char *what) {
                          "%s: adapters '%s' (rank %d, alpha %g) and '%s' "
                          "(rank %d, alpha %g) differ: adapter_config.json "
                          "holds one rank and one alpha",
-                         what, first->module, first->rank,
-                         (double)first->alpha, a->module, a->rank,
-                         (double)a->alpha);
+                         what, first->module, first->rank, (double)first->alpha,
+                         a->module, a->rank, (double)a->alpha);
   }
   return REMAT_OK;
 }
@@ -250,8 +248,7 @@ static remat_status merged_items(remat_graph *g, safet_item *items,
     if (k >= 0) {
       merged[*n] = fold(g, &g->lora[k]);
       if (merged[*n] == NULL)
-        return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory",
-                           what);
+        return remat__fail(REMAT_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
       it->data = merged[*n];
       it->store = OP_F32;
     }
