@@ -47,6 +47,10 @@ typedef struct options {
   int compare_fusion;    /* --compare-fusion */
   int compare_update;    /* --compare-update */
   int compare_dw;        /* --compare-dw */
+  int lora_rank;          /* --lora-rank: LoRA beside full fine-tuning */
+  const char *lora_targets; /* --lora-targets (NULL: the model's default) */
+  int lora_only;          /* --lora-only: no full fine-tuning beside */
+  int tied;               /* --tied: llama's head reads the embedding */
 } options;
 
 static double now(void) {
@@ -164,7 +168,8 @@ static void usage(FILE *f) {
           "                   [--precision f32|bf16|both] [--compare-admission]\n"
           "                   [--compare-fusion] [--compare-update] [--compare-dw]\n"
           "                   [--model gpt|llama|encoder|gpt+llama]\n"
-          "                   [--kv-heads KVH] [--ffn I]\n"
+          "                   [--kv-heads KVH] [--ffn I] [--tied]\n"
+          "                   [--lora-rank R [--lora-targets L] [--lora-only]]\n"
           "defaults: L=8 D=512 H=8 T=256 B=8 V=256 S=6 N=2 P=everything_saveable\n"
           "--attention: the builder's default (materialized) unless given; both\n"
           "runs the materialized and the fused model in one process, steps\n"
@@ -196,7 +201,13 @@ static void usage(FILE *f) {
           "heads (default H/4) and a SwiGLU of width I (default 8D/3 rounded\n"
           "up to 64), no biases, untied head; encoder: the bidirectional\n"
           "encoder of examples/encoder_model.h; gpt+llama runs the GPT and\n"
-          "the Llama model in one process, steps interleaved, one line each\n");
+          "the Llama model in one process, steps interleaved, one line each\n"
+          "--tied: the Llama's LM head reads the embedding table\n"
+          "--lora-rank R: LoRA adapters of rank R (alpha 2R) on L (default\n"
+          "q_proj,v_proj; c_attn for the GPT), every other parameter frozen,\n"
+          "beside the same model fully fine-tuned, steps interleaved, with\n"
+          "the step-time and gradient + optimizer memory ratios;\n"
+          "--lora-only: the LoRA model alone\n");
 }
 
 static int parse_int(const char *opt, const char *v, int *out) {
@@ -227,6 +238,10 @@ static int parse_args(int argc, char **argv, options *o) {
       {"model", 1, 0, 'm'},
       {"kv-heads", 1, 0, 'k'},
       {"ffn", 1, 0, 'f'},
+      {"lora-rank", 1, 0, 'r'},
+      {"lora-targets", 1, 0, 't'},
+      {"lora-only", 0, 0, 'o'},
+      {"tied", 0, 0, 'e'},
       {0, 0, 0, 0}};
   *o = (options){.cfg = {.layers = 8, .d_model = 512, .heads = 8, .seq = 256,
                          .batch = 8, .vocab = 256},
@@ -301,6 +316,10 @@ static int parse_args(int argc, char **argv, options *o) {
       break;
     case 'k': ok = parse_int("--kv-heads", optarg, &o->kv_heads); break;
     case 'f': ok = parse_int("--ffn", optarg, &o->ffn); break;
+    case 'r': ok = parse_int("--lora-rank", optarg, &o->lora_rank); break;
+    case 't': o->lora_targets = optarg; break;
+    case 'o': o->lora_only = 1; break;
+    case 'e': o->tied = 1; break;
     case 'h': usage(stdout); exit(0);
     default: ok = 0;
     }
@@ -316,11 +335,16 @@ static int parse_args(int argc, char **argv, options *o) {
   }
   if (o->both + o->compare_threads + o->precision_both + o->model_both +
           o->compare_admission + o->compare_fusion + o->compare_update +
-              o->compare_dw > 1) {
+              o->compare_dw + (o->lora_rank > 0) > 1) {
     fprintf(stderr, "bench_train: --attention both, --precision both, "
                     "--model gpt+llama, --compare-threads, "
-                    "--compare-admission, --compare-fusion, --compare-update "
-                    "and --compare-dw exclude each other\n");
+                    "--compare-admission, --compare-fusion, --compare-update, "
+                    "--compare-dw and --lora-rank exclude each other\n");
+    return 0;
+  }
+  if ((o->lora_targets != NULL || o->lora_only) && o->lora_rank == 0) {
+    fprintf(stderr, "bench_train: --lora-targets and --lora-only need "
+                    "--lora-rank R\n");
     return 0;
   }
   if (o->kv_heads == 0)
@@ -376,6 +400,8 @@ typedef struct bench {
   encoder_config enc;       /* and for --model encoder */
   remat_tensor *lengths;    /* the encoder's key lengths (every row full) */
   remat_precision precision;
+  int lora;             /* this run has the options' LoRA adapters */
+  int64_t grads_opt_peak; /* peak[GRADS] + peak[OPTIMIZER], highest */
   remat_runtime *rt;
   remat_graph *g;
   remat_gpt m;
@@ -389,7 +415,11 @@ typedef struct bench {
 
 /* Builds the run's model on b->g. */
 static remat_status build_model(bench *b, const options *o) {
-  const remat_gpt_config *c = &b->cfg;
+  remat_gpt_config *c = &b->cfg;
+  if (b->lora)
+    c->lora = (remat_lora_config){.rank = o->lora_rank,
+                                  .alpha = 2.0f * (float)o->lora_rank,
+                                  .targets = o->lora_targets};
   if (b->model == MODEL_LLAMA) {
     b->llama = (remat_llama_config){.hidden_size = c->d_model,
                                     .intermediate_size = o->ffn,
@@ -399,7 +429,9 @@ static remat_status build_model(bench *b, const options *o) {
                                     .vocab_size = c->vocab,
                                     .seq = c->seq,
                                     .batch = c->batch,
-                                    .attention = c->attention};
+                                    .tie_word_embeddings = o->tied,
+                                    .attention = c->attention,
+                                    .lora = c->lora};
     return remat_llama_build(b->g, &b->llama, &b->m);
   }
   if (b->model == MODEL_ENCODER) {
@@ -428,8 +460,10 @@ static double model_flops(const bench *b) {
 
 static int bench_open(bench *b, const options *o, int threads,
                       remat_attention_kind attention,
-                      remat_precision precision, model_kind model) {
+                      remat_precision precision, model_kind model,
+                      int lora) {
   memset(b, 0, sizeof *b);
+  b->lora = lora;
   b->st.size = sizeof b->st;
   b->threads = threads;
   b->accum = o->accum;
@@ -509,6 +543,9 @@ static int bench_step(bench *b, int s, int steps) {
     b->peak = b->st.peak_bytes;
   if (b->st.activation_peak_bytes > b->act_peak)
     b->act_peak = b->st.activation_peak_bytes;
+  int64_t gopt = b->st.peak[REMAT_MEM_GRADS] + b->st.peak[REMAT_MEM_OPTIMIZER];
+  if (gopt > b->grads_opt_peak)
+    b->grads_opt_peak = gopt;
   return 0;
 }
 
@@ -530,17 +567,43 @@ static const char *attention_name(remat_attention_kind k) {
   return k == REMAT_ATTENTION_FUSED ? "fused" : "materialized";
 }
 
+/* LoRA's figures of run b, against full, the same model fully
+ * fine-tuned in the same rounds (NULL with --lora-only). */
+static void report_lora(const bench *b, const bench *full, const options *o,
+                        json_nulls *nulls) {
+  printf(", \"lora_rank\": %d, \"lora_targets\": \"%s\", "
+         "\"grads_optimizer_peak_bytes\": %lld",
+         o->lora_rank,
+         o->lora_targets != NULL ? o->lora_targets
+         : b->model == MODEL_GPT ? "c_attn"
+                                 : "q_proj,v_proj",
+         (long long)b->grads_opt_peak);
+  if (full == NULL)
+    return;
+  double step_s = median(b->times, o->steps);
+  double step_full = median(full->times, o->steps);
+  json_put(nulls, "full_step_s_median", "%.6f", step_full);
+  json_put(nulls, "lora_step_ratio", "%.4f", step_s / step_full);
+  printf(", \"full_peak_bytes\": %lld, "
+         "\"full_grads_optimizer_peak_bytes\": %lld",
+         (long long)full->peak, (long long)full->grads_opt_peak);
+  json_put(nulls, "lora_grads_optimizer_ratio", "%.6f",
+           (double)b->grads_opt_peak / (double)full->grads_opt_peak);
+  json_put(nulls, "full_loss", "%.6f", full->st.loss);
+}
+
 /* The JSON line of run b; one: its 1-thread peer (--compare-threads);
  * f32: the f32 run beside this bf16 one (--precision both); plain: the
  * same run without memory admission (--compare-admission); unfused: the
  * same run without fused epilogues (--compare-fusion); split: the same
  * run with the update in separate passes (--compare-update); dw_before:
  * the weight gradients in their form before the shape rule
- * (--compare-dw). */
+ * (--compare-dw); full: the model fully fine-tuned beside this LoRA run
+ * (--lora-rank). */
 static void report(const bench *b, const bench *one, const bench *f32,
                    const bench *plain, const bench *unfused,
                    const bench *split, const bench *dw_before,
-                   const options *o) {
+                   const bench *full, const options *o) {
   const remat_step_stats st = b->st;
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
   double step_s = median(b->times, o->steps);
@@ -653,6 +716,8 @@ static void report(const bench *b, const bench *one, const bench *f32,
     json_put(&nulls, "strided_dw_mfu", "%.4f", mfu_b);
     json_put(&nulls, "dw_rule_step_ratio", "%.4f", step_s / step_b);
   }
+  if (b->lora)
+    report_lora(b, full, o, &nulls);
   printf("%s%s}\n", dp_json, json_nonfinite(&nulls));
 }
 
@@ -667,9 +732,10 @@ int main(int argc, char **argv) {
    * (--attention both) */
   bench main_run, peer;
   int compare = o.compare_threads && o.threads > 1;
+  int full = o.lora_rank > 0 && !o.lora_only; /* full beside LoRA */
   int second = compare || o.both || o.precision_both || o.model_both ||
                o.compare_admission || o.compare_fusion || o.compare_update ||
-               o.compare_dw;
+               o.compare_dw || full;
   char *fuse_env = getenv("REMAT_FUSE") ? strdup(getenv("REMAT_FUSE")) : NULL;
   if (o.compare_fusion) /* read when each runtime is created */
     setenv("REMAT_FUSE", "1", 1);
@@ -679,7 +745,7 @@ int main(int argc, char **argv) {
       o.precision_both ? REMAT_PRECISION_F32 : o.precision;
   model_kind main_model = o.model_both ? MODEL_GPT : o.model;
   if (bench_open(&main_run, &o, o.threads, main_kind, main_precision,
-                 main_model))
+                 main_model, o.lora_rank > 0))
     return 1;
   if (o.compare_admission) /* read when the peer's runtime is created */
     setenv("REMAT_BENCH_NO_ADMISSION", "1", 1);
@@ -693,7 +759,7 @@ int main(int argc, char **argv) {
       bench_open(&peer, &o, compare ? 1 : o.threads,
                  o.both ? REMAT_ATTENTION_FUSED : o.cfg.attention,
                  o.precision_both ? REMAT_PRECISION_BF16 : o.precision,
-                 o.model_both ? MODEL_LLAMA : main_model))
+                 o.model_both ? MODEL_LLAMA : main_model, 0))
     return 1;
   unsetenv("REMAT_BENCH_NO_ADMISSION");
   if (fuse_env != NULL)
@@ -718,10 +784,10 @@ int main(int argc, char **argv) {
   report(&main_run, compare ? &peer : NULL, NULL,
          o.compare_admission ? &peer : NULL,
          o.compare_fusion ? &peer : NULL, o.compare_update ? &peer : NULL,
-         o.compare_dw ? &peer : NULL, &o);
+         o.compare_dw ? &peer : NULL, full ? &peer : NULL, &o);
   if (o.both || o.precision_both || o.model_both)
     report(&peer, NULL, o.precision_both ? &main_run : NULL, NULL, NULL,
-           NULL, NULL, &o);
+           NULL, NULL, NULL, &o);
   bench_close(&main_run);
   if (second)
     bench_close(&peer);

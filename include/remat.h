@@ -756,7 +756,10 @@ REMAT_API remat_status remat_save_safetensors(remat_graph *g, const char *path);
  * cannot be opened, a tensor that its shard does not hold, and a shard
  * tensor that the map does not name or puts in another shard each fail
  * with REMAT_ERR_IO naming it; a model tensor that the map lacks fails
- * with REMAT_ERR_SHAPE. Every shard stays open during the load. */
+ * with REMAT_ERR_SHAPE. Every shard stays open during the load.
+ *
+ * The LoRA adapters of a graph (remat_lora.h) may be absent from the file
+ * or the index (a base model's weights): those keep their values. */
 REMAT_API remat_status remat_load_safetensors(remat_graph *g, const char *path);
 /* The same as remat_save_safetensors, with every tensor written as BF16
  * (each value rounded to the nearest bf16, ties to even; a frozen

@@ -6,6 +6,7 @@
 #define REMAT_GPT_H
 
 #include "remat.h"
+#include "remat_lora.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,6 +28,10 @@ typedef struct remat_gpt_config {
   int positions; /* rows of wpe (a checkpoint's n_positions); 0 means seq;
                     else at least seq */
   float ln_eps;  /* the layer norms' epsilon; 0 means 1e-5 */
+  /* LoRA adapters (remat_lora.h; all zero: none) on the modules
+   * transformer.h.N.attn.c_attn, .attn.c_proj, .mlp.c_fc, .mlp.c_proj:
+   * Hugging Face GPT-2's names, which the adapter files use. */
+  remat_lora_config lora;
 } remat_gpt_config;
 
 typedef struct remat_gpt {
@@ -51,7 +56,10 @@ typedef struct remat_gpt {
  * hN.ffn.b_out [d]; lnf.gamma, lnf.beta [d]; lm_head [vocab,d] unless
  * tie_head. positions below seq, or a NaN, infinite or negative ln_eps,
  * fail with a message. More than REMAT_GPT_MAX_LAYERS layers:
- * REMAT_ERR_LIMIT. */
+ * REMAT_ERR_LIMIT. With cfg->lora.rank > 0 the targeted linears get
+ * adapters (remat_lora_linear, inside their block's region) and every
+ * other parameter not in lora.trainable is frozen; bad LoRA settings fail
+ * with a message before anything is added to the graph. */
 REMAT_API remat_status remat_gpt_build(remat_graph *g,
                                        const remat_gpt_config *cfg,
                                        remat_gpt *out);

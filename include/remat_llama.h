@@ -28,6 +28,10 @@ typedef struct remat_llama_config {
   int tie_word_embeddings; /* 1: the LM head reads the embedding table */
   int seq, batch;
   remat_attention_kind attention; /* DEFAULT: materialized */
+  /* LoRA adapters (remat_lora.h; all zero: none) on the modules
+   * model.layers.N.self_attn.{q,k,v,o}_proj, model.layers.N.mlp.{gate,up,
+   * down}_proj. */
+  remat_lora_config lora;
 } remat_llama_config;
 
 /* Builds the model on g. Parameters (Hugging Face's names):
@@ -46,7 +50,11 @@ typedef struct remat_llama_config {
  * not divide the width or key/value heads that do not divide the heads,
  * an odd head size, a NaN or infinite eps or theta, or more than
  * REMAT_GPT_MAX_LAYERS layers fail with a message, before anything is
- * added to the graph. */
+ * added to the graph. With cfg->lora.rank > 0 the targeted projections
+ * get adapters (remat_lora_linear, inside their block's region; the
+ * tensor x . A^T is named q_proj_lora, v_proj_lora, ...) and every other
+ * parameter not in lora.trainable is frozen; bad LoRA settings fail with
+ * a message before anything is added to the graph. */
 REMAT_API remat_status remat_llama_build(remat_graph *g,
                                          const remat_llama_config *cfg,
                                          remat_gpt *out);

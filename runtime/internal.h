@@ -165,6 +165,16 @@ typedef struct graph_op {
   int fused_in;
 } graph_op;
 
+/* A LoRA adapter on a linear (lora.c): tensor ids of the base weight w
+ * and of the adapters A [rank,in] and B [out,rank]. */
+typedef struct graph_lora {
+  int32_t w, a, b;
+  int rank;
+  float alpha;
+  bool conv1d; /* Hugging Face stores the module as a Conv1D (GPT-2) */
+  char module[REMAT__NAME_MAX];
+} graph_lora;
+
 struct graph_step;      /* exec/step_state.h */
 struct remat_policy;    /* policy.c */
 
@@ -210,6 +220,8 @@ struct remat_graph {
   _Atomic int cancel;      /* remat_cancel: set until remat_uncancel */
   _Atomic int priority;    /* remat_graph_priority: a remat_priority */
   struct graph_progress *progress; /* remat_set_progress, NULL when none */
+  graph_lora *lora;        /* the LoRA adapters (lora.c), [nlora] */
+  int32_t nlora, cap_lora;
 };
 
 /* graph_check.c: records the first error on the graph (sticky) and in

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generates docs/api.md from the public headers (include/remat.h,
-remat_gpt.h, remat_llama.h, remat_mpi.h), whose comments are the contracts: each header
+remat_gpt.h, remat_llama.h, remat_lora.h, remat_mpi.h), whose comments are the contracts: each header
 in its order, under its own sections ("---- graph building ----"), every
 declaration with the comment above it, every REMAT_API function under a
 heading of its name. Checks (the default) that docs/api.md is what the
@@ -16,6 +16,7 @@ HEADERS = [("remat.h", "the runtime, graphs and ops, policies, compile and "
             "steps, saving and loading"),
            ("remat_gpt.h", "the built-in GPT model"),
            ("remat_llama.h", "the built-in Llama-family model"),
+           ("remat_lora.h", "LoRA adapters and PEFT's adapter files"),
            ("remat_mpi.h", "data parallel over MPI, in libremat_mpi "
             "(`pkg-config --cflags --libs remat_mpi`)")]
 SECTION = re.compile(r"^/\* ---- (.*) ---- \*/$")

@@ -1,5 +1,6 @@
 """Runs bench_train on a tiny model and checks its JSON: every field present
-and sane, with --compare-threads the 1-thread run side by side, with the
+and sane, with --lora-rank the LoRA run beside full fine-tuning (its
+gradient and optimizer bytes, the ratios), with --compare-threads the 1-thread run side by side, with the
 same gradients bitwise and a speedup computed from the two medians, with
 --accum the micro-batches' FLOPs, tokens and activation peak, and with
 --precision both the bf16 run beside the f32 one (its roofline, MFU
@@ -123,6 +124,30 @@ enc = run(["--model", "encoder", "--attention", "fused"])
 check_common(enc)
 assert enc["model"] == "encoder" and enc["attention"] == "fused", enc
 assert enc["grad_checksum"] != plain["grad_checksum"], enc
+
+# --lora-rank: LoRA (rank 4, q_proj and v_proj) beside the same Llama model
+# fully fine-tuned: gradients and AdamW moments of the adapters alone,
+# 2 layers x (q: A [4,64], B [64,4]; v: A [4,64], B [16,4]) = 1664 floats,
+# 4 bytes each for the gradient and for each moment; the ratios are those
+# of the two runs' figures.
+lora = run(["--model", "llama", "--lora-rank", "4"])
+check_common(lora)
+assert lora["lora_rank"] == 4 and lora["lora_targets"] == "q_proj,v_proj", lora
+assert lora["grads_optimizer_peak_bytes"] == 12 * 1664, lora
+assert lora["full_grads_optimizer_peak_bytes"] > 20 * lora["grads_optimizer_peak_bytes"], lora
+R = lora["grads_optimizer_peak_bytes"] / lora["full_grads_optimizer_peak_bytes"]
+assert abs(lora["lora_grads_optimizer_ratio"] - R) <= 1e-5, lora
+R = lora["step_s_median"] / lora["full_step_s_median"]
+assert abs(lora["lora_step_ratio"] - R) <= 1e-3 * R + 1e-4, lora
+assert lora["full_peak_bytes"] > lora["peak_bytes"], lora
+only = run(["--model", "llama", "--lora-rank", "4", "--lora-only"])
+check_common(only)
+assert "full_step_s_median" not in only, only
+assert only["grads_optimizer_peak_bytes"] == 12 * 1664, only
+assert only["loss"] == lora["loss"], (only, lora)
+bad = subprocess.run([exe, "--lora-only"], capture_output=True, text=True)
+assert bad.returncode == 2, bad
+assert "--lora-targets and --lora-only need --lora-rank R" in bad.stderr, bad.stderr
 
 bad = subprocess.run([exe, "--threads", "0"], capture_output=True, text=True)
 assert bad.returncode == 2, bad

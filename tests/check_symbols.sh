@@ -208,7 +208,7 @@ link_and_run "link with $shared_lib" "$(dirname "$shared_lib")" "$shared_lib"
 
 # Each public header compiles on its own, first in a file (remat_gpt.h
 # and remat_llama.h bring remat.h), and remat.h alone has no GPT builder.
-for header in remat.h remat_gpt.h remat_llama.h; do
+for header in remat.h remat_gpt.h remat_llama.h remat_lora.h; do
   printf '#include "%s"\nint remat_check_header(void);\nint remat_check_header(void) { return REMAT_OK; }\n' \
     "$header" >"$work/header.c"
   if ! out=$("${cc[@]}" -std=c11 -Wall -Wextra -Werror -I"$include_dir" \

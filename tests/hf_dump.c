@@ -108,7 +108,7 @@ int main(int argc, char **argv) {
       remat_graph_create(rt, &g) == REMAT_OK &&
       hf_build(g, &hf, T, B,
                fused ? REMAT_ATTENTION_FUSED : REMAT_ATTENTION_MATERIALIZED,
-               &m) == REMAT_OK &&
+               &(remat_lora_config){0}, &m) == REMAT_OK &&
       remat_keep(g, m.logits) == REMAT_OK &&
       remat_compile(g, m.loss, NULL) == REMAT_OK &&
       save(g, prefix, "before.safetensors");

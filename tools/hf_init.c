@@ -296,18 +296,21 @@ int hf_read(const char *dir, hf_model *m, char *err, size_t len) {
 }
 
 remat_status hf_build(remat_graph *g, const hf_model *m, int seq, int batch,
-                      remat_attention_kind attention, remat_gpt *out) {
+                      remat_attention_kind attention,
+                      const remat_lora_config *lora, remat_gpt *out) {
   if (m->gpt2) {
     remat_gpt_config c = m->gpt;
     c.seq = seq;
     c.batch = batch;
     c.attention = attention;
+    c.lora = *lora;
     return remat_gpt_build(g, &c, out);
   }
   remat_llama_config c = m->llama;
   c.seq = seq;
   c.batch = batch;
   c.attention = attention;
+  c.lora = *lora;
   return remat_llama_build(g, &c, out);
 }
 

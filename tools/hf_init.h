@@ -36,9 +36,11 @@ typedef struct hf_model {
  * are not read. */
 int hf_read(const char *dir, hf_model *m, char *err, size_t err_len);
 
-/* Builds the model on g for `seq` and `batch` with the attention form. */
+/* Builds the model on g for `seq` and `batch` with the attention form and
+ * LoRA settings (rank 0: none). */
 remat_status hf_build(remat_graph *g, const hf_model *m, int seq, int batch,
-                      remat_attention_kind attention, remat_gpt *out);
+                      remat_attention_kind attention,
+                      const remat_lora_config *lora, remat_gpt *out);
 
 /* Loads the weights into the compiled graph g that hf_build built: a Llama
  * with remat_load_safetensors (its names are Hugging Face's), a GPT-2 with

@@ -81,7 +81,8 @@ static int open_model(trainer *t) {
       (o->trace_path != NULL &&
        remat_trace_steps(t->g, trace, o->trace_steps) != REMAT_OK))
     return fail("");
-  if (train_load(t->g, o) != REMAT_OK)
+  if (train_load(t->g, o) != REMAT_OK ||
+      lora_load_adapter(t->g, o) != REMAT_OK)
     return fail("");
   if (o->resume_path != NULL &&
       checkpoint_resume(t->g, o, t->data, &t->first_step) != 0)
@@ -213,10 +214,14 @@ static remat_status save_now(trainer *t, int done) {
   if (o->save_path == NULL || dp_tool_rank() != 0)
     return REMAT_OK;
   signals_writing(1);
-  remat_status s = o->init != NULL ? init_save(t->g, o)
-                                    : checkpoint_save(t->rt, t->g, o,
-                                                      o->save_path, done,
-                                                      t->data);
+  /* --init writes the weights alone (LoRA mode: the adapters alone) */
+  remat_status s = o->init == NULL ? checkpoint_save(t->rt, t->g, o,
+                                                     o->save_path, done,
+                                                     t->data)
+                   : o->lora_dir == NULL ? init_save(t->g, o)
+                                         : REMAT_OK;
+  if (s == REMAT_OK)
+    s = lora_save_adapter(t->g, o); /* LoRA mode: PEFT's files too */
   signals_writing(0);
   return s;
 }
@@ -372,7 +377,9 @@ static void close_trainer(trainer *t) {
 static int run(trainer *t) {
   train_options *o = &t->o;
   char err[512];
-  int rc = checkpoint_options(o); /* the model of --load or --resume */
+  int rc = lora_prepare(o); /* LoRA mode: --save's directory */
+  if (rc == 0)
+    rc = checkpoint_options(o); /* the model of --load or --resume */
   if (rc == 0)
     rc = init_read(o); /* the model of --init */
   if (rc != 0)
@@ -407,6 +414,8 @@ static int run(trainer *t) {
   else if (rc == 0 && signals_stop() != 0) /* it came during the save */
     rc = stopped(t, signals_stop(), o->steps, 1);
   signals_catch(0);
+  if (rc == 0 && dp_tool_rank() == 0 && lora_merge(t->g, o) != REMAT_OK)
+    rc = fail("--merge-lora: ");
   if (rc == 0)
     rc = report(t, now() - start);
   return rc;

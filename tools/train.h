@@ -84,6 +84,12 @@ typedef struct train_options {
   hf_model *init;
   int data_u32;         /* --data-format u32: little-endian uint32 ids */
   int save_bf16;        /* --save-dtype bf16 (with --init) */
+  /* the Llama model and LoRA (train_lora.c); cfg.lora holds --lora-rank,
+   * --lora-alpha, --lora-targets and --train */
+  int llama;            /* --model llama */
+  int kv_heads, ffn;    /* --kv-heads, --ffn; 0: the heads, 4 x --d-model */
+  const char *load_adapter, *merge_path; /* --load-adapter, --merge-lora */
+  const char *lora_dir; /* --save's directory in LoRA mode */
 } train_options;
 
 /* The learning rate of step `step` (from 0): linear warm-up, then the
@@ -180,6 +186,33 @@ int dataset_shard(dataset *d, int seq, int rank, int ranks, char *err,
 /* The text of token `tok` for printing ("\\n" for a newline, the id of a
  * token file's token). */
 const char *dataset_token_text(const dataset *d, int32_t tok, char buf[8]);
+
+/* ---- LoRA and the Llama model (train_lora.c) ---- */
+
+/* The option codes of train_lora.c's options. */
+enum { OPT_LORA_RANK = 768, OPT_LORA_ALPHA, OPT_LORA_TARGETS, OPT_TRAIN,
+       OPT_LOAD_ADAPTER, OPT_MERGE_LORA, OPT_MODEL, OPT_KV_HEADS, OPT_FFN };
+/* In LoRA mode, the training state's file in --save's directory. */
+#define LORA_STATE_FILE "training_state.safetensors"
+/* One of those options: 0, EXIT_USAGE after a message, -2 for another. */
+int lora_option(int c, const char *arg, train_options *o);
+/* The options that go together: 0, or EXIT_USAGE after a message. */
+int lora_check(const train_options *o);
+/* Builds the model of the options (GPT or Llama, with LoRA when asked)
+ * with `batch` rows (train_build's, when there is no --init). */
+remat_status lora_model_build(remat_graph *g, const train_options *o,
+                              int batch, remat_gpt *m);
+/* In LoRA mode, before anything is read: --save DIR becomes the adapter
+ * directory (created) and its training state file, a --resume or
+ * --load-adapter directory its file. 0, or an exit status after a
+ * message. */
+int lora_prepare(train_options *o);
+/* Writes PEFT's adapter files into --save's directory (LoRA mode). */
+remat_status lora_save_adapter(remat_graph *g, const train_options *o);
+/* --load-adapter into g's adapters (nothing without it). */
+remat_status lora_load_adapter(remat_graph *g, const train_options *o);
+/* --merge-lora: the base weights with the adapters folded in. */
+remat_status lora_merge(remat_graph *g, const train_options *o);
 
 /* ---- checkpoints (train_ckpt.c) ---- */
 
@@ -296,7 +329,8 @@ remat_status evaluator_load_init(eval_model *e, const hf_model *m);
  * 0, or an exit status after printing why. No --init: 0. */
 int init_read(train_options *o);
 /* Builds the model of the options with `batch` rows: --init's, or the GPT
- * of --layers, --d-model and --heads. */
+ * or Llama of --layers, --d-model and --heads (lora_model_build), with
+ * LoRA when asked. */
 remat_status train_build(remat_graph *g, const train_options *o, int batch,
                          remat_gpt *m);
 /* The weights a run starts from, once g is compiled: --load's file, else

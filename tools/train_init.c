@@ -33,10 +33,9 @@ int init_read(train_options *o) {
 remat_status train_build(remat_graph *g, const train_options *o, int batch,
                          remat_gpt *m) {
   if (o->init != NULL)
-    return hf_build(g, o->init, o->cfg.seq, batch, o->cfg.attention, m);
-  remat_gpt_config c = o->cfg;
-  c.batch = batch;
-  return remat_gpt_build(g, &c, m);
+    return hf_build(g, o->init, o->cfg.seq, batch, o->cfg.attention,
+                    &o->cfg.lora, m);
+  return lora_model_build(g, o, batch, m);
 }
 
 remat_status train_load(remat_graph *g, const train_options *o) {

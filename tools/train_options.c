@@ -126,6 +126,27 @@ static void usage(FILE *f) {
 "  --temperature T  0: the most likely token; else drawn from\n"
 "                   softmax(logits / T) (default 1)\n"
 "  --top-k K        draw among the K most likely tokens (default all)\n"
+"  --model M        gpt (default) or llama: RMSNorm, RoPE, grouped-query\n"
+"                   attention, SwiGLU, tied head, Hugging Face's names\n"
+"  --kv-heads N     llama: key/value heads, dividing --heads (default\n"
+"                   --heads)\n"
+"  --ffn N          llama: the feed-forward's width (default 4 x --d-model)\n"
+"  --lora-rank R    fine-tune with LoRA adapters of rank R: every other\n"
+"                   parameter is frozen; --save DIR then writes PEFT's\n"
+"                   adapter (DIR/adapter_model.safetensors and\n"
+"                   DIR/adapter_config.json) and the training state\n"
+"                   (DIR/training_state.safetensors: adapters and AdamW\n"
+"                   moments, which --resume DIR takes); --load gives the\n"
+"                   base weights, also with --resume\n"
+"  --lora-alpha A   the adapters' scale is A / R (default R)\n"
+"  --lora-targets L comma-separated modules: llama q_proj, k_proj, v_proj,\n"
+"                   o_proj, gate_proj, up_proj, down_proj (default\n"
+"                   q_proj,v_proj); gpt c_attn, attn.c_proj, c_fc,\n"
+"                   mlp.c_proj, c_proj (default c_attn)\n"
+"  --train NAMES    comma-separated parameters that stay trainable\n"
+"  --load-adapter F PEFT adapter file (or its directory) to start from\n"
+"  --merge-lora OUT after training, write the base weights with the\n"
+"                   adapters folded in to OUT (safetensors, F32)\n"
 "  --help           this text\n"
 "  --version        remat-train's version (the library's)\n"
 "\n"
@@ -274,6 +295,11 @@ static const struct option longopts[] = {
     {"strict-resume", 0, 0, OPT_STRICT_RESUME},
     {"init", 1, 0, OPT_INIT},
     {"save-dtype", 1, 0, OPT_SAVE_DTYPE},
+    {"lora-rank", 1, 0, OPT_LORA_RANK}, {"lora-alpha", 1, 0, OPT_LORA_ALPHA},
+    {"lora-targets", 1, 0, OPT_LORA_TARGETS}, {"train", 1, 0, OPT_TRAIN},
+    {"load-adapter", 1, 0, OPT_LOAD_ADAPTER},
+    {"merge-lora", 1, 0, OPT_MERGE_LORA}, {"model", 1, 0, OPT_MODEL},
+    {"kv-heads", 1, 0, OPT_KV_HEADS}, {"ffn", 1, 0, OPT_FFN},
     {0, 0, 0, 0}};
 
 /* train_options.given has a bit for each */
@@ -423,14 +449,17 @@ static int apply_training(int c, const char *arg, const char *raw,
     o->precision_set = 1;
     return r;
   case ':': return bad("%s needs a value%s", raw, "");
-  default: return bad("unknown option '%s' (see --help)%s", raw, "");
+  default:
+    r = lora_option(c, arg, o);
+    return r != -2 ? r : bad("unknown option '%s' (see --help)%s", raw, "");
   }
 }
 
 /* Options that only make sense together. */
 static int check_training(const train_options *o) {
   const char *why = NULL;
-  if (o->load_path != NULL && o->resume_path != NULL)
+  if (o->load_path != NULL && o->resume_path != NULL &&
+      o->cfg.lora.rank == 0)
     why = "--load and --resume exclude each other: --resume restores the "
           "weights too";
   else if (o->save_every > 0 && o->save_path == NULL)
@@ -527,7 +556,7 @@ int options_parse(int argc, char **argv, train_options *o) {
     return EXIT_USAGE;
   }
   if (check_training(o) != 0 || check_run(o, trains) != 0 ||
-      check_init(o) != 0)
+      check_init(o) != 0 || lora_check(o) != 0)
     return EXIT_USAGE;
   if (o->data_path == NULL && o->init_dir == NULL && o->cfg.seq < ADD_LEN) {
     fprintf(stderr, "remat-train: --seq %d is shorter than an addition "

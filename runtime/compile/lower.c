@@ -401,6 +401,27 @@ static bool kernel_needed(const op_kernel *k, const int32_t *din_buf) {
   return false;
 }
 
+/* The backward kernels of op `o` that are lowered: those kernel_needed
+ * keeps, and a kernel that writes only workspace (partial sums, such as a
+ * chunked linear's partial weight gradients) when a later kernel that is
+ * lowered reads that workspace, so that a frozen weight's partials are not
+ * computed for a sum that never runs. */
+static void backward_needed(const graph_op *op, const int32_t *din_buf,
+                            bool *need) {
+  uint32_t ws_all = 0, ws_read = 0;
+  for (int w = 0; w < OP_MAX_WS; w++)
+    ws_all |= OP_SLOT_WS(w);
+  for (int k = op->inst.nbwd - 1; k >= 0; k--) {
+    const op_kernel *kern = &op->inst.bwd[k];
+    bool partials = (kern->writes & ws_all) != 0 &&
+                    (kern->writes & ~ws_all) == 0;
+    need[k] = partials ? (kern->writes & ws_read) != 0
+                       : kernel_needed(kern, din_buf);
+    if (need[k])
+      ws_read |= kern->reads & ws_all;
+  }
+}
+
 static remat_status emit_backward_op(lower_ctx *p, op_buffers *ob,
                                      int32_t o) {
   const remat_graph *g = p->g;
@@ -421,9 +442,11 @@ static remat_status emit_backward_op(lower_ctx *p, op_buffers *ob,
       return REMAT_ERR_OUT_OF_MEMORY;
   }
   bool out_recomputed = is_recomputed(p, op->out);
+  bool need[OP_MAX_KERNELS];
+  backward_needed(op, din_buf, need);
   for (int k = 0; k < op->inst.nbwd; k++) {
     const op_kernel *kern = &op->inst.bwd[k];
-    if (!kernel_needed(kern, din_buf))
+    if (!need[k])
       continue;
     plan_knode *kn = add_knode(p, KNODE_BACKWARD, o, kern);
     if (kn == NULL)

@@ -10,8 +10,21 @@
 #include "runtime/graph/model_parts.h"
 #include "runtime/internal.h"
 
+enum { C_ATTN = 1, ATTN_C_PROJ = 2, C_FC = 4, MLP_C_PROJ = 8 };
+
+/* The adapted linear `mod` (attn.c_attn, ...) of block l, under Hugging
+ * Face GPT-2's module name. */
+static remat_tensor *proj(remat_graph *g, const remat_gpt_config *c,
+                          unsigned mask, unsigned bit, int l, const char *mod,
+                          const remat_tensor *x, remat_tensor *w,
+                          remat_tensor *b) {
+  char module[REMAT__NAME_MAX];
+  snprintf(module, sizeof module, "transformer.h.%d.%s", l, mod);
+  return model_linear(g, &c->lora, mask, bit, module, x, w, b, true);
+}
+
 static remat_tensor *block(remat_graph *g, const remat_gpt_config *c, int l,
-                           remat_tensor *x) {
+                           unsigned mask, remat_tensor *x) {
   char b[24];
   snprintf(b, sizeof b, "h%d.", l);
   int64_t d = c->d_model;
@@ -48,19 +61,25 @@ static remat_tensor *block(remat_graph *g, const remat_gpt_config *c, int l,
   remat_region_name(g, region);
   remat_tensor *h =
       model_named(g, remat_layernorm(g, x, ln1_g, ln1_b, eps), "ln1_out");
-  remat_tensor *qkv = model_named(g, remat_linear(g, h, w_qkv, b_qkv), "qkv");
+  remat_tensor *qkv = model_named(
+      g, proj(g, c, mask, C_ATTN, l, "attn.c_attn", h, w_qkv, b_qkv), "qkv");
   remat_tensor *att = c->attention == REMAT_ATTENTION_FUSED
                           ? remat_fused_attention(g, qkv, c->heads)
                           : remat_causal_self_attention(g, qkv, c->heads);
   att = model_named(g, att, "attn_values");
-  remat_tensor *o = model_named(g, remat_linear(g, att, w_o, b_o), "attn_out");
+  remat_tensor *o = model_named(
+      g, proj(g, c, mask, ATTN_C_PROJ, l, "attn.c_proj", att, w_o, b_o),
+      "attn_out");
   remat_tensor *x1 = model_named(g, remat_add(g, x, o), "resid_mid");
   h = model_named(g, remat_layernorm(g, x1, ln2_g, ln2_b, eps), "ln2_out");
-  remat_tensor *f = model_named(g, remat_linear(g, h, w_fc, b_fc), "ffn_in");
+  remat_tensor *f = model_named(
+      g, proj(g, c, mask, C_FC, l, "mlp.c_fc", h, w_fc, b_fc), "ffn_in");
   f = model_named(
       g, remat_gelu(g, f, c->gelu_erf ? REMAT_GELU_ERF : REMAT_GELU_TANH),
       "ffn_act");
-  f = model_named(g, remat_linear(g, f, w_pr, b_pr), "ffn_out");
+  f = model_named(g,
+                  proj(g, c, mask, MLP_C_PROJ, l, "mlp.c_proj", f, w_pr, b_pr),
+                  "ffn_out");
   remat_tensor *out = remat_add(g, x1, f);
   remat_region_end(g);
   return out;
@@ -97,6 +116,20 @@ static remat_status check_config(remat_graph *g, const remat_gpt_config *c) {
   return REMAT_OK;
 }
 
+/* The LoRA targets (bits of the linears) of c. */
+static remat_status lora_mask(remat_graph *g, const remat_gpt_config *c,
+                              unsigned *mask) {
+  int64_t d = c->d_model;
+  model_lora_module mods[] = {{"c_attn", C_ATTN, d},
+                              {"attn.c_proj", ATTN_C_PROJ, d},
+                              {"c_fc", C_FC, d},
+                              {"mlp.c_proj", MLP_C_PROJ, d},
+                              {"c_proj", ATTN_C_PROJ | MLP_C_PROJ, d}};
+  return model_lora_targets(g, "remat_gpt_build", &c->lora, mods,
+                            (int)(sizeof mods / sizeof mods[0]), "c_attn",
+                            mask);
+}
+
 remat_status remat_gpt_build(remat_graph *g, const remat_gpt_config *c,
                              remat_gpt *out) {
   if (g == NULL || c == NULL || out == NULL)
@@ -106,9 +139,13 @@ remat_status remat_gpt_build(remat_graph *g, const remat_gpt_config *c,
     return graph_fail(g, REMAT_ERR_STATE,
                       "remat_gpt_build: the graph is "
                       "already compiled: build the model before remat_compile");
+  unsigned mask = 0;
   remat_status s = check_config(g, c);
+  if (s == REMAT_OK)
+    s = lora_mask(g, c, &mask);
   if (s != REMAT_OK)
     return s;
+  int first = remat_num_params(g);
   int64_t bt[2] = {c->batch, c->seq};
   int64_t d = c->d_model;
   out->tokens = remat_input(g, "tokens", REMAT_I32, 2, bt);
@@ -120,7 +157,7 @@ remat_status remat_gpt_build(remat_graph *g, const remat_gpt_config *c,
                   REMAT_INIT_NORMAL, 0.01f);
   remat_tensor *x = remat_embed(g, out->tokens, wte, wpe);
   for (int l = 0; l < c->layers; l++)
-    x = block(g, c, l, x);
+    x = block(g, c, l, mask, x);
   remat_tensor *lnf_g =
       model_param(g, "", "lnf.gamma", 1, d, 0, REMAT_INIT_ONES, 0);
   remat_tensor *lnf_b =
@@ -132,7 +169,7 @@ remat_status remat_gpt_build(remat_graph *g, const remat_gpt_config *c,
   x = remat_layernorm(g, x, lnf_g, lnf_b, c->ln_eps > 0 ? c->ln_eps : 1e-5f);
   out->logits = remat_linear(g, x, w_head, NULL);
   out->loss = remat_cross_entropy(g, out->logits, out->targets);
-  return remat_graph_status(g);
+  return model_lora_freeze(g, "remat_gpt_build", &c->lora, first);
 }
 
 double remat_gpt_flops(const remat_gpt_config *c) {

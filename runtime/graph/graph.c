@@ -44,6 +44,7 @@ void remat_graph_destroy(remat_graph *g) {
     free(g->tensors[i]);
   free(g->tensors);
   free(g->params);
+  free(g->lora);
   name_index_free(&g->param_names);
   free(g->ops);
   policy_free_all(g);

@@ -15,8 +15,20 @@ static int kv_heads_of(const remat_llama_config *c) {
                                     : c->num_attention_heads;
 }
 
+enum { Q = 1, K = 2, V = 4, O = 8, GATE = 16, UP = 32, DOWN = 64 };
+
+/* The adapted linear `mod` (self_attn.q_proj, ...) of block prefix b. */
+static remat_tensor *proj(remat_graph *g, const remat_llama_config *c,
+                          unsigned mask, unsigned bit, const char *b,
+                          const char *mod, const remat_tensor *x,
+                          remat_tensor *w) {
+  char module[REMAT__NAME_MAX];
+  snprintf(module, sizeof module, "%s%s", b, mod);
+  return model_linear(g, &c->lora, mask, bit, module, x, w, NULL, false);
+}
+
 static remat_tensor *block(remat_graph *g, const remat_llama_config *c, int l,
-                           remat_tensor *x) {
+                           unsigned mask, remat_tensor *x) {
   int64_t d = c->hidden_size, ffn = c->intermediate_size;
   int heads = c->num_attention_heads, kvh = kv_heads_of(c);
   int64_t kvd = d / heads * kvh;
@@ -49,9 +61,12 @@ static remat_tensor *block(remat_graph *g, const remat_llama_config *c, int l,
   snprintf(region, sizeof region, "layers.%d", l);
   remat_region_name(g, region);
   remat_tensor *h = remat_rmsnorm(g, x, n1, eps);
-  remat_tensor *q = model_named(g, remat_linear(g, h, wq, NULL), "q");
-  remat_tensor *k = model_named(g, remat_linear(g, h, wk, NULL), "k");
-  remat_tensor *v = model_named(g, remat_linear(g, h, wv, NULL), "v");
+  remat_tensor *q =
+      model_named(g, proj(g, c, mask, Q, b, "self_attn.q_proj", h, wq), "q");
+  remat_tensor *k =
+      model_named(g, proj(g, c, mask, K, b, "self_attn.k_proj", h, wk), "k");
+  remat_tensor *v =
+      model_named(g, proj(g, c, mask, V, b, "self_attn.v_proj", h, wv), "v");
   q = remat_rope(g, q, heads, theta);
   k = remat_rope(g, k, kvh, theta);
   remat_attention_config ac = {.heads = heads,
@@ -60,14 +75,18 @@ static remat_tensor *block(remat_graph *g, const remat_llama_config *c, int l,
                                .fused = c->attention == REMAT_ATTENTION_FUSED};
   remat_tensor *a =
       model_named(g, remat_attention(g, q, k, v, &ac), "attn_values");
-  remat_tensor *o = model_named(g, remat_linear(g, a, wo, NULL), "attn_out");
+  remat_tensor *o = model_named(
+      g, proj(g, c, mask, O, b, "self_attn.o_proj", a, wo), "attn_out");
   remat_tensor *x1 = model_named(g, remat_add(g, x, o), "resid_mid");
   h = model_named(g, remat_rmsnorm(g, x1, n2, eps), "ln2_out");
-  remat_tensor *gate = model_named(g, remat_linear(g, h, wg, NULL), "gate");
-  remat_tensor *up = model_named(g, remat_linear(g, h, wu, NULL), "up");
+  remat_tensor *gate =
+      model_named(g, proj(g, c, mask, GATE, b, "mlp.gate_proj", h, wg), "gate");
+  remat_tensor *up =
+      model_named(g, proj(g, c, mask, UP, b, "mlp.up_proj", h, wu), "up");
   remat_tensor *f =
       model_named(g, remat_mul(g, remat_silu(g, gate), up), "ffn_act");
-  f = model_named(g, remat_linear(g, f, wd, NULL), "ffn_out");
+  f = model_named(g, proj(g, c, mask, DOWN, b, "mlp.down_proj", f, wd),
+                  "ffn_out");
   remat_tensor *out = remat_add(g, x1, f);
   remat_region_end(g);
   return out;
@@ -110,6 +129,21 @@ static remat_status check_config(remat_graph *g, const remat_llama_config *c) {
   return REMAT_OK;
 }
 
+/* The LoRA targets (bits of the projections) of c. */
+static remat_status lora_mask(remat_graph *g, const remat_llama_config *c,
+                              unsigned *mask) {
+  int64_t d = c->hidden_size, ffn = c->intermediate_size;
+  int64_t kvd = d / c->num_attention_heads * kv_heads_of(c);
+  int64_t dffn = d < ffn ? d : ffn;
+  model_lora_module mods[] = {{"q_proj", Q, d},          {"k_proj", K, kvd},
+                              {"v_proj", V, kvd},        {"o_proj", O, d},
+                              {"gate_proj", GATE, dffn}, {"up_proj", UP, dffn},
+                              {"down_proj", DOWN, dffn}};
+  return model_lora_targets(g, "remat_llama_build", &c->lora, mods,
+                            (int)(sizeof mods / sizeof mods[0]),
+                            "q_proj,v_proj", mask);
+}
+
 remat_status remat_llama_build(remat_graph *g, const remat_llama_config *c,
                                remat_gpt *out) {
   if (g == NULL || c == NULL || out == NULL)
@@ -119,9 +153,13 @@ remat_status remat_llama_build(remat_graph *g, const remat_llama_config *c,
     return graph_fail(g, REMAT_ERR_STATE,
                       "remat_llama_build: the graph is already compiled: "
                       "build the model before remat_compile");
+  unsigned mask = 0;
   remat_status s = check_config(g, c);
+  if (s == REMAT_OK)
+    s = lora_mask(g, c, &mask);
   if (s != REMAT_OK)
     return s;
+  int first = remat_num_params(g);
   int64_t bt[2] = {c->batch, c->seq};
   int64_t d = c->hidden_size;
   out->tokens = remat_input(g, "tokens", REMAT_I32, 2, bt);
@@ -130,7 +168,7 @@ remat_status remat_llama_build(remat_graph *g, const remat_llama_config *c,
                                   c->vocab_size, d, REMAT_INIT_NORMAL, 0.02f);
   remat_tensor *x = remat_embed(g, out->tokens, wte, NULL);
   for (int l = 0; l < c->num_hidden_layers; l++)
-    x = block(g, c, l, x);
+    x = block(g, c, l, mask, x);
   remat_tensor *nf =
       model_param(g, "", "model.norm.weight", 1, d, 0, REMAT_INIT_ONES, 0);
   x = remat_rmsnorm(g, x, nf, c->rms_norm_eps > 0 ? c->rms_norm_eps : 1e-6f);
@@ -141,7 +179,7 @@ remat_status remat_llama_build(remat_graph *g, const remat_llama_config *c,
                         REMAT_INIT_NORMAL, 0.02f);
   out->logits = remat_linear(g, x, head, NULL);
   out->loss = remat_cross_entropy(g, out->logits, out->targets);
-  return remat_graph_status(g);
+  return model_lora_freeze(g, "remat_llama_build", &c->lora, first);
 }
 
 double remat_llama_flops(const remat_llama_config *c) {

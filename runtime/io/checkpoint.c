@@ -73,13 +73,20 @@ static int32_t moment_buf(const compiled_step *c, int32_t tensor,
   return -1;
 }
 
-/* The parameters, then the first moments, then the second moments. */
+/* The parameters (of a graph with LoRA adapters, the trainable ones: its
+ * frozen base weights never change), then the first moments, then the
+ * second moments. */
 static remat_status checkpoint_items(remat_graph *g, safet_item **items,
                                      int *n, const char *what) {
   int nparams = 0;
   remat_status s = safet_params(g, false, 2 * remat_num_params(g), items,
                                 &nparams, what);
   const compiled_step *c = &g->step->compiled;
+  if (g->nlora > 0) /* LoRA: the frozen base weights stay out */
+    for (int i = nparams - 1; s == REMAT_OK && i >= 0; i--)
+      if ((*items)[i].param->frozen)
+        memmove(&(*items)[i], &(*items)[i + 1],
+                (size_t)(--nparams - i) * sizeof **items);
   *n = nparams;
   for (int pass = 0; pass < 2 && s == REMAT_OK; pass++)
     for (int i = 0; i < nparams; i++) {

@@ -752,7 +752,7 @@ static remat_status check_cover(const safet_load_req *req, const char *path,
   const char *what = req->what;
   int n = req->nitems;
   for (int i = 0; i < n; i++)
-    if (!seen[i])
+    if (!seen[i] && !req->items[i].optional)
       return remat__fail(REMAT_ERR_SHAPE, "%s: '%s': the model's tensor '%s' "
                          "is missing from the %s", what, path,
                          req->items[i].name, from);
@@ -929,20 +929,24 @@ static remat_status read_items(const safet_load_req *req,
                        req->what);
   remat_status s = REMAT_OK;
   size_t at = 0;
+  /* an optional item that the files lack has no entry (item NULL) */
   for (int i = 0; i < n && s == REMAT_OK; i++) {
     const entry *e = &entries[i];
     size_t bytes = (size_t)(e->end - e->begin);
-    s = read_at(e->src, buf + at, bytes, e->src->data_start + e->begin);
+    if (e->item != NULL)
+      s = read_at(e->src, buf + at, bytes, e->src->data_start + e->begin);
     at += bytes;
   }
   at = 0;
   for (int i = 0; i < n && s == REMAT_OK; i++) {
-    s = check_values(&entries[i], buf + at);
+    if (entries[i].item != NULL)
+      s = check_values(&entries[i], buf + at);
     at += (size_t)(entries[i].end - entries[i].begin);
   }
   at = 0;
   for (int i = 0; i < n && s == REMAT_OK; i++) {
-    store_values(&entries[i], buf + at);
+    if (entries[i].item != NULL)
+      store_values(&entries[i], buf + at);
     at += (size_t)(entries[i].end - entries[i].begin);
   }
   free(buf);
@@ -1220,6 +1224,11 @@ remat_status safet_load_weights(remat_graph *g, const char *path,
   s = safet_params(g, false, 0, &req.items, &req.nitems, what);
   if (s == REMAT_OK && rename != NULL)
     s = rename(req.items, req.nitems, what);
+  for (int i = 0; s == REMAT_OK && i < req.nitems; i++)
+    for (int32_t k = 0; k < g->nlora; k++) /* a base model's file */
+      if (req.items[i].param->id == g->lora[k].a ||
+          req.items[i].param->id == g->lora[k].b)
+        req.items[i].optional = true;
   if (s == REMAT_OK)
     s = is_index(path) ? index_open(path, &req, &ld)
                        : safet_load_open(path, &req, &ld, &meta);

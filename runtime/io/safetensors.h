@@ -28,6 +28,8 @@ typedef struct safet_item {
   bool transpose; /* a load: the file holds the 2-D parameter transposed
                      ([in,out], as GPT-2's Conv1D stores it) */
   bool save_bf16; /* a save: written as BF16 (rounded to nearest even) */
+  bool optional; /* a load may find it absent (a LoRA adapter in a base
+                    model's file): it keeps its values */
 } safet_item;
 
 /* One __metadata__ entry (safetensors metadata values are strings). */
