@@ -84,7 +84,7 @@ assert fz16["grad_checksum"] == alone["grad_checksum"], (fz16, alone)
 bad = subprocess.run([exe, "--compare-fusion", "--compare-threads"],
                      capture_output=True, text=True)
 assert bad.returncode == 2, bad
-assert "--compare-fusion, --compare-update and --compare-dw exclude each other" in bad.stderr, bad.stderr
+assert "--compare-update, --compare-dw and --lora-rank exclude each other" in bad.stderr, bad.stderr
 
 both = run(["--compare-threads"])
 check_common(both)
@@ -175,7 +175,7 @@ assert 0 < dw["strided_dw_mfu"] < 2, dw
 bad = subprocess.run([exe, "--compare-dw", "--compare-update"],
                      capture_output=True, text=True)
 assert bad.returncode == 2, bad
-assert "--compare-update and --compare-dw exclude each other" in bad.stderr, bad.stderr
+assert "--compare-update, --compare-dw and --lora-rank exclude each other" in bad.stderr, bad.stderr
 
 # bench_dw, one round: every shape in both dtypes, the three forms' times
 # and their gradients within 1e-5 of each other
