@@ -55,10 +55,12 @@ static cJSON *parse_object(const char *body, size_t len, const char *endpoint,
            list);
     return NULL;
   }
-  if (end != NULL && (size_t)(end - body) < len &&
-      strspn(end, " \t\r\n") < len - (size_t)(end - body)) {
+  size_t at = end != NULL ? (size_t)(end - body) : len;
+  while (at < len && strchr(" \t\r\n", body[at]) != NULL && body[at])
+    at++;
+  if (at < len) {
     refuse(err, err_len, "the body has more after its JSON value (at byte "
-           "%zu): %s takes one JSON object", (size_t)(end - body), endpoint);
+           "%zu): %s takes one JSON object", at, endpoint);
     cJSON_Delete(root);
     return NULL;
   }
