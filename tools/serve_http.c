@@ -83,9 +83,40 @@ static enum MHD_Result ok_json(struct MHD_Connection *c, request *r,
   return answer(c, r, ep, 200, json, "application/json", NULL, 0);
 }
 
+/* The length of the well-formed UTF-8 sequence at t[0..n) (RFC 3629: no
+ * overlong forms, surrogates or code points above U+10FFFF; no NUL), 0
+ * if there is none. */
+static int utf8_length(const int32_t *t, int n) {
+  int b = t[0], more, lo = 0x80, hi = 0xbf;
+  if (b > 0 && b < 0x80)
+    return 1;
+  if (b >= 0xc2 && b <= 0xdf)
+    more = 1;
+  else if (b >= 0xe0 && b <= 0xef)
+    more = 2;
+  else if (b >= 0xf0 && b <= 0xf4)
+    more = 3;
+  else
+    return 0;
+  if (b == 0xe0)
+    lo = 0xa0;
+  else if (b == 0xed)
+    hi = 0x9f;
+  else if (b == 0xf0)
+    lo = 0x90;
+  else if (b == 0xf4)
+    hi = 0x8f;
+  if (more >= n || t[1] < lo || t[1] > hi)
+    return 0;
+  for (int m = 2; m <= more; m++)
+    if (t[m] < 0x80 || t[m] > 0xbf)
+      return 0;
+  return more + 1;
+}
+
 /* The generated tokens' text: the addition task's characters, or the
- * bytes when they are valid UTF-8 (else U+FFFD for each byte of an invalid
- * sequence); NULL for u16 ids. */
+ * bytes where they are well-formed UTF-8 with U+FFFD for each other byte;
+ * NULL for u16 ids. */
 static char *tokens_text(const int32_t *t, int n) {
   serve_format f = srv->limits.format;
   if (f == FORMAT_U16)
@@ -99,21 +130,14 @@ static char *tokens_text(const int32_t *t, int n) {
       out[k++] = "0123456789+=\n_"[t[i++]];
       continue;
     }
-    unsigned char b = (unsigned char)t[i];
-    int more = b < 0x80 ? 0 : (b & 0xe0) == 0xc0 ? 1 : (b & 0xf0) == 0xe0 ? 2
-               : (b & 0xf8) == 0xf0 ? 3 : -1;
-    int good = more >= 0 && i + more < n && b != 0;
-    for (int m = 1; good && m <= more; m++)
-      good = (t[i + m] & 0xc0) == 0x80;
-    if (good) {
-      for (int m = 0; m <= more; m++)
-        out[k++] = (char)t[i + m];
-      i += more + 1;
-    } else {
+    int len = utf8_length(t + i, n - i);
+    for (int m = 0; m < len; m++)
+      out[k++] = (char)t[i + m];
+    if (len == 0) {
       memcpy(out + k, "\xef\xbf\xbd", 3);
       k += 3;
-      i++;
     }
+    i += len > 0 ? len : 1;
   }
   out[k] = '\0';
   return out;
