@@ -126,7 +126,7 @@ class Server:
 def refused(srv, method, path, body, status, message, raw=None):
     got, doc, headers = srv.request(method, path, body, raw=raw)
     expect((got, doc), (status, {"error": message}),
-           "%s %s %s" % (method, path, raw if raw is not None else body))
+           "%s %s %.200s" % (method, path, raw if raw is not None else body))
     return headers
 
 
@@ -352,12 +352,15 @@ def test_api(tmp):
     refused(srv, "DELETE", "/v1/jobs/job-1", None, 409, "job 'job-1' is "
             "done: only a queued or running job can be cancelled")
     # a cancel: stops at a step boundary with a checkpoint of that step
-    st, doc, _ = srv.request("POST", J, {"data": data, "steps": 100000})
+    st, doc, _ = srv.request("POST", J, {"data": data, "steps": 100000,
+                                         "save_every": 0})
     expect((st, doc), (200, {"id": "job-2"}), "a long job")
     wait_job(srv, "job-2", ("running",))
     time.sleep(0.3)
     st, doc, _ = srv.request("DELETE", "/v1/jobs/job-2")
     expect((st, doc["state"]), (200, "cancelled"), "DELETE a running job")
+    print("cancelled at step %d, checkpoint of step %d" %
+          (doc["step"], doc["checkpoint_step"]))
     check(0 < doc["step"] < 100000 and doc["checkpoint_step"] == doc["step"],
           "cancelled at a step with its checkpoint: %r" %
           {k: doc[k] for k in ("step", "checkpoint_step")})
