@@ -168,6 +168,9 @@ static int text_prompt(const char *text, const serve_limits *lim,
     out->prompt[i] = lim->format == FORMAT_ADDITION
                          ? (int32_t)(at - "0123456789+=")
                          : (int32_t)ch;
+    if (out->prompt[i] >= lim->vocab)
+      return refuse(err, len, "'prompt' has byte %d at %zu: the model's "
+                    "vocabulary is 0 to %d", (int)ch, i, lim->vocab - 1);
   }
   out->n = (int)n;
   return 0;
