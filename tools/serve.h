@@ -30,7 +30,7 @@ typedef struct serve_limits {
 typedef struct gen_params {
   int32_t *prompt; /* malloc'd */
   int n;
-  int max_tokens;  /* default 16 */
+  int max_tokens;  /* default 16, or --max-tokens when lower */
   float temperature; /* default 0: greedy */
   int top_k;       /* 0: every token */
   uint64_t seed;   /* default 1 */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "tools/serve.h"
 
 /* The most steps and checkpoint interval of a job. */
@@ -76,14 +77,14 @@ static cJSON *parse_object(const char *body, size_t len, const char *endpoint,
       known |= strcmp(f->string, accepted[i]) == 0;
     for (cJSON *g = root->child; g != f; g = g->next)
       if (strcmp(g->string, f->string) == 0) {
-        refuse(err, err_len, "field '%.64s' is given twice: give each field "
-               "once", f->string);
+        refuse(err, err_len, "field '%s' is given twice: give each field "
+               "once", remat__quote(&(remat__quoted){0}, f->string));
         cJSON_Delete(root);
         return NULL;
       }
     if (!known) {
-      refuse(err, err_len, "unknown field '%.64s': %s accepts %s", f->string,
-             endpoint, list);
+      refuse(err, err_len, "unknown field '%s': %s accepts %s",
+             remat__quote(&(remat__quoted){0}, f->string), endpoint, list);
       cJSON_Delete(root);
       return NULL;
     }
@@ -208,7 +209,6 @@ static const char *const gen_fields[] = {"prompt", "max_tokens",
 int parse_generate(const char *body, size_t len, const serve_limits *lim,
                    gen_params *out, char *err, size_t err_len) {
   memset(out, 0, sizeof *out);
-  out->max_tokens = 16;
   out->seed = 1;
   cJSON *root = parse_object(body, len, "POST /v1/generate", gen_fields,
                              "prompt, max_tokens, temperature, top_k, seed",
@@ -217,7 +217,9 @@ int parse_generate(const char *body, size_t len, const serve_limits *lim,
     return -1;
   int rc = 0;
   const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-  int64_t max_tokens = out->max_tokens, top_k = 0, seed = 1;
+  /* the default, 16, within --max-tokens */
+  int64_t max_tokens = lim->max_tokens < 16 ? lim->max_tokens : 16;
+  int64_t top_k = 0, seed = 1;
   double temperature = 0.0;
   if (pr == NULL)
     rc = refuse(err, err_len, "'prompt' is missing: give an array of token "
@@ -299,9 +301,9 @@ int parse_job(const char *body, size_t len, job_params *out, char *err,
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "budget");
     if (b != NULL && cJSON_IsString(b)) {
       if (remat_parse_bytes(b->valuestring, &budget) != REMAT_OK)
-        rc = refuse(err, err_len, "'budget' is '%.64s': expected bytes as "
+        rc = refuse(err, err_len, "'budget' is '%s': expected bytes as "
                     "an integer or a string such as \"800MB\" or \"1.5GiB\"",
-                    b->valuestring);
+                    remat__quote(&(remat__quoted){0}, b->valuestring));
     } else {
       rc = get_int(root, "budget", 0, 9007199254740992.0, &budget, err,
                    err_len);
