@@ -498,7 +498,7 @@ def test_load(tmp):
 def test_faults(tmp):
     data, model = make_model(tmp)
     alone = job_alone(tmp, model, data)
-    srv = Server(tmp, model, "--timeout", "1")
+    srv = Server(tmp, model, "--timeout", "1", "--max-tokens", "100000")
     # a client that goes away mid-body, and one that goes away before its
     # answer
     s = socket.create_connection(("127.0.0.1", srv.port))
@@ -533,12 +533,22 @@ def test_faults(tmp):
     st, doc, _ = srv.request("POST", "/v1/jobs", dict(JOB, data=data))
     jid = doc["id"]
     wait_job(srv, jid, ("running",))
-    res = []
+    res, long_one = [], {}
     ts = clients(srv, 8, 30, res)
+    # a request that would run for minutes: stopped 5 s after SIGTERM
+    ts.append(threading.Thread(target=lambda: long_one.update(r=srv.request(
+        "POST", "/v1/generate", {"prompt": "the", "max_tokens": 100000}))))
+    ts[-1].start()
     time.sleep(1.0)
     rc, secs = srv.stop()
     for t in ts:
         t.join()
+    st, doc, _ = long_one["r"]
+    expect(st, 503, "a long request's status after SIGTERM")
+    check(doc["error"].startswith("the server is shutting down: the request "
+                                  "was stopped after ") and
+          doc["error"].endswith(" of its 100000 tokens"),
+          "a long request's message after SIGTERM: %r" % doc)
     expect(rc, 0, "exit status after SIGTERM under load (%s)" %
            srv.log()[-300:])
     check(secs < 10, "stopped in %.1f s" % secs)

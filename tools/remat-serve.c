@@ -200,7 +200,8 @@ int main(int argc, char **argv) {
   http_quiesce();  /* no new connections */
   gen_stop(&s, 1); /* queued requests get 503, running ones finish */
   jobs_stop(&s, 1); /* each job checkpoints after its step */
-  http_stop();      /* every connection answered */
+  http_drain(8.0);  /* every request answered (running ones end in 5 s) */
+  http_stop();
   jobs_stop(&s, 2);
   gen_stop(&s, 2);
   remat_runtime_destroy(s.rt);

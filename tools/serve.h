@@ -112,8 +112,8 @@ int gen_load(server *s, const char *path, char *err, size_t err_len);
 /* Requests waiting or running. */
 int gen_depth(server *s);
 int64_t gen_peak(server *s);
-/* Answers the queued requests with 503, finishes those running (stop 1),
- * or joins the thread and frees it (stop 2). */
+/* Answers the queued requests with 503 and lets those running finish for
+ * at most 5 s more (stop 1), or joins the thread and frees it (stop 2). */
 void gen_stop(server *s, int stage);
 
 /* ---- jobs (serve_jobs.c) ---- */
@@ -147,7 +147,9 @@ int jobs_metrics(server *s, char **buf, size_t *len);
 int http_start(server *s, char *err, size_t err_len);
 /* Stops accepting connections (the listening socket is closed). */
 void http_quiesce(void);
-/* Waits for the connections' threads and stops the daemon. */
+/* Waits until every request begun is answered, for at most `seconds`. */
+void http_drain(double seconds);
+/* Closes the connections, waits for their threads, stops the daemon. */
 void http_stop(void);
 
 #endif

@@ -12,6 +12,10 @@
 
 #include "tools/serve.h"
 
+/* After SIGTERM, the seconds that running requests have to finish (the
+ * server exits within 10 s); then they are answered 503. */
+#define GEN_STOP_S 5.0
+
 typedef struct gen_req {
   const gen_params *p;
   int32_t *ctx;   /* prompt, then the tokens drawn */
@@ -31,6 +35,7 @@ struct gen_queue {
   int queued, nactive;
   gen_req **active;     /* [rows] */
   int stop;             /* 1: no new requests; 2: the thread ends */
+  double deadline;      /* after stop 1: running requests end by then */
   pthread_t thread;
   int started;
   pthread_mutex_t model; /* held around a forward pass and a load */
@@ -93,6 +98,17 @@ static void *gen_thread(void *arg) {
     pthread_mutex_unlock(&q->lock);
     gen_tokens(q);
     pthread_mutex_lock(&q->lock);
+    if (q->stop > 0 && now() > q->deadline)
+      for (int r = 0; r < q->nactive; r++) {
+        gen_req *g = q->active[r];
+        if (g->done)
+          continue;
+        g->status = 503;
+        snprintf(g->err, sizeof g->err, "the server is shutting down: the "
+                 "request was stopped after %d of its %d tokens",
+                 g->n - g->p->n, g->p->max_tokens);
+        g->done = 1;
+      }
     int kept = 0;
     for (int r = 0; r < q->nactive; r++)
       if (!q->active[r]->done)
@@ -221,6 +237,7 @@ void gen_stop(server *s, int stage) {
     return;
   pthread_mutex_lock(&q->lock);
   q->stop = stage;
+  q->deadline = now() + GEN_STOP_S;
   if (stage == 1)
     for (gen_req *g = q->head; g != NULL; g = g->next) {
       g->status = 503;

@@ -25,6 +25,8 @@ typedef struct request {
 
 static struct MHD_Daemon *daemon_;
 static server *srv;
+/* Requests begun and not yet answered to the end (on_completed). */
+static atomic_int open_requests;
 
 static double now(void) {
   struct timespec ts;
@@ -54,6 +56,8 @@ static enum MHD_Result answer(struct MHD_Connection *c, request *r,
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
   if (allow != NULL)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+  if (atomic_load(&srv->stopping)) /* no next request on this connection */
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   if (retry_after > 0) {
     char secs[16];
     snprintf(secs, sizeof secs, "%d", retry_after);
@@ -261,6 +265,9 @@ static const route *find_route(const char *url) {
   return NULL;
 }
 
+static enum MHD_Result route_request(struct MHD_Connection *c, request *r,
+                                     serve_endpoint ep, const char *id);
+
 static enum MHD_Result dispatch(struct MHD_Connection *c, request *r,
                                 const char *url, const char *method) {
   char msg[512];
@@ -288,6 +295,19 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, request *r,
              (long long)srv->max_body);
     return fail(c, r, ep, 413, msg);
   }
+  /* --timeout is for idle clients (a slow body): while the request is
+   * worked on, the connection has none, and setting it again afterwards
+   * starts it from now (libmicrohttpd restarts an idle timer that was 0) */
+  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+  enum MHD_Result rc = route_request(c, r, ep, url + strlen(rt->path));
+  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                            (unsigned)srv->timeout_s);
+  return rc;
+}
+
+/* The endpoint's handler; `id` is what follows "/v1/jobs/". */
+static enum MHD_Result route_request(struct MHD_Connection *c, request *r,
+                                     serve_endpoint ep, const char *id) {
   char err[1024];
   char *json = NULL;
   int status;
@@ -303,10 +323,8 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, request *r,
   case EP_JOBS_GET:
   case EP_JOBS_DELETE:
     status = ep == EP_JOBS_GET
-                 ? jobs_get(srv, url + strlen(rt->path), &json, err,
-                            sizeof err)
-                 : jobs_delete(srv, url + strlen(rt->path), &json, err,
-                               sizeof err);
+                 ? jobs_get(srv, id, &json, err, sizeof err)
+                 : jobs_delete(srv, id, &json, err, sizeof err);
     if (status != 200)
       return fail(c, r, ep, status, err);
     return ok_json(c, r, ep, json);
@@ -327,6 +345,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
     if (r == NULL)
       return MHD_NO;
     r->start = now();
+    atomic_fetch_add(&open_requests, 1);
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                                  MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl != NULL && strtoll(cl, NULL, 10) > srv->max_body)
@@ -363,6 +382,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   if (r != NULL) {
     free(r->body);
     free(r);
+    atomic_fetch_sub(&open_requests, 1);
   }
   *con_cls = NULL;
 }
@@ -402,6 +422,14 @@ void http_quiesce(void) {
   MHD_socket fd = MHD_quiesce_daemon(daemon_);
   if (fd != MHD_INVALID_SOCKET)
     close(fd);
+}
+
+void http_drain(double seconds) {
+  double until = now() + seconds;
+  while (atomic_load(&open_requests) > 0 && now() < until) {
+    struct timespec ts = {0, 5000000};
+    nanosleep(&ts, NULL);
+  }
 }
 
 void http_stop(void) { MHD_stop_daemon(daemon_); }
