@@ -463,13 +463,28 @@ def job_alone(tmp, model, data):
     return doc["losses"]
 
 
+def rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
 def test_load(tmp):
     data, model = make_model(tmp)
     alone = job_alone(tmp, model, data)
     srv = Server(tmp, model, "--max-queue", "64")
     res, batched = [], {}
-    for t in clients(srv, 8, 10, res, batched):
+    ts = clients(srv, 8, 10, res, batched)
+    time.sleep(5)
+    rss = [rss_kib(srv.p.pid)]
+    for t in ts:
         t.join()
+    rss.append(rss_kib(srv.p.pid))
+    print("RSS after 5 s and 10 s of load: %d and %d KiB" % tuple(rss))
+    check(rss[1] <= rss[0] * 1.05, "RSS flat after warm-up (within 5%%): "
+          "%d then %d KiB" % tuple(rss))
     expect(sorted(set(s for s, _ in res)), [200], "statuses without a job")
     summary(res, 10, "8 clients, no job")
     st, doc, _ = srv.request("POST", "/v1/jobs", dict(JOB, data=data))
