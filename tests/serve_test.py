@@ -425,6 +425,8 @@ def clients(srv, n, seconds, results, tokens=None):
             try:
                 st, doc, _ = srv.request("POST", "/v1/generate",
                                          load_request(k, i), timeout=20)
+                if st != 200 and st != 503:
+                    print("answer %d: %r" % (st, doc), flush=True)
                 if tokens is not None and i < 3 and st == 200:
                     tokens[(k, i)] = doc["tokens"]
             except (ConnectionError, OSError) as e:

@@ -40,6 +40,9 @@ struct gen_queue {
   int started;
   pthread_mutex_t model; /* held around a forward pass and a load */
   void *scratch;         /* sample_pick's */
+  const int32_t **ctx;   /* [rows]: a forward pass's rows */
+  int *n;
+  const float **logits;
 };
 
 static double now(void) {
@@ -50,9 +53,9 @@ static double now(void) {
 
 /* One forward pass for the active rows and a token for each. */
 static void gen_tokens(gen_queue *q) {
-  const int32_t *ctx[q->rows];
-  int n[q->rows];
-  const float *logits[q->rows];
+  const int32_t **ctx = q->ctx;
+  int *n = q->n;
+  const float **logits = q->logits;
   for (int r = 0; r < q->nactive; r++) {
     ctx[r] = q->active[r]->ctx;
     n[r] = q->active[r]->n;
@@ -136,7 +139,11 @@ int gen_start(server *s, char *err, size_t err_len) {
   pthread_cond_init(&q->done_cv, NULL);
   q->active = calloc((size_t)q->rows, sizeof *q->active);
   q->scratch = malloc(sample_scratch_size(q->vocab));
-  if (q->active == NULL || q->scratch == NULL) {
+  q->ctx = calloc((size_t)q->rows, sizeof *q->ctx);
+  q->n = calloc((size_t)q->rows, sizeof *q->n);
+  q->logits = calloc((size_t)q->rows, sizeof *q->logits);
+  if (q->active == NULL || q->scratch == NULL || q->ctx == NULL ||
+      q->n == NULL || q->logits == NULL) {
     snprintf(err, err_len, "out of memory");
     return -1;
   }
@@ -259,6 +266,9 @@ void gen_stop(server *s, int stage) {
   evaluator_close(q->e);
   free(q->active);
   free(q->scratch);
+  free(q->ctx);
+  free(q->n);
+  free(q->logits);
   pthread_mutex_destroy(&q->lock);
   pthread_mutex_destroy(&q->model);
   pthread_cond_destroy(&q->wake);

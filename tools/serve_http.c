@@ -346,8 +346,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
       return MHD_NO;
     r->start = now();
     atomic_fetch_add(&open_requests, 1);
-    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *cl = MHD_lookup_connection_value(
+        c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl != NULL && strtoll(cl, NULL, 10) > srv->max_body)
       r->too_big = 1;
     *con_cls = r;
