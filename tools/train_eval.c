@@ -283,21 +283,19 @@ remat_status evaluator_next_rows(eval_model *e,
                                  const int32_t *const *contexts,
                                  const int *n, int rows,
                                  const float **logits) {
-  int len[rows > 0 ? rows : 1];
   for (int r = 0; r < e->batch; r++) {
     int32_t *row = e->tokens + (size_t)r * e->seq;
     if (r >= rows) {
       memset(row, 0, (size_t)e->seq * sizeof *row);
       continue;
     }
-    int start = n[r] > e->seq ? n[r] - e->seq : 0;
-    len[r] = n[r] - start;
+    int start = n[r] > e->seq ? n[r] - e->seq : 0, len = n[r] - start;
     for (int t = 0; t < e->seq; t++)
-      row[t] = t < len[r] ? contexts[r][start + t] : 0; /* causal: unread */
+      row[t] = t < len ? contexts[r][start + t] : 0; /* causal: unread */
   }
   remat_status s = eval_forward(e);
-  for (int r = 0; r < rows; r++)
-    logits[r] = logits_at(e, r, len[r] - 1);
+  for (int r = 0; r < rows; r++) /* the last token seen, as above */
+    logits[r] = logits_at(e, r, (n[r] > e->seq ? e->seq : n[r]) - 1);
   return s;
 }
 
