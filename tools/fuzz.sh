@@ -10,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${1:-30}
-targets=(fuzz_policy fuzz_env fuzz_graph fuzz_safetensors fuzz_data)
+targets=(fuzz_policy fuzz_env fuzz_graph fuzz_safetensors fuzz_data fuzz_serve)
 dir=build-fuzz
 log_dir=$dir/fuzz-logs
 

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 packages=(build-essential meson ninja-build pkg-config libdnnl-dev
           libhwloc-dev libudev-dev libcmocka-dev libcjson-dev clang
           libclang-rt-14-dev python3-torch python3-numpy python3-matplotlib
-          libopenblas0-pthread openmpi-bin libopenmpi-dev)
+          libopenblas0-pthread openmpi-bin libopenmpi-dev libmicrohttpd-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" \

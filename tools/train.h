@@ -343,6 +343,17 @@ remat_status init_save(remat_graph *g, const train_options *o);
  * through the last --seq tokens (in row 0); valid until the next call. */
 remat_status evaluator_next(eval_model *e, const int32_t *context, int n,
                             const float **logits);
+/* The same for `rows` (at most the graph's rows) contexts in one forward
+ * pass: row r sees contexts[r][0..n[r]) (n[r] >= 1) and logits[r] gets its
+ * next token's logits; rows from `rows` on run on zeros. */
+remat_status evaluator_next_rows(eval_model *e,
+                                 const int32_t *const *contexts,
+                                 const int *n, int rows,
+                                 const float **logits);
+/* The rows of the graph (evaluator_open_rows) and its vocabulary. */
+int evaluator_rows(const eval_model *e);
+/* The highest peak of its forward passes, and the last one's stats. */
+int64_t evaluator_peak(const eval_model *e);
 
 /* ---- sampling (train_sample.c) ---- */
 
@@ -350,5 +361,12 @@ remat_status evaluator_next(eval_model *e, const int32_t *context, int n,
  * --load and prints it on stdout; returns an exit status after printing
  * the reason of a failure. */
 int sample_run(const train_options *o, const dataset *d);
+/* The next token from logits[vocab]: the most likely (the first of
+ * equals) at temperature 0, else a draw from softmax(logits / temperature)
+ * over the top_k most likely (0: all) with the generator *rng; `scratch`
+ * has sample_scratch_size(vocab) bytes. remat-serve shares it. */
+int32_t sample_pick(const float *logits, int vocab, float temperature,
+                    int top_k, uint64_t *rng, void *scratch);
+size_t sample_scratch_size(int vocab);
 
 #endif

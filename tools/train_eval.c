@@ -283,15 +283,34 @@ remat_status evaluator_load_init(eval_model *e, const hf_model *m) {
   return hf_load(e->g, m);
 }
 
-remat_status evaluator_next(eval_model *e, const int32_t *context, int n,
-                            const float **logits) {
-  int start = n > e->seq ? n - e->seq : 0, len = n - start;
-  for (int t = 0; t < e->seq; t++)
-    e->tokens[t] = t < len ? context[start + t] : 0; /* causal: unread */
+remat_status evaluator_next_rows(eval_model *e,
+                                 const int32_t *const *contexts,
+                                 const int *n, int rows,
+                                 const float **logits) {
+  for (int r = 0; r < e->batch; r++) {
+    int32_t *row = e->tokens + (size_t)r * e->seq;
+    if (r >= rows) {
+      memset(row, 0, (size_t)e->seq * sizeof *row);
+      continue;
+    }
+    int start = n[r] > e->seq ? n[r] - e->seq : 0, len = n[r] - start;
+    for (int t = 0; t < e->seq; t++)
+      row[t] = t < len ? contexts[r][start + t] : 0; /* causal: unread */
+  }
   remat_status s = eval_forward(e);
-  *logits = logits_at(e, 0, len - 1);
+  for (int r = 0; r < rows; r++) /* the last token seen, as above */
+    logits[r] = logits_at(e, r, (n[r] > e->seq ? e->seq : n[r]) - 1);
   return s;
 }
+
+remat_status evaluator_next(eval_model *e, const int32_t *context, int n,
+                            const float **logits) {
+  return evaluator_next_rows(e, &context, &n, 1, logits);
+}
+
+int evaluator_rows(const eval_model *e) { return e->batch; }
+
+int64_t evaluator_peak(const eval_model *e) { return e->peak_bytes; }
 
 remat_status evaluate(eval_model *e, remat_graph *train, dataset *d,
                       FILE *out, eval_result *r) {

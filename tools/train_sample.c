@@ -24,10 +24,14 @@ static int by_logit(const void *a, const void *b) {
   return x->token < y->token ? -1 : x->token > y->token;
 }
 
-/* The next token from logits[vocab]; `c` has room for vocab candidates. */
-static int32_t pick(const float *logits, int vocab, const train_options *o,
-                    uint64_t *rng, candidate *c) {
-  if (o->temperature == 0.0f) {
+size_t sample_scratch_size(int vocab) {
+  return (size_t)vocab * sizeof(candidate);
+}
+
+int32_t sample_pick(const float *logits, int vocab, float temperature,
+                    int top_k, uint64_t *rng, void *scratch) {
+  candidate *c = scratch;
+  if (temperature == 0.0f) {
     int32_t best = 0;
     for (int i = 1; i < vocab; i++)
       best = logits[i] > logits[best] ? i : best;
@@ -36,10 +40,10 @@ static int32_t pick(const float *logits, int vocab, const train_options *o,
   for (int i = 0; i < vocab; i++)
     c[i] = (candidate){.logit = logits[i], .token = i};
   qsort(c, (size_t)vocab, sizeof *c, by_logit);
-  int k = o->top_k > 0 && o->top_k < vocab ? o->top_k : vocab;
+  int k = top_k > 0 && top_k < vocab ? top_k : vocab;
   double sum = 0.0;
   for (int i = 0; i < k; i++) {
-    c[i].weight = exp(((double)c[i].logit - c[0].logit) / o->temperature);
+    c[i].weight = exp(((double)c[i].logit - c[0].logit) / temperature);
     sum += c[i].weight;
   }
   /* a uniform draw in [0, sum): 53 random bits */
@@ -123,7 +127,8 @@ static remat_status generate(eval_model *e, const train_options *o,
     const float *logits;
     s = evaluator_next(e, context, n, &logits);
     if (s == REMAT_OK)
-      context[n] = pick(logits, vocab, o, &rng, c);
+      context[n] = sample_pick(logits, vocab, o->temperature, o->top_k, &rng,
+                               c);
   }
   free(c);
   return s;

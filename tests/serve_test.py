@@ -1,0 +1,617 @@
+#!/usr/bin/env python3
+"""remat-serve on the loopback with real HTTP clients (http.client).
+Usage: serve_test.py HAVE REMAT_SERVE REMAT_TRAIN MODE, MODE one of
+  api     every endpoint and every refusal with its exact status and message;
+          generate against remat-train --prompt (the same tokens); a job's
+          losses against remat-train's; /metrics' counts
+  load    8 clients for 10 s without and then with a job training: no error,
+          requests/s and p50/p99 printed; the job's losses bitwise those of
+          the same job run alone
+  faults  a client gone mid-body and mid-request, a body slower than
+          --timeout, SIGTERM under load (exit 0 within 10 s, the job
+          resumed by the next start, bitwise), kill -9 during a job and a
+          restart that resumes it from its last whole checkpoint, bitwise
+Exits 77 (skipped) only when remat-serve was not built (no libmicrohttpd)."""
+import http.client
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+if sys.argv[1] != "1":
+    print("remat-serve was not built (libmicrohttpd not found): skipped")
+    sys.exit(77)
+SERVE, TRAIN, MODE = sys.argv[2], sys.argv[3], sys.argv[4]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, flush=True)
+
+
+def expect(got, want, what):
+    check(got == want, "%s: got %r, expected %r" % (what, got, want))
+
+
+WORDS = "the quick brown fox jumps over a lazy dog and runs away".split()
+
+
+def make_data(path, n, seed):
+    x = seed
+    out = []
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) % 2 ** 31
+        out.append(WORDS[x % len(WORDS)])
+    with open(path, "w") as f:
+        f.write(" ".join(out))
+
+
+MODEL = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "32"]
+
+
+def make_model(tmp):
+    data = os.path.join(tmp, "data.txt")
+    model = os.path.join(tmp, "model.safetensors")
+    make_data(data, 6000, 1)
+    subprocess.run([TRAIN, "--data", data] + MODEL +
+                   ["--batch", "4", "--steps", "20", "--threads", "2",
+                    "--save", model], check=True, capture_output=True)
+    return data, model
+
+
+class Server:
+    def __init__(self, tmp, model, *extra, job_dir="jobs"):
+        self.err = open(os.path.join(tmp, "serve.err"), "a+")
+        self.err.seek(0, os.SEEK_END)
+        self.at = self.err.tell()  # this server's lines start here
+        self.p = subprocess.Popen(
+            [SERVE, "--load", model, "--port", "0", "--threads", "2",
+             "--batch", "4", "--job-dir", os.path.join(tmp, job_dir)] +
+            list(extra), stdout=subprocess.DEVNULL, stderr=self.err,
+            cwd=tmp)
+        self.port = None
+        deadline = time.time() + 20
+        while self.port is None and time.time() < deadline:
+            self.err.seek(self.at)
+            for line in self.err.read().splitlines():
+                if "listening on" in line:
+                    self.port = int(line.rsplit(":", 1)[1])
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.05)
+        if self.port is None:
+            self.err.seek(self.at)
+            raise SystemExit("remat-serve did not start:\n" + self.err.read())
+
+    def request(self, method, path, body=None, raw=None, timeout=60):
+        c = http.client.HTTPConnection("127.0.0.1", self.port,
+                                       timeout=timeout)
+        data = raw if raw is not None else (
+            json.dumps(body) if body is not None else None)
+        c.request(method, path, body=data,
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        text = r.read().decode()
+        headers = dict(r.getheaders())
+        c.close()
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = text
+        return r.status, doc, headers
+
+    def stop(self, sig=signal.SIGTERM, timeout=10):
+        start = time.time()
+        self.p.send_signal(sig)
+        try:
+            rc = self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            rc = "still running after %d s" % timeout
+        return rc, time.time() - start
+
+    def log(self):
+        self.err.seek(self.at)
+        return self.err.read()
+
+
+def refused(srv, method, path, body, status, message, raw=None):
+    got, doc, headers = srv.request(method, path, body, raw=raw)
+    expect((got, doc), (status, {"error": message}),
+           "%s %s %.200s" % (method, path, raw if raw is not None else body))
+    return headers
+
+
+def wait_job(srv, jid, states=("done",), timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        _, doc, _ = srv.request("GET", "/v1/jobs/" + jid)
+        if doc.get("state") in states:
+            return doc
+        time.sleep(0.05)
+    raise SystemExit("job %s did not reach %s: %r" % (jid, states, doc))
+
+
+def prompt_cli(model, prompt, n, temperature, seed):
+    out = subprocess.run(
+        [TRAIN, "--load", model, "--prompt", prompt, "--tokens", str(n),
+         "--temperature", str(temperature), "--seed", str(seed),
+         "--threads", "2"], check=True, capture_output=True).stdout
+    return list(out[len(prompt):-1])
+
+
+def utf8_text(tokens):
+    """The text the server gives: well-formed UTF-8 sequences as they are,
+    U+FFFD for each other byte (NUL included)."""
+    out, i = [], 0
+    while i < len(tokens):
+        for k in (1, 2, 3, 4):
+            try:
+                ch = bytes(tokens[i:i + k]).decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if len(ch) == 1 and ch != "\0":
+                out.append(ch)
+                i += k
+                break
+        else:
+            out.append("\ufffd")
+            i += 1
+    return "".join(out)
+
+
+def metric(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+GEN_FIELDS = "prompt, max_tokens, temperature, top_k, seed"
+
+
+def test_api(tmp):
+    data, model = make_model(tmp)
+    srv = Server(tmp, model, "--max-body", "4096", "--max-queue", "1",
+                 "--max-tokens", "4000")
+    expect(srv.request("GET", "/healthz")[:2], (200, {"status": "ok"}),
+           "GET /healthz")
+    # generate: the tokens remat-train --prompt gives (greedy, sampled)
+    for temp, seed in ((0, 1), (1, 5), (0.7, 9)):
+        st, doc, _ = srv.request("POST", "/v1/generate",
+                                 {"prompt": "the quick", "max_tokens": 20,
+                                  "temperature": temp, "seed": seed})
+        expect(st, 200, "generate status")
+        expect(doc["tokens"], prompt_cli(model, "the quick", 20, temp, seed),
+               "generate T=%g seed %d against remat-train --prompt" %
+               (temp, seed))
+        check(doc["seconds"] > 0, "seconds > 0")
+    st, doc, _ = srv.request("POST", "/v1/generate",
+                             {"prompt": [116, 104, 101], "max_tokens": 5,
+                              "top_k": 3, "temperature": 1.0, "seed": 2})
+    expect((st, len(doc["tokens"])), (200, 5), "generate from ids")
+    check(all(0 <= t < 256 for t in doc["tokens"]), "ids in the vocabulary")
+    expect(doc["text"], utf8_text(doc["tokens"]), "text of the tokens")
+    # at a high temperature the bytes are mostly not UTF-8
+    st, doc, _ = srv.request("POST", "/v1/generate",
+                             {"prompt": "a", "max_tokens": 400,
+                              "temperature": 20, "seed": 4})
+    expect(doc["text"], utf8_text(doc["tokens"]), "text of random bytes")
+    check("\ufffd" in doc["text"], "random bytes hold invalid UTF-8")
+    # every refusal of /v1/generate
+    G = "/v1/generate"
+    refused(srv, "POST", G, None, 400, "the body is not valid JSON (at byte "
+            "10 of 11): POST /v1/generate takes one JSON object with the "
+            "fields " + GEN_FIELDS, raw='{"prompt": ')
+    refused(srv, "POST", G, None, 400, "the body is not valid JSON (at byte "
+            "0 of 0): POST /v1/generate takes one JSON object with the "
+            "fields " + GEN_FIELDS, raw="")
+    refused(srv, "POST", G, [1, 2], 400, "the body is an array: POST "
+            "/v1/generate takes one JSON object with the fields " +
+            GEN_FIELDS)
+    refused(srv, "POST", G, None, 400, "the body has more after its JSON "
+            "value (at byte 15): POST /v1/generate takes one JSON object",
+            raw='{"prompt":"a"} {}')
+    refused(srv, "POST", G, {"prompt": "a", "foo": 1}, 400,
+            "unknown field 'foo': POST /v1/generate accepts " + GEN_FIELDS)
+    refused(srv, "POST", G, None, 400, "field 'prompt' is given twice: give "
+            "each field once", raw='{"prompt":"a","prompt":"b"}')
+    refused(srv, "POST", G, {"max_tokens": 3}, 400, "'prompt' is missing: "
+            "give an array of token ids or a string")
+    refused(srv, "POST", G, {"prompt": 7}, 400, "'prompt' is a number: "
+            "expected an array of token ids or a string")
+    refused(srv, "POST", G, {"prompt": []}, 400, "'prompt' is empty: give "
+            "at least one token")
+    refused(srv, "POST", G, {"prompt": [1, 256]}, 400, "'prompt'[1] is 256: "
+            "token ids are integers from 0 to 255 (the model's vocabulary)")
+    refused(srv, "POST", G, {"prompt": [-1]}, 400, "'prompt'[0] is -1: "
+            "token ids are integers from 0 to 255 (the model's vocabulary)")
+    refused(srv, "POST", G, {"prompt": [1.5]}, 400, "'prompt'[0] is 1.5: "
+            "token ids are integers from 0 to 255 (the model's vocabulary)")
+    refused(srv, "POST", G, {"prompt": ["a"]}, 400, "'prompt'[0] is a "
+            "string: token ids are integers from 0 to 255 (the model's "
+            "vocabulary)")
+    refused(srv, "POST", G, {"prompt": "a", "max_tokens": "x"}, 400,
+            "'max_tokens' is a string: expected an integer from 1 to 4000")
+    refused(srv, "POST", G, {"prompt": "a", "max_tokens": 0}, 400,
+            "'max_tokens' is 0: expected an integer from 1 to 4000")
+    refused(srv, "POST", G, {"prompt": "a", "max_tokens": 4001}, 400,
+            "'max_tokens' is 4001: this server generates at most 4000 "
+            "tokens a request (--max-tokens)")
+    refused(srv, "POST", G, {"prompt": "a", "temperature": -1}, 400,
+            "'temperature' is -1: expected a number from 0 and at most 100")
+    refused(srv, "POST", G, {"prompt": "a", "temperature": None}, 400,
+            "'temperature' is null: expected a number from 0 and at most 100")
+    refused(srv, "POST", G, {"prompt": "a", "top_k": 257}, 400,
+            "'top_k' is 257: expected an integer from 0 to 256")
+    refused(srv, "POST", G, {"prompt": "a", "seed": True}, 400,
+            "'seed' is a boolean: expected an integer from 0 to "
+            "9007199254740992")
+    refused(srv, "POST", G, None, 413, "the body is over 4096 bytes "
+            "(--max-body)", raw='{"prompt": "%s"}' % ("x" * 5000))
+    # a full queue: one long request holds the only place
+    held = {}
+    t = threading.Thread(target=lambda: held.update(r=srv.request(
+        "POST", G, {"prompt": "a", "max_tokens": 4000})))
+    t.start()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        m = srv.request("GET", "/metrics")[1]
+        if metric(m, "remat_generate_queue_depth") == 1:
+            break
+        time.sleep(0.005)
+    headers = refused(srv, "POST", G, {"prompt": "a"}, 503, "the queue is "
+                      "full: 1 requests are waiting or running (--max-queue "
+                      "1); retry later")
+    expect(headers.get("Retry-After"), "1", "503's Retry-After")
+    t.join()
+    expect((held["r"][0], len(held["r"][1]["tokens"])), (200, 4000),
+           "the request that held the queue")
+    # paths and methods
+    refused(srv, "GET", "/v2/nothing", None, 404, "no endpoint "
+            "'/v2/nothing': the endpoints are POST /v1/generate, POST "
+            "/v1/jobs, GET and DELETE /v1/jobs/ID, POST /v1/models/load, GET "
+            "/metrics and GET /healthz")
+    h = refused(srv, "GET", G, None, 405, "method GET is not allowed on "
+                "/v1/generate: it takes POST")
+    expect(h.get("Allow"), "POST", "405's Allow")
+    h = refused(srv, "PUT", "/v1/jobs/job-1", None, 405, "method PUT is not "
+                "allowed on /v1/jobs/ID: it takes GET, DELETE")
+    expect(h.get("Allow"), "GET, DELETE", "405's Allow for a job")
+    refused(srv, "DELETE", "/metrics", None, 405, "method DELETE is not "
+            "allowed on /metrics: it takes GET")
+    refused(srv, "GET", "/v1/jobs/job-99", None, 404, "no job 'job-99': ids "
+            "are those POST /v1/jobs returned")
+    refused(srv, "DELETE", "/v1/jobs/nope", None, 404, "no job 'nope': ids "
+            "are those POST /v1/jobs returned")
+    # jobs: refusals
+    J = "/v1/jobs"
+    refused(srv, "POST", J, {"steps": 3}, 400, "'data' is missing: give the "
+            "path of a training file on the server, in the format of the "
+            "model's data")
+    refused(srv, "POST", J, {"data": data}, 400, "'steps' is missing: give "
+            "the number of training steps, 1 to 1000000")
+    refused(srv, "POST", J, {"data": data, "steps": 2, "lr": 0}, 400,
+            "'lr' is 0: expected a number above 0 and at most 1")
+    refused(srv, "POST", J, {"data": data, "steps": 2, "epochs": 1}, 400,
+            "unknown field 'epochs': POST /v1/jobs accepts data, steps, lr, "
+            "policy, budget, save, save_every")
+    refused(srv, "POST", J, {"data": "-", "steps": 2}, 400, "'data' is '-': "
+            "give the path of a file on the server (the server's standard "
+            "input is not a job's data)")
+    refused(srv, "POST", J, {"data": data, "steps": 2, "policy":
+                             "dots_saveable"}, 400, "'policy' is "
+            "'dots_saveable': jobs run on the server's runtime, whose policy "
+            "is 'nothing_saveable' (remat-serve --policy): give that policy "
+            "or none")
+    refused(srv, "POST", J, {"data": data, "steps": 2, "budget": "1GiB"},
+            400, "'budget' is 1073741824 bytes: jobs run under the server's "
+            "runtime budget, 0 bytes (remat-serve --budget; 0: none): give "
+            "that budget or none")
+    refused(srv, "POST", J, {"data": data, "steps": 2, "budget": "lots"},
+            400, "'budget' is 'lots': expected bytes as an integer or a "
+            "string such as \"800MB\" or \"1.5GiB\"")
+    st, doc, _ = srv.request("POST", J, {"data": "/nonexistent/x.txt",
+                                         "steps": 2})
+    expect(st, 400, "a missing data file")
+    check(doc["error"].startswith("'data': --data '/nonexistent/x.txt'"),
+          "a missing file's message: %r" % doc)
+    st, doc, _ = srv.request("POST", J, {"data": data, "steps": 2,
+                                         "policy": "no_such_policy"})
+    expect(st, 400, "an unknown policy")
+    check(doc["error"].startswith("'policy': "), "policy message %r" % doc)
+    # a job: its losses are remat-train's on the same data and options
+    save = os.path.join(tmp, "tuned.safetensors")
+    st, doc, _ = srv.request("POST", J, {"data": data, "steps": 30,
+                                         "lr": 0.001, "save": save,
+                                         "save_every": 10,
+                                         "policy": "nothing_saveable"})
+    expect((st, doc), (200, {"id": "job-1"}), "POST /v1/jobs")
+    doc = wait_job(srv, "job-1")
+    expect((doc["step"], doc["steps"], len(doc["losses"]),
+            doc["checkpoint_step"]), (30, 30, 30, 30), "the finished job")
+    check(doc["peak_bytes"] > 0 and doc["peak"]["params"] > 0 and
+          doc["tokens_per_s"] > 0, "job stats %r" % doc)
+    expect(doc["eta_s"], None, "a finished job's ETA")
+    check(os.path.exists(save), "the job's save file")
+    ref = subprocess.run([TRAIN, "--load", model, "--data", data, "--batch",
+                          "4", "--steps", "30", "--lr", "0.001", "--threads",
+                          "2", "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    ref = [json.loads(l)["loss"] for l in ref.splitlines() if '"step"' in l]
+    expect(["%.6f" % x for x in doc["losses"]], ["%.6f" % x for x in ref],
+           "the job's losses against remat-train --load --data")
+    refused(srv, "DELETE", "/v1/jobs/job-1", None, 409, "job 'job-1' is "
+            "done: only a queued or running job can be cancelled")
+    # a cancel: stops at a step boundary with a checkpoint of that step
+    st, doc, _ = srv.request("POST", J, {"data": data, "steps": 100000,
+                                         "save_every": 0})
+    expect((st, doc), (200, {"id": "job-2"}), "a long job")
+    wait_job(srv, "job-2", ("running",))
+    time.sleep(0.3)
+    st, doc, _ = srv.request("DELETE", "/v1/jobs/job-2")
+    expect((st, doc["state"]), (200, "cancelled"), "DELETE a running job")
+    print("cancelled at step %d, checkpoint of step %d" %
+          (doc["step"], doc["checkpoint_step"]))
+    check(0 < doc["step"] < 100000 and doc["checkpoint_step"] == doc["step"],
+          "cancelled at a step with its checkpoint: %r" %
+          {k: doc[k] for k in ("step", "checkpoint_step")})
+    # models/load: a job's weights change the answers, --load's restore them
+    before = srv.request("POST", G, {"prompt": "the", "max_tokens": 12})[1]
+    refused(srv, "POST", "/v1/models/load", {"path": "x", "job": "job-1"},
+            400, "give one of 'path' (a safetensors file or checkpoint on "
+            "the server) and 'job' (a job's id)")
+    refused(srv, "POST", "/v1/models/load", {"job": "job-7"}, 404,
+            "no job 'job-7': ids are those POST /v1/jobs returned")
+    st, doc, _ = srv.request("POST", "/v1/models/load",
+                             {"path": os.path.join(tmp, "missing.st")})
+    expect(st, 400, "loading a missing file")
+    expect(srv.request("POST", G, {"prompt": "the", "max_tokens": 12})[1]
+           ["tokens"], before["tokens"], "a failed load changes nothing")
+    st, doc, _ = srv.request("POST", "/v1/models/load", {"job": "job-1"})
+    expect((st, doc), (200, {"loaded": save}), "load job-1's weights")
+    tuned = srv.request("POST", G, {"prompt": "the", "max_tokens": 12})[1]
+    expect(tuned["tokens"], prompt_cli(save, "the", 12, 0, 1),
+           "the tuned weights' tokens")
+    check(tuned["tokens"] != before["tokens"], "the tuned model differs")
+    st, doc, _ = srv.request("POST", "/v1/models/load", {"path": model})
+    expect(srv.request("POST", G, {"prompt": "the", "max_tokens": 12})[1]
+           ["tokens"], before["tokens"], "--load's weights again")
+    # metrics count what was answered
+    m = srv.request("GET", "/metrics")[1]
+    expect(metric(m, 'remat_requests_total{endpoint="generate",'
+                  'status="400"}'), 20.0, "generate 400s counted")
+    expect(metric(m, 'remat_requests_total{endpoint="generate",'
+                  'status="413"}'), 1.0, "413 counted")
+    expect(metric(m, 'remat_requests_total{endpoint="generate",'
+                  'status="503"}'), 1.0, "503 counted")
+    expect(metric(m, 'remat_request_seconds_count{endpoint="generate"}'),
+           metric(m, 'remat_request_seconds_bucket{endpoint="generate",'
+                  'le="+Inf"}'), "histogram count")
+    expect(metric(m, 'remat_jobs{state="done"}'), 1.0, "done jobs")
+    expect(metric(m, 'remat_jobs{state="cancelled"}'), 1.0,
+           "cancelled jobs")
+    check(metric(m, "remat_job_steps_total") >= 31, "steps counted")
+    check(metric(m, 'remat_job_peak_bytes{job="job-1",category="params"}')
+          > 0, "peak bytes by category")
+    expect(metric(m, "remat_generate_queue_depth"), 0.0, "queue depth")
+    rc, secs = srv.stop()
+    expect(rc, 0, "exit status after SIGTERM (%s)" % srv.log()[-400:])
+
+
+def load_request(k, i):
+    return {"prompt": "the %d" % k, "max_tokens": 8, "temperature": 0.8,
+            "seed": i}
+
+
+def clients(srv, n, seconds, results, tokens=None):
+    """n threads send generate requests for `seconds`; results gets
+    (status, latency) for each, tokens[(k, i)] the tokens of client k's
+    first three."""
+    end = time.time() + seconds
+
+    def run(k):
+        i = 0
+        while time.time() < end:
+            t0 = time.time()
+            try:
+                st, doc, _ = srv.request("POST", "/v1/generate",
+                                         load_request(k, i), timeout=20)
+                if st != 200 and st != 503:
+                    print("answer %d: %r" % (st, doc), flush=True)
+                if tokens is not None and i < 3 and st == 200:
+                    tokens[(k, i)] = doc["tokens"]
+            except (ConnectionError, OSError) as e:
+                st = "connection: %s" % e
+            except Exception as e:  # a bad answer: counted as an error
+                st = "error: %r" % e
+            results.append((st, time.time() - t0))
+            if isinstance(st, str) and "refused" in st:
+                break  # the server is gone
+            i += 1
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in ts:
+        t.start()
+    return ts
+
+
+def summary(results, seconds, label):
+    lat = sorted(l for s, l in results if s == 200)
+    if not lat:
+        return
+    p50 = lat[len(lat) // 2] * 1000
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
+    print("%s: %d requests in %d s, %.1f requests/s, p50 %.1f ms, p99 "
+          "%.1f ms" % (label, len(lat), seconds, len(lat) / seconds, p50,
+                       p99), flush=True)
+
+
+JOB = {"steps": 3000, "lr": 0.001, "save_every": 50}
+
+
+def job_alone(tmp, model, data):
+    srv = Server(tmp, model, job_dir="alone")
+    st, doc, _ = srv.request("POST", "/v1/jobs", dict(JOB, data=data))
+    doc = wait_job(srv, doc["id"])
+    expect(srv.stop()[0], 0, "the job-alone server's exit")
+    return doc["losses"]
+
+
+def rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_load(tmp):
+    data, model = make_model(tmp)
+    alone = job_alone(tmp, model, data)
+    srv = Server(tmp, model, "--max-queue", "64")
+    res, batched = [], {}
+    ts = clients(srv, 8, 10, res, batched)
+    time.sleep(5)
+    rss = [rss_kib(srv.p.pid)]
+    for t in ts:
+        t.join()
+    rss.append(rss_kib(srv.p.pid))
+    print("RSS after 5 s and 10 s of load: %d and %d KiB" % tuple(rss))
+    check(rss[1] <= rss[0] * 1.05, "RSS flat after warm-up (within 5%%): "
+          "%d then %d KiB" % tuple(rss))
+    expect(sorted(set(s for s, _ in res)), [200], "statuses without a job")
+    summary(res, 10, "8 clients, no job")
+    st, doc, _ = srv.request("POST", "/v1/jobs", dict(JOB, data=data))
+    res, beside = [], {}
+    ts = clients(srv, 8, 10, res, beside)
+    job = wait_job(srv, doc["id"], timeout=300)
+    for t in ts:
+        t.join()
+    expect(sorted(set(s for s, _ in res)), [200], "statuses with a job")
+    summary(res, 10, "8 clients, a job training")
+    # each request alone gives the tokens it got batched with others
+    expect(len(batched), 24, "requests compared")
+    for key in sorted(batched):
+        alone_tokens = srv.request("POST", "/v1/generate",
+                                   load_request(*key))[1]["tokens"]
+        expect(batched[key], alone_tokens, "request %r batched" % (key,))
+        expect(beside.get(key), alone_tokens, "request %r beside a job" %
+               (key,))
+    check(job["losses"] == alone, "the job's losses under load are bitwise "
+          "those of the job alone")
+    print("job: %d steps, %.0f tokens/s" % (job["step"],
+                                            job["tokens_per_s"]))
+    expect(srv.stop()[0], 0, "exit status after SIGTERM")
+
+
+def test_faults(tmp):
+    data, model = make_model(tmp)
+    alone = job_alone(tmp, model, data)
+    srv = Server(tmp, model, "--timeout", "1", "--max-tokens", "100000")
+    # a client that goes away mid-body, and one that goes away before its
+    # answer
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Length: "
+              b"100\r\n\r\n{\"prompt\":")
+    s.close()
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    body = b'{"prompt": "the", "max_tokens": 200}'
+    s.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Length: "
+              b"%d\r\n\r\n%s" % (len(body), body))
+    s.close()
+    # a body slower than --timeout 1: the server closes the connection
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Length: "
+              b"30\r\n\r\n{\"prompt\"")
+    time.sleep(2.5)
+    try:
+        s.sendall(b': "a"}        ')
+        s.settimeout(5)
+        got = s.recv(100)
+    except OSError:
+        got = b""
+    s.close()
+    expect(got, b"", "a body slower than --timeout: closed, no answer")
+    expect(srv.request("GET", "/healthz")[:2], (200, {"status": "ok"}),
+           "healthy after the faults")
+    st, doc, _ = srv.request("POST", "/v1/generate", {"prompt": "the",
+                                                      "max_tokens": 4})
+    expect(st, 200, "generate after the faults")
+    # SIGTERM under load with a job running: exit 0 within 10 s, the job
+    # checkpointed; the next start resumes it, bitwise
+    st, doc, _ = srv.request("POST", "/v1/jobs", dict(JOB, data=data))
+    jid = doc["id"]
+    wait_job(srv, jid, ("running",))
+    res, long_one = [], {}
+    ts = clients(srv, 8, 30, res)
+    # a request that would run for minutes: stopped 5 s after SIGTERM
+    ts.append(threading.Thread(target=lambda: long_one.update(r=srv.request(
+        "POST", "/v1/generate", {"prompt": "the", "max_tokens": 100000}))))
+    ts[-1].start()
+    time.sleep(1.0)
+    rc, secs = srv.stop()
+    for t in ts:
+        t.join()
+    st, doc, _ = long_one["r"]
+    expect(st, 503, "a long request's status after SIGTERM")
+    check(doc["error"].startswith("the server is shutting down: the request "
+                                  "was stopped after ") and
+          doc["error"].endswith(" of its 100000 tokens"),
+          "a long request's message after SIGTERM: %r" % doc)
+    expect(rc, 0, "exit status after SIGTERM under load (%s)" %
+           srv.log()[-300:])
+    check(secs < 10, "stopped in %.1f s" % secs)
+    bad = [s for s, _ in res if not (s in (200, 503) or
+                                     str(s).startswith("connection"))]
+    expect(bad, [], "answers during the stop: 200, 503 or no connection")
+    with open(os.path.join(tmp, "jobs", jid + ".state")) as f:
+        state = f.read().strip()
+    expect(state, "interrupted", "the job's state after SIGTERM")
+    if state == "interrupted":
+        srv = Server(tmp, model)
+        doc = wait_job(srv, jid)
+        check(doc["first_step"] > 0, "resumed after SIGTERM from step %d" %
+              doc["first_step"])
+        check(doc["losses"] == alone[doc["first_step"]:], "losses resumed "
+              "after SIGTERM are bitwise the job's alone")
+        expect(srv.stop()[0], 0, "exit after the resumed job")
+    # kill -9 during a job: the restart resumes from the last whole
+    # checkpoint (every 50 steps), bitwise
+    srv = Server(tmp, model)
+    st, doc, _ = srv.request("POST", "/v1/jobs", dict(JOB, data=data))
+    jid = doc["id"]
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        doc = srv.request("GET", "/v1/jobs/" + jid)[1]
+        if doc["checkpoint_step"] >= 50 and doc["step"] % 50 > 10:
+            break
+        time.sleep(0.002)
+    killed_at = doc["step"]
+    srv.p.kill()
+    srv.p.wait()
+    check(0 < killed_at < 3000, "killed during the job (step %d)" % killed_at)
+    srv = Server(tmp, model)
+    doc = wait_job(srv, jid)
+    check(doc["first_step"] > 0 and doc["first_step"] % 50 == 0 and
+          doc["first_step"] <= killed_at, "resumed from a whole checkpoint: "
+          "step %d (killed at %d)" % (doc["first_step"], killed_at))
+    check(doc["losses"] == alone[doc["first_step"]:], "losses resumed after "
+          "kill -9 are bitwise the job's alone")
+    check("resuming job '%s'" % jid in srv.log(), "the restart says so")
+    expect(srv.stop()[0], 0, "exit after the resumed job")
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    {"api": test_api, "load": test_load, "faults": test_faults}[MODE](tmp)
+if failures:
+    print("%d checks failed" % len(failures))
+    sys.exit(1)
+print("ok")
