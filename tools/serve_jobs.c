@@ -36,8 +36,10 @@ typedef struct job {
   char ckpt[4200]; /* DIR/ID.safetensors */
   pthread_t thread;
   int started;
-  atomic_int cancel; /* DELETE: stop at the next step boundary */
-  atomic_int stop;   /* SIGTERM: the same, and stay resumable */
+  atomic_int cancel; /* DELETE: stop at the next task boundary */
+  atomic_int stop;   /* SIGTERM: stop at the next step boundary, and stay
+                        resumable */
+  remat_graph *graph; /* while its thread steps it, under the table's lock */
   /* under the table's lock */
   job_state state;
   int step, first_step, checkpoint_step, finished;
@@ -121,14 +123,16 @@ static void job_fail(job *j, const char *fmt, const char *detail) {
 
 /* ---- running ---- */
 
-/* Cancels job `j`: today it stops at the next step boundary (between two
- * remat_step calls of its thread) and writes its checkpoint; once the
- * library has remat_cancel(g), this is the one place that also calls it,
- * so that a running step stops at its next task boundary (changing
- * nothing, REMAT_ERR_CANCELLED) and the checkpoint is the last whole
- * step's. */
+/* Stops job `j` (the caller holds the table's lock), which then writes its
+ * checkpoint. A DELETE cancels the running step too (remat_cancel: it
+ * stops at its next task boundary, changing nothing, so the checkpoint
+ * holds the last whole step); a resumable stop (SIGTERM) lets the step
+ * finish, so that the data position in the checkpoint is the step's and a
+ * restart continues bitwise. */
 static void job_cancel(job *j, int resumable) {
   atomic_store(resumable ? &j->stop : &j->cancel, 1);
+  if (!resumable && j->graph != NULL)
+    remat_cancel(j->graph);
 }
 
 static int stopped(job *j) {
@@ -208,12 +212,20 @@ static void *job_thread(void *arg) {
   if (tokens == NULL || targets == NULL)
     job_fail(j, "out of memory%s", "");
   else if (job_open(j, &g, &m) == 0) {
+    pthread_mutex_lock(&t->lock);
+    j->graph = g;
+    if (atomic_load(&j->cancel)) /* a DELETE while it was opening */
+      remat_cancel(g);
+    pthread_mutex_unlock(&t->lock);
     set_state(j, JOB_RUNNING);
     double start = now();
     int rc = 0;
     while (rc == 0 && j->step < j->p.steps && !stopped(j)) {
       remat_step_stats st = {.size = sizeof st};
-      if (job_step(j, g, &m, tokens, targets, &st) != REMAT_OK) {
+      remat_status s = job_step(j, g, &m, tokens, targets, &st);
+      if (s == REMAT_ERR_CANCELLED) /* a DELETE: nothing changed */
+        break;
+      if (s != REMAT_OK) {
         job_fail(j, "step failed: %s", remat_last_error());
         rc = -1;
         break;
@@ -252,6 +264,9 @@ static void *job_thread(void *arg) {
                        : atomic_load(&j->cancel) ? JOB_CANCELLED
                                                  : JOB_INTERRUPTED);
   }
+  pthread_mutex_lock(&t->lock);
+  j->graph = NULL;
+  pthread_mutex_unlock(&t->lock);
   remat_graph_destroy(g);
   free(tokens);
   free(targets);
