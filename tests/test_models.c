@@ -21,6 +21,7 @@
 
 #include "base/alloc.h"
 #include "examples/encoder_model.h"
+#include "fuse_env.h"
 #include "remat_llama.h"
 
 /* 4 query heads per key/value head; gate/up of 96 columns. */
@@ -303,8 +304,7 @@ static void test_name_policy_saves_named(void **state) {
   /* with fused epilogues (unless REMAT_FUSE=0) attn_out, a linear's output
    * that only the residual add reads, is never stored: the add runs in
    * the linear's matmul, recomputing resid_mid from attn_values */
-  const char *env = getenv("REMAT_FUSE");
-  bool fused = env == NULL || strcmp(env, "0") != 0;
+  bool fused = fusion_on();
   for (int l = 0; l < small.num_hidden_layers; l++) {
     remat_tensor_plan tp;
     for (size_t i = 0; i < 2; i++) {

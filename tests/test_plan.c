@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "fuse_env.h"
 #include "gpt_fixture.h"
 #include "runtime/exec/step_state.h"
 #include "sched/sched_internal.h"
@@ -88,10 +89,7 @@ static const dataflow block_flow[NNAMES] = {
  * linear outputs that only a residual add reads, are never stored: the
  * add runs inside the linear's matmul, so they are neither saved nor
  * recomputed, and recomputing resid_mid reads attn_values. */
-static bool fused(void) {
-  const char *v = getenv("REMAT_FUSE");
-  return v == NULL || strcmp(v, "0") != 0;
-}
+static bool fused(void) { return fusion_on(); }
 
 static bool fused_away(const char *name) {
   return fused() &&

@@ -21,6 +21,7 @@
 #include <cJSON.h>
 #include <cmocka.h>
 
+#include "fuse_env.h"
 #include "gpt_fixture.h"
 #include "tmpdir.h"
 
@@ -632,10 +633,9 @@ static void test_verbose_report(void **state) {
                                         "nothing_saveable (the runtime's "
                                         "default, from "
                                         "remat_config.policy)\n"), 1);
-  /* fused epilogues (unless REMAT_FUSE=0): attn_out and ffn_out, the
-   * linear outputs only a residual add reads, are never stored */
-  const char *fuse = getenv("REMAT_FUSE");
-  if (fuse == NULL || strcmp(fuse, "0") != 0)
+  /* fused epilogues (unless REMAT_FUSE=0, or bf16): attn_out and ffn_out,
+   * the linear outputs only a residual add reads, are never stored */
+  if (fusion_on())
     assert_non_null(strstr(text, "    saved: h0.add#12\n    recomputed: "
                                  "h0.ln1_out, h0.qkv, h0.attn_scores, "
                                  "h0.attn_probs, h0.attn_values, "
