@@ -30,7 +30,7 @@ extern "C" {
 /* The version of this header: MAJOR.MINOR.PATCH, the same as the library's
  * (meson.build's project version). See "Versions and ABI" in README.md. */
 #define REMAT_VERSION_MAJOR 0
-#define REMAT_VERSION_MINOR 3
+#define REMAT_VERSION_MINOR 4
 #define REMAT_VERSION_PATCH 0
 
 /* The version of the library the program runs with, "MAJOR.MINOR.PATCH"
