@@ -354,6 +354,26 @@ REMAT_API remat_tensor *remat_scale(remat_graph *g, const remat_tensor *x,
  * even. The cos and sin tables are computed once, at compile time. */
 REMAT_API remat_tensor *remat_rope(remat_graph *g, const remat_tensor *x,
                                    int heads, float theta);
+/* Llama 3's RoPE frequency scaling (Hugging Face's rope_scaling with
+ * rope_type "llama3"): with orig = original_max_position_embeddings and a
+ * pair's frequency f and wavelength L = 2 pi / f, f is kept where
+ * L < orig / high_freq_factor, divided by factor where
+ * L > orig / low_freq_factor, and in between blended as
+ * (1 - s) f / factor + s f with s = (orig / L - low_freq_factor) /
+ * (high_freq_factor - low_freq_factor). factor 0: no scaling. */
+typedef struct remat_rope_scaling {
+  float factor;           /* >= 1, or 0 for none */
+  float low_freq_factor;  /* > 0 */
+  float high_freq_factor; /* > low_freq_factor */
+  int original_max_position_embeddings; /* >= 1 */
+} remat_rope_scaling;
+/* remat_rope with its frequencies scaled as `scaling` says (NULL or a
+ * factor of 0: remat_rope). Values outside the ranges above, or not
+ * finite, are refused with a message naming the field. */
+REMAT_API remat_tensor *remat_rope_scaled(remat_graph *g,
+                                          const remat_tensor *x, int heads,
+                                          float theta,
+                                          const remat_rope_scaling *scaling);
 
 REMAT_API int remat_tensor_ndim(const remat_tensor *t);
 REMAT_API int64_t remat_tensor_dim(const remat_tensor *t, int i);

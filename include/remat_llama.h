@@ -32,6 +32,8 @@ typedef struct remat_llama_config {
    * model.layers.N.self_attn.{q,k,v,o}_proj, model.layers.N.mlp.{gate,up,
    * down}_proj. */
   remat_lora_config lora;
+  /* Llama 3's rope_scaling (remat_rope_scaled; factor 0: none) */
+  remat_rope_scaling rope_scaling;
 } remat_llama_config;
 
 /* Builds the model on g. Parameters (Hugging Face's names):

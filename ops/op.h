@@ -83,6 +83,10 @@ typedef struct op_attrs {
   int rng_stream;     /* the graph's dropout site: keys the mask bits */
   float scale;   /* OP_SCALE: the constant factor */
   float theta;   /* OP_ROPE: the base of the angles (0 means 10000) */
+  /* OP_ROPE: Llama 3's frequency scaling (remat_rope_scaling; factor 0:
+   * none) */
+  float rope_factor, rope_low, rope_high;
+  int rope_orig;
   int64_t start; /* OP_SLICE: first column of the last dim */
   int64_t len;   /* OP_SLICE: columns kept */
 } op_attrs;

@@ -110,10 +110,29 @@ static int rope_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
   return REMAT_OK;
 }
 
-/* cos and sin of t * theta^(-2i/hd) for t < T, i < hd/2, in double. */
-static void rope_tables(rope_state *s, double theta) {
+/* Llama 3's scaling of frequency f (op_attrs.rope_*): wavelengths longer
+ * than orig / low are slowed by `factor`, shorter than orig / high kept,
+ * and those between blended linearly in orig / wavelength. */
+static double scale_freq(const op_attrs *a, double f) {
+  if (a->rope_factor <= 0.0f)
+    return f;
+  const double pi = 3.14159265358979323846;
+  double wavelen = 2.0 * pi / f, orig = (double)a->rope_orig;
+  double low = a->rope_low, high = a->rope_high, factor = a->rope_factor;
+  if (wavelen < orig / high)
+    return f;
+  if (wavelen > orig / low)
+    return f / factor;
+  double smooth = (orig / wavelen - low) / (high - low);
+  return (1.0 - smooth) * f / factor + smooth * f;
+}
+
+/* cos and sin of t * f_i for t < T, i < hd/2, in double, where f_i is
+ * theta^(-2i/hd) scaled by scale_freq. */
+static void rope_tables(rope_state *s, const op_attrs *a, double theta) {
   for (int64_t i = 0; i < s->half; i++) {
-    double freq = pow(theta, -2.0 * (double)i / (double)s->hd);
+    double freq =
+        scale_freq(a, pow(theta, -2.0 * (double)i / (double)s->hd));
     for (int64_t t = 0; t < s->T; t++) {
       double a = (double)t * freq;
       s->cos[t * s->half + i] = (float)cos(a);
@@ -140,7 +159,8 @@ remat_status op_rope_plan(op_instance *inst, dnnl_engine_t engine,
   s->row_block = op_min64(op_row_block(W), s->rows);
   s->cos = s->table;
   s->sin = s->table + T * s->half;
-  rope_tables(s, d->attrs.theta > 0.0f ? (double)d->attrs.theta : 10000.0);
+  rope_tables(s, &d->attrs,
+              d->attrs.theta > 0.0f ? (double)d->attrs.theta : 10000.0);
   s->base.temp_bytes = (size_t)(2 * W) * sizeof(float);
   int64_t tiles = op_div_up(s->rows, s->row_block);
   double n = (double)s->rows * W;

@@ -241,6 +241,10 @@ void graph_leave(remat_graph *g);
 /* Waits until no call is inside g, then keeps others out (destroy). */
 void graph_enter_wait(remat_graph *g);
 /* graph.c: adds an op of `type` on `in` (builders.c's one entry point). */
+/* The first field of a RoPE scaling out of its range, as a message part
+ * ("factor (expected ...)"), or NULL when it is valid or factor is 0
+ * (builders.c). */
+const char *remat__rope_scaling_flaw(const remat_rope_scaling *s);
 remat_tensor *graph_add_op(remat_graph *g, op_type type,
                            const remat_tensor *const *in,
                            int nin, const op_attrs *attrs);

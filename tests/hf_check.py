@@ -235,10 +235,26 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope(x, H, theta):
+def llama3_inv_freq(inv, s):
+    """Llama 3's rope_scaling of the inverse frequencies, as Hugging Face's
+    _compute_llama3_parameters computes it."""
+    orig = s["original_max_position_embeddings"]
+    low, high, factor = s["low_freq_factor"], s["high_freq_factor"], \
+        s["factor"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > orig / low, inv / factor, inv)
+    smooth = (orig / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= orig / high) & (wavelen <= orig / low)
+    return torch.where(medium, blended, scaled)
+
+
+def rope(x, H, theta, scaling=None):
     Bn, Tn, D = x.shape
     hd = D // H
     inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    if scaling is not None:
+        inv = llama3_inv_freq(inv, scaling)
     ang = torch.outer(torch.arange(Tn, dtype=torch.float64), inv)
     ang = torch.cat((ang, ang), dim=-1)[None, :, None, :]
     x = x.reshape(Bn, Tn, H, hd)
@@ -249,16 +265,16 @@ def rmsnorm(x, w, eps):
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
-def llama_logits(p, tokens, tied):
+def llama_logits(p, tokens, tied, scaling=None):
     c = LLAMA
     x = p["model.embed_tokens.weight"][tokens]
     for l in range(c["layers"]):
         q = "model.layers.%d." % l
         h = rmsnorm(x, p[q + "input_layernorm.weight"], c["eps"])
         qs = rope(h @ p[q + "self_attn.q_proj.weight"].T, c["heads"],
-                  c["theta"])
+                  c["theta"], scaling)
         ks = rope(h @ p[q + "self_attn.k_proj.weight"].T, c["kv"],
-                  c["theta"])
+                  c["theta"], scaling)
         vs = h @ p[q + "self_attn.v_proj.weight"].T
         a = causal_attention(qs, ks, vs, c["heads"], c["kv"])
         x = x + a @ p[q + "self_attn.o_proj.weight"].T
@@ -411,6 +427,23 @@ def correctness(dump, tmp, rng):
             compare(dump, path, os.path.join(tmp, "out"), batch, ref_w,
                     logits_of, "llama %s %s, %d shard(s)" %
                     ("tied" if tied else "untied", dtype, shards))
+    # Llama 3's rope_scaling, with wavelengths kept, blended and slowed
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    inv = 1.0 / LLAMA["theta"] ** (torch.arange(
+        0, LLAMA["d"] // LLAMA["heads"], 2, dtype=torch.float64) /
+        (LLAMA["d"] // LLAMA["heads"]))
+    wl = 2 * math.pi / inv
+    check(bool((wl < 16).any() and ((wl > 16) & (wl < 64)).any() and
+               (wl > 64).any()), "llama3 scaling: all three regimes occur")
+    weights = llama_weights(False, rng)
+    path = os.path.join(tmp, "llama-rope-scaling")
+    config = llama_config(False)
+    config["rope_scaling"] = scaling
+    write_dir(path, config, weights)
+    compare(dump, path, os.path.join(tmp, "out"), batch_of(rng, 97), weights,
+            lambda p, tok: llama_logits(p, tok, False, scaling),
+            "llama with Llama 3's rope_scaling")
     weights = llama_weights(False, rng)
     path = os.path.join(tmp, "llama-fused")
     write_dir(path, llama_config(False), weights)
@@ -495,10 +528,19 @@ def hostile(dump, tmp, rng):
     config_case("no-model-type", lambda c: c.pop("model_type"),
                 "config.json: model_type is missing: expected \"llama\" or "
                 "\"gpt2\"")
-    config_case("rope-scaling",
-                lambda c: c.update(rope_scaling={"rope_type": "llama3"}),
-                "config.json: rope_scaling is set: remat's RoPE has no "
-                "scaling (the frequencies of rope_theta alone)")
+    config_case("rope-scaling-type",
+                lambda c: c.update(rope_scaling={"rope_type": "linear",
+                                                 "factor": 2.0}),
+                "config.json: rope_scaling.rope_type \"linear\": remat "
+                "builds \"llama3\" only")
+    config_case("rope-scaling-field",
+                lambda c: c.update(rope_scaling={"rope_type": "llama3",
+                                                 "factor": 8.0,
+                                                 "low_freq_factor": 1.0}),
+                "config.json: rope_scaling.high_freq_factor is missing")
+    config_case("rope-scaling-kind", lambda c: c.update(rope_scaling=[1]),
+                "config.json: rope_scaling is an array: expected null or an "
+                "object with rope_type \"llama3\"")
     config_case("eps", lambda c: c.update(rms_norm_eps=-1e-6),
                 "config.json: rms_norm_eps -1e-06: expected "
                 "a number above 0 and at most 1")

@@ -71,6 +71,19 @@ static void ref_rmsnorm(const op_desc *d, double *const in[], double *out) {
   }
 }
 
+// Llama 3's rope_scaling of an inverse frequency f, from Hugging Face's
+// definition: wavelength L = 2 pi / f; L > orig / low: f / factor;
+// L < orig / high: f; between: (1 - s) f / factor + s f with
+// s = (orig / L - low) / (high - low). factor 0: f.
+static double llama3_freq(const op_attrs *a, double f) {
+  if (a->rope_factor == 0.0f) return f;
+  double L = 2.0 * M_PI / f, orig = a->rope_orig;
+  if (L > orig / a->rope_low) return f / a->rope_factor;
+  if (L < orig / a->rope_high) return f;
+  double s = (orig / L - a->rope_low) / (a->rope_high - a->rope_low);
+  return (1.0 - s) * f / a->rope_factor + s * f;
+}
+
 // x is (B,T,H*hd), in Hugging Face's form: with cos and sin of length hd
 // (the hd/2 frequencies twice), y = x * cos + rotate_half(x) * sin where
 // rotate_half(x) = (-x2, x1)
@@ -84,7 +97,8 @@ static void ref_rope(const op_desc *d, double *const in[], double *out) {
         const double *x = in[0] + (b * T + t) * W + h0;
         double *y = out + (b * T + t) * W + h0;
         for (int64_t k = 0; k < hd; k++) {
-          double freq = 1.0 / pow(theta, (double)(2 * (k % half)) / hd);
+          double freq = llama3_freq(
+              &d->attrs, 1.0 / pow(theta, (double)(2 * (k % half)) / hd));
           double rot = k < half ? -x[k + half] : x[k - half];
           y[k] = x[k] * cos(t * freq) + rot * sin(t * freq);
         }
@@ -218,6 +232,16 @@ static void test_rope(void **state) {
   check_case(&c);
   c.desc.attrs.theta = 0.0f;
   c.desc.attrs.heads = 4;
+  check_case(&c);
+  /* Llama 3's scaling: at theta 500000 and head dim 16 the wavelengths
+   * 6.3, 32.5 and 167 are kept, blended and slowed for orig 64 */
+  c = make_case(OP_ROPE, ref_rope, 1, S3(2, 40, 32));
+  c.desc.attrs.heads = 2;
+  c.desc.attrs.theta = 500000.0f;
+  c.desc.attrs.rope_factor = 8.0f;
+  c.desc.attrs.rope_low = 1.0f;
+  c.desc.attrs.rope_high = 4.0f;
+  c.desc.attrs.rope_orig = 64;
   check_case(&c);
 }
 
@@ -733,7 +757,8 @@ typedef enum bad_op {
   BAD_RMSNORM,
   BAD_RMSNORM_EPS,
   BAD_ROPE,
-  BAD_ROPE_THETA
+  BAD_ROPE_THETA,
+  BAD_ROPE_SCALING
 } bad_op;
 
 /* Builds x of shape xd on a fresh graph, calls the builder, and checks
@@ -763,6 +788,11 @@ static void expect_error(remat_runtime *rt, bad_op op, int xnd,
     break;
   case BAD_ROPE:
   case BAD_ROPE_THETA: y = remat_rope(g, x, (int)a, f); break;
+  case BAD_ROPE_SCALING: {
+    remat_rope_scaling sc = {f, 1.0f, 4.0f, (int)b};
+    y = remat_rope_scaled(g, x, (int)a, 0.0f, &sc);
+    break;
+  }
   }
   assert_null(y);
   assert_int_equal(remat_graph_status(g), status);
@@ -816,6 +846,17 @@ static void test_bad_input(void **state) {
   expect_error(rt, BAD_ROPE_THETA, 3, x3, 2, 0, NAN, REMAT_ERR_INVALID_ARG,
                "rope: theta nan is not valid: expected a finite theta (> 0, "
                "or <= 0 for 10000)");
+  expect_error(rt, BAD_ROPE_SCALING, 3, x3, 2, 64, 0.5f,
+               REMAT_ERR_INVALID_ARG,
+               "rope: scaling factor 0.5, low_freq_factor 1, "
+               "high_freq_factor 4, original_max_position_embeddings 64: "
+               "factor (expected a finite value >= 1, or 0 for none) is not "
+               "valid");
+  expect_error(rt, BAD_ROPE_SCALING, 3, x3, 2, 0, 8.0f, REMAT_ERR_INVALID_ARG,
+               "rope: scaling factor 8, low_freq_factor 1, high_freq_factor "
+               "4, original_max_position_embeddings 0: "
+               "original_max_position_embeddings (expected >= 1) is not "
+               "valid");
   remat_runtime_destroy(rt);
 }
 

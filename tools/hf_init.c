@@ -139,6 +139,60 @@ static int divides(int width, int heads, const char *wname, const char *hname,
   return -1;
 }
 
+/* rope_scaling: absent or null (none), or Llama 3's form: {"rope_type" (or
+ * "type"): "llama3", "factor", "low_freq_factor", "high_freq_factor",
+ * "original_max_position_embeddings"}. A message about one of its fields
+ * names it as rope_scaling.FIELD. */
+static int rope_scaling_field(const cJSON *r, remat_rope_scaling *out,
+                              char *err, size_t len) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(r, "rope_scaling");
+  if (v == NULL || cJSON_IsNull(v))
+    return 0;
+  if (!cJSON_IsObject(v)) {
+    snprintf(err, len,
+             "config.json: rope_scaling is %s: expected null or an object "
+             "with rope_type \"llama3\"",
+             json_kind(v));
+    return -1;
+  }
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "rope_type");
+  if (type == NULL)
+    type = cJSON_GetObjectItemCaseSensitive(v, "type");
+  if (!cJSON_IsString(type) || strcmp(type->valuestring, "llama3") != 0) {
+    snprintf(err, len,
+             "config.json: rope_scaling.rope_type %s%.64s%s: remat builds "
+             "\"llama3\" only",
+             cJSON_IsString(type) ? "\"" : "is ",
+             cJSON_IsString(type) ? type->valuestring
+             : type == NULL       ? "missing"
+                                  : json_kind(type),
+             cJSON_IsString(type) ? "\"" : "");
+    return -1;
+  }
+  static const char *const need[] = {"factor", "low_freq_factor",
+                                     "high_freq_factor"};
+  float *at[] = {&out->factor, &out->low_freq_factor, &out->high_freq_factor};
+  int rc = 0;
+  for (int i = 0; i < 3 && rc == 0; i++) {
+    if (cJSON_GetObjectItemCaseSensitive(v, need[i]) == NULL) {
+      snprintf(err, len, "config.json: %s is missing", need[i]);
+      rc = -1;
+    } else {
+      rc = float_field(v, need[i], 1e6, 0.0f, at[i], err, len);
+    }
+  }
+  if (rc == 0)
+    rc = int_field(v, "original_max_position_embeddings", 1, MAX_POSITIONS,
+                   -1, &out->original_max_position_embeddings, err, len);
+  if (rc != 0) { /* "config.json: X ..." -> "config.json: rope_scaling.X" */
+    const char *head = "config.json: ";
+    char rest[512];
+    snprintf(rest, sizeof rest, "%s", err + strlen(head));
+    snprintf(err, len, "%srope_scaling.%s", head, rest);
+  }
+  return rc;
+}
+
 static int read_llama(const cJSON *r, hf_model *m, char *err, size_t len) {
   remat_llama_config *c = &m->llama;
   int tied = 0;
@@ -159,10 +213,7 @@ static int read_llama(const cJSON *r, hf_model *m, char *err, size_t len) {
       float_field(r, "rope_theta", 1e12, 10000.0f, &c->rope_theta, err, len) ||
       bool_field(r, "tie_word_embeddings", 0, &tied, err, len) ||
       string_field(r, "hidden_act", "silu", "silu", err, len) ||
-      absent_field(r, "rope_scaling",
-                   "remat's RoPE has no scaling (the "
-                   "frequencies of rope_theta alone)",
-                   err, len) ||
+      rope_scaling_field(r, &c->rope_scaling, err, len) ||
       absent_field(r, "attention_bias",
                    "remat's Llama projections have no "
                    "bias",

@@ -110,6 +110,27 @@ remat_tensor *remat_scale(remat_graph *g, const remat_tensor *x, float s) {
 
 remat_tensor *remat_rope(remat_graph *g, const remat_tensor *x, int heads,
                          float theta) {
+  return remat_rope_scaled(g, x, heads, theta, NULL);
+}
+
+const char *remat__rope_scaling_flaw(const remat_rope_scaling *s) {
+  if (s->factor == 0.0f)
+    return NULL;
+  if (!isfinite(s->factor) || s->factor < 1.0f)
+    return "factor (expected a finite value >= 1, or 0 for none)";
+  if (!isfinite(s->low_freq_factor) || s->low_freq_factor <= 0.0f)
+    return "low_freq_factor (expected a finite value > 0)";
+  if (!isfinite(s->high_freq_factor) ||
+      s->high_freq_factor <= s->low_freq_factor)
+    return "high_freq_factor (expected a finite value > low_freq_factor)";
+  if (s->original_max_position_embeddings < 1)
+    return "original_max_position_embeddings (expected >= 1)";
+  return NULL;
+}
+
+remat_tensor *remat_rope_scaled(remat_graph *g, const remat_tensor *x,
+                                int heads, float theta,
+                                const remat_rope_scaling *scaling) {
   if (g != NULL && g->status == REMAT_OK && !isfinite(theta)) {
     graph_fail(g, REMAT_ERR_INVALID_ARG,
                "rope: theta %g is not valid: expected a finite theta (> 0, "
@@ -118,6 +139,23 @@ remat_tensor *remat_rope(remat_graph *g, const remat_tensor *x, int heads,
     return NULL;
   }
   op_attrs attrs = {.heads = heads, .theta = theta > 0.0f ? theta : 1e4f};
+  if (scaling != NULL && scaling->factor != 0.0f) {
+    const char *bad = remat__rope_scaling_flaw(scaling);
+    if (g != NULL && g->status == REMAT_OK && bad != NULL) {
+      graph_fail(g, REMAT_ERR_INVALID_ARG,
+                 "rope: scaling factor %g, low_freq_factor %g, "
+                 "high_freq_factor %g, original_max_position_embeddings %d: "
+                 "%s is not valid",
+                 (double)scaling->factor, (double)scaling->low_freq_factor,
+                 (double)scaling->high_freq_factor,
+                 scaling->original_max_position_embeddings, bad);
+      return NULL;
+    }
+    attrs.rope_factor = scaling->factor;
+    attrs.rope_low = scaling->low_freq_factor;
+    attrs.rope_high = scaling->high_freq_factor;
+    attrs.rope_orig = scaling->original_max_position_embeddings;
+  }
   return graph_add_op(g, OP_ROPE, &x, 1, &attrs);
 }
 

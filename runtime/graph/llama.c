@@ -67,8 +67,8 @@ static remat_tensor *block(remat_graph *g, const remat_llama_config *c, int l,
       model_named(g, proj(g, c, mask, K, b, "self_attn.k_proj", h, wk), "k");
   remat_tensor *v =
       model_named(g, proj(g, c, mask, V, b, "self_attn.v_proj", h, wv), "v");
-  q = remat_rope(g, q, heads, theta);
-  k = remat_rope(g, k, kvh, theta);
+  q = remat_rope_scaled(g, q, heads, theta, &c->rope_scaling);
+  k = remat_rope_scaled(g, k, kvh, theta, &c->rope_scaling);
   remat_attention_config ac = {.heads = heads,
                                .kv_heads = kvh,
                                .causal = 1,
@@ -111,6 +111,11 @@ static remat_status check_config(remat_graph *g, const remat_llama_config *c) {
                       "remat_llama_build: rms_norm_eps %g, rope_theta %g: "
                       "expected finite values (0 for the defaults)",
                       (double)c->rms_norm_eps, (double)c->rope_theta);
+  const char *flaw = remat__rope_scaling_flaw(&c->rope_scaling);
+  if (flaw != NULL)
+    return graph_fail(g, REMAT_ERR_INVALID_ARG,
+                      "remat_llama_build: rope_scaling: %s is not valid",
+                      flaw);
   remat_status s = model_check_form(g, "remat_llama_build", "num_hidden_layers",
                                     c->num_hidden_layers, c->attention);
   if (s != REMAT_OK)
