@@ -487,7 +487,8 @@ def test_load(tmp):
     print("RSS after 5 s and 10 s of load: %d and %d KiB" % tuple(rss))
     check(rss[1] <= rss[0] * 1.05, "RSS flat after warm-up (within 5%%): "
           "%d then %d KiB" % tuple(rss))
-    expect(sorted(set(s for s, _ in res)), [200], "statuses without a job")
+    expect(sorted(set(s for s, _ in res), key=str), [200],
+           "statuses without a job")
     summary(res, 10, "8 clients, no job")
     st, doc, _ = srv.request("POST", "/v1/jobs", dict(JOB, data=data))
     res, beside = [], {}
@@ -495,7 +496,8 @@ def test_load(tmp):
     job = wait_job(srv, doc["id"], timeout=300)
     for t in ts:
         t.join()
-    expect(sorted(set(s for s, _ in res)), [200], "statuses with a job")
+    expect(sorted(set(s for s, _ in res), key=str), [200],
+           "statuses with a job")
     summary(res, 10, "8 clients, a job training")
     # each request alone gives the tokens it got batched with others
     expect(len(batched), 24, "requests compared")

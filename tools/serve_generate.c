@@ -21,7 +21,12 @@ typedef struct gen_req {
   int32_t *ctx;   /* prompt, then the tokens drawn */
   int n, total;
   uint64_t rng;
-  int done, status;
+  /* finished: written by the generation thread alone, outside q->lock;
+   * done: written under q->lock once the request has left its row, and
+   * the only field gen_run reads while it waits. After done, the
+   * generation thread never touches the request again (it lives on
+   * gen_run's stack). */
+  int finished, done, status;
   char err[256];
   struct gen_req *next;
 } gen_req;
@@ -68,7 +73,7 @@ static void gen_tokens(gen_queue *q) {
       g->status = 500;
       snprintf(g->err, sizeof g->err, "the forward pass failed: %s",
                remat_last_error());
-      g->done = 1;
+      g->finished = 1;
       continue;
     }
     const gen_params *p = g->p;
@@ -76,7 +81,7 @@ static void gen_tokens(gen_queue *q) {
                                  p->top_k, &g->rng, q->scratch);
     if (g->n == g->total) {
       g->status = 200;
-      g->done = 1;
+      g->finished = 1;
     }
   }
   pthread_mutex_unlock(&q->model);
@@ -104,18 +109,22 @@ static void *gen_thread(void *arg) {
     if (q->stop > 0 && now() > q->deadline)
       for (int r = 0; r < q->nactive; r++) {
         gen_req *g = q->active[r];
-        if (g->done)
+        if (g->finished)
           continue;
         g->status = 503;
         snprintf(g->err, sizeof g->err, "the server is shutting down: the "
                  "request was stopped after %d of its %d tokens",
                  g->n - g->p->n, g->p->max_tokens);
-        g->done = 1;
+        g->finished = 1;
       }
     int kept = 0;
-    for (int r = 0; r < q->nactive; r++)
-      if (!q->active[r]->done)
-        q->active[kept++] = q->active[r];
+    for (int r = 0; r < q->nactive; r++) {
+      gen_req *g = q->active[r];
+      if (g->finished)
+        g->done = 1; /* last touch: gen_run may return once q->lock drops */
+      else
+        q->active[kept++] = g;
+    }
     if (kept < q->nactive)
       pthread_cond_broadcast(&q->done_cv);
     q->nactive = kept;
