@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/alloc.h"
 
@@ -35,6 +36,19 @@ void *remat__realloc(void *p, size_t bytes) {
 
 void *remat__aligned_alloc(size_t align, size_t bytes) {
   return allowed() ? aligned_alloc(align, bytes) : NULL;
+}
+
+void *remat__map(size_t bytes) {
+  if (!allowed())
+    return NULL;
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+void remat__unmap(void *p, size_t bytes) {
+  if (p != NULL)
+    munmap(p, bytes);
 }
 
 char *remat__strdup(const char *s) {

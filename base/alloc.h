@@ -12,6 +12,11 @@ void *remat__calloc(size_t count, size_t bytes);
 void *remat__realloc(void *p, size_t bytes);
 void *remat__aligned_alloc(size_t align, size_t bytes);
 char *remat__strdup(const char *s);
+/* Fresh zero pages from the kernel (page-aligned, untouched until used, so
+ * they cost no resident memory until then); remat__unmap gives them back
+ * at once. NULL when out of memory. */
+void *remat__map(size_t bytes);
+void remat__unmap(void *p, size_t bytes);
 
 /* `bytes` rounded up to a whole number of 64-byte lines, 0 staying 0: the
  * one rounding of block sizes, scratch and buffer layouts (the tensor

@@ -1,0 +1,50 @@
+/* Free byte ranges inside regions taken from the system, for the tensor
+ * arena (memory.c): a block is carved from the smallest free range that
+ * holds it (lowest address on ties) and merged back with its free
+ * neighbours when it is given back, so the bytes a size frees serve every
+ * other size, and the pages a step touches follow its peak of live bytes
+ * rather than the sum of each size's own peak. */
+#ifndef REMAT_RUNTIME_CORE_EXTENTS_H
+#define REMAT_RUNTIME_CORE_EXTENTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct extent {
+  char *at;
+  size_t bytes;
+  int region; /* ranges merge only within one region */
+} extent;
+
+typedef struct extent_region {
+  char *base;
+  size_t bytes;
+} extent_region;
+
+typedef struct extent_set {
+  extent *free; /* [nfree] sorted by address */
+  int nfree, cap;
+  extent_region *regions; /* [nregions] */
+  int nregions, region_cap;
+  int64_t live;     /* blocks taken and not given back */
+  size_t capacity;  /* bytes of all regions */
+  size_t high_end;  /* most bytes from a region's base ever handed out
+                       (the largest such over regions), for tests */
+} extent_set;
+
+/* A block of `bytes` (a multiple of 64) from the smallest free range that
+ * holds it; NULL when none does, or when the bookkeeping is out of memory
+ * (then nothing changed). */
+void *extents_take(extent_set *s, size_t bytes);
+/* Gives back a block that extents_take returned, with the same size; never
+ * allocates (extents_take and extents_add_region keep room for it). */
+void extents_give(extent_set *s, void *p, size_t bytes);
+/* Adds a region of `bytes` at `base` (owned by the caller, who frees it
+ * after extents_free), all of it free. False when out of memory for the
+ * bookkeeping (then nothing changed). */
+bool extents_add_region(extent_set *s, void *base, size_t bytes);
+/* Frees the bookkeeping (not the regions). */
+void extents_free(extent_set *s);
+
+#endif
