@@ -129,6 +129,10 @@ bool extents_add_region(extent_set *s, void *base, size_t bytes) {
   return true;
 }
 
+bool extents_reserve(extent_set *s, int64_t blocks) {
+  return reserve_free(s, (int)blocks + s->nregions + 1);
+}
+
 void extents_free(extent_set *s) {
   free(s->free);
   free(s->regions);

@@ -44,6 +44,9 @@ void extents_give(extent_set *s, void *p, size_t bytes);
  * after extents_free), all of it free. False when out of memory for the
  * bookkeeping (then nothing changed). */
 bool extents_add_region(extent_set *s, void *base, size_t bytes);
+/* Room in the bookkeeping for `blocks` live blocks at once, so that
+ * taking that many allocates nothing. False when out of memory. */
+bool extents_reserve(extent_set *s, int64_t blocks);
 /* Frees the bookkeeping (not the regions). */
 void extents_free(extent_set *s);
 

@@ -302,8 +302,11 @@ remat_status mem_reserve(mem_arena *a) {
   for (int n = 0; n < a->nnodes && n < a->nhomes; n++) {
     node_cache *c = &a->caches[n];
     size_t want = 0, have = c->pool.capacity;
-    for (int i = 0; i < c->nlists; i++)
+    int64_t blocks = 0;
+    for (int i = 0; i < c->nlists; i++) {
       want += (size_t)c->lists[i].high * c->lists[i].bytes;
+      blocks += c->lists[i].high;
+    }
     if (want > have) { /* twice: room to place blocks without a second
                           region; untouched pages cost nothing */
       pthread_mutex_lock(&a->lock);
@@ -312,6 +315,8 @@ remat_status mem_reserve(mem_arena *a) {
       if (!ok)
         return REMAT_ERR_OUT_OF_MEMORY;
     }
+    if (!extents_reserve(&c->pool, blocks + 1)) /* after any new region */
+      return REMAT_ERR_OUT_OF_MEMORY;
   }
   for (int n = a->nnodes; n < a->nhomes; n++) {
     node_cache *c = &a->caches[n];
