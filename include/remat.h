@@ -484,7 +484,9 @@ REMAT_API remat_status remat_graph_set_policy(remat_graph *g,
 /* Sets g's memory budget in bytes, as REMAT_MEMORY_BUDGET sets the
  * runtime's: the planner fits g's plan in it (or fails with
  * REMAT_ERR_BUDGET), a step admits tasks within it, and remat_accumulate's
- * gradient sums must fit in it. 0: none, whatever the runtime's;
+ * gradient sums must fit in it; as under the runtime's budget, g's regions
+ * that name no policy are then planned by the budget (docs/policies.md),
+ * not given the default policy. 0: none, whatever the runtime's;
  * REMAT_RUNTIME_BUDGET (the default): the runtime's. Other negative
  * values fail with REMAT_ERR_INVALID_ARG. */
 REMAT_API remat_status remat_graph_set_memory_budget(remat_graph *g,
