@@ -40,15 +40,17 @@ remat_status plan_fusions(remat_graph *g, int32_t loss) {
       readers[g->ops[o].in[i]]++;
   for (int32_t c = 0; c < g->nops; c++) {
     graph_op *op = &g->ops[c];
-    /* Only f32 ops fuse: there the fused and separate forms give the same
-     * bits (test_fuse). A bf16 gelu fused would skip its input's rounding
-     * to bf16, and since it fuses only where that input is recomputed
-     * (lower.c), the bits would depend on the policy; a bf16 add fused
-     * (rounding once where the separate kernels round twice) took
-     * remat-train's default bf16 run to 93% exact-match accuracy where
-     * the separate kernels reach 100%, which is not understood yet. */
-    if ((op->desc.type != OP_ADD && op->desc.type != OP_GELU) ||
-        op->desc.in_dtype[0] != OP_F32)
+    /* Adds fuse in both precisions. In bf16 the fused add rounds
+     * x . w^T + b + r to bf16 once where the separate kernels round the
+     * linear's output first: not the same bits, but closer to the exact
+     * sum, and the same under every policy, since the add fuses under all
+     * of them (test_fuse: test_fused_add_bf16_rounding,
+     * test_fused_bf16_accuracy). A gelu fuses in f32 only: fused in bf16
+     * it would skip its input's rounding to bf16, which oneDNN's post-ops
+     * cannot do, and since it fuses only where that input is recomputed
+     * (lower.c), the bits would depend on the policy. */
+    if (op->desc.type != OP_ADD &&
+        (op->desc.type != OP_GELU || op->desc.in_dtype[0] != OP_F32))
       continue;
     for (int k = 0; k < op->desc.nin; k++) {
       if (!fusable(g, readers, loss, c, k))
