@@ -182,7 +182,7 @@ static void test_fused_matches_unfused(void **state) {
   for (size_t k = 0; k < sizeof policies / sizeof *policies; k++)
     for (int bf16 = 0; bf16 < 2; bf16++) {
       remat_precision p = bf16 ? REMAT_PRECISION_BF16 : REMAT_PRECISION_F32;
-      result a = run("1", 2, NULL, policies[k], p);
+      result a = run(bf16 ? "bf16" : "1", 2, NULL, policies[k], p);
       result b = run("0", 2, NULL, policies[k], p);
       assert_int_equal(a.n, b.n);
       if (!bf16) {
@@ -222,19 +222,27 @@ static double grad_error(const result *a, const result *ref) {
   return sqrt(e / fmax(n, 1e-300));
 }
 
-/* bf16 fused against bf16 unfused, both against the f32 step on the same
- * weights and batch: per policy, fusion must not make the bf16 step less
- * accurate (its loss and gradients no farther from f32 than 1.25 times
- * the unfused bf16 step's distance, which is a few bf16 roundings), and
- * the fused bf16 step gives the same bits under every policy. */
+/* bf16 fused (REMAT_FUSE=bf16) against bf16 unfused, both against the f32
+ * step on the same weights and batch: per policy, fusion must not make the
+ * bf16 step less accurate (its loss and gradients no farther from f32 than
+ * 1.25 times the unfused bf16 step's distance, which is a few bf16
+ * roundings), and the fused bf16 step gives the same bits under every
+ * policy. REMAT_FUSE=1 leaves a bf16 graph unfused: the same bits as 0. */
 static void test_fused_bf16_accuracy(void **state) {
   (void)state;
   char *saved = getenv("REMAT_FUSE") ? strdup(getenv("REMAT_FUSE")) : NULL;
   uint64_t first = 0;
   for (size_t k = 0; k < sizeof policies / sizeof *policies; k++) {
     result ref = run("0", 2, NULL, policies[k], REMAT_PRECISION_F32);
-    result a = run("1", 2, NULL, policies[k], REMAT_PRECISION_BF16);
+    result a = run("bf16", 2, NULL, policies[k], REMAT_PRECISION_BF16);
     result b = run("0", 2, NULL, policies[k], REMAT_PRECISION_BF16);
+    result c = run("1", 2, NULL, policies[k], REMAT_PRECISION_BF16);
+    if (c.hash != b.hash || c.loss != b.loss)
+      fail_msg("%s bf16: REMAT_FUSE=1 gives loss %.9g grads %016llx, 0 gives "
+               "%.9g %016llx",
+               policies[k], c.loss, (unsigned long long)c.hash, b.loss,
+               (unsigned long long)b.hash);
+    free(c.grads);
     double ga = grad_error(&a, &ref), gb = grad_error(&b, &ref);
     double la = fabs(a.loss - ref.loss), lb = fabs(b.loss - ref.loss);
     if (ga > 1.25 * gb || la > 1.25 * lb + 1e-6 * ref.loss)
@@ -259,10 +267,10 @@ static void test_fused_bf16_accuracy(void **state) {
 static void test_fused_bitwise_threads(void **state) {
   (void)state;
   char *saved = getenv("REMAT_FUSE") ? strdup(getenv("REMAT_FUSE")) : NULL;
-  const char *fuse = fusing() ? "1" : "0";
   for (size_t k = 0; k < 2; k++)
     for (int bf16 = 0; bf16 < 2; bf16++) {
       remat_precision p = bf16 ? REMAT_PRECISION_BF16 : REMAT_PRECISION_F32;
+      const char *fuse = !fusing() ? "0" : bf16 ? "bf16" : "1";
       result one = run(fuse, 1, NULL, policies[k], p);
       result two_t = run(fuse, 2, NULL, policies[k], p);
       result nodes =
@@ -290,7 +298,8 @@ static void test_fuse_env_refused(void **state) {
   assert_null(rt);
   assert_string_equal(remat_last_error(),
                       "REMAT_FUSE='yes' is not valid: expected 0 (no fused "
-                      "epilogues) or 1 (fused, the default)");
+                      "epilogues), 1 (fused, the default) or bf16 (bf16 "
+                      "residual adds fused too)");
   /* a runtime that reads no environment ignores it */
   remat_config rc = {.set = REMAT_SET_NO_ENV | REMAT_SET_NUM_THREADS,
                      .num_threads = 1};
