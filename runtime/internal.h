@@ -113,6 +113,7 @@ struct remat_runtime {
                          under a budget without memory admission (for
                          benchmarks that measure its cost; not public) */
   bool no_fuse;       /* REMAT_FUSE=0 at creation: no fused epilogues */
+  bool fuse_bf16;     /* REMAT_FUSE=bf16: bf16 residual adds fuse too */
   bool split_update;  /* REMAT_BENCH_SPLIT_UPDATE was set at creation: the
                          update, the bf16 weight refresh and the node
                          copies as separate passes over each tile (the
