@@ -658,7 +658,7 @@ REMAT_API remat_status remat_uncancel(remat_graph *g);
 /* Whether g's cancel flag is set (0 or 1; 0 for a NULL g). */
 REMAT_API int remat_cancelled(const remat_graph *g);
 
-/* How urgent a graph's runs are when several wait for the runtime's
+/* How urgent a graph's runs are when several share the runtime's
  * workers (remat_graph_priority). */
 typedef enum remat_priority {
   REMAT_PRIORITY_NORMAL = 0,      /* the default */
@@ -667,16 +667,14 @@ typedef enum remat_priority {
 } remat_priority;
 /* Sets the class of g's runs (remat_step, remat_accumulate,
  * remat_forward); thread-safe, from any thread, taking effect at g's next
- * run. The runtime's workers run one run's task DAG at a time; when it
- * ends, the run that goes next is one of the most urgent class that
- * waits (INTERACTIVE, then NORMAL, then BATCH), and within a class the
- * one that began waiting first. So a forward of an INTERACTIVE graph
- * waits at most for the end of the run in progress, never behind queued
- * runs of other classes; a BATCH graph's runs wait while any other waits
- * (they may wait forever under a steady stream of them). A run in
- * progress is not interrupted: its tasks keep all the workers until it
- * ends (tasks of several graphs do not yet interleave). Results do not
- * depend on the class. A value outside the enum: REMAT_ERR_INVALID_ARG. */
+ * run. Runs of different classes are in progress at once on the
+ * runtime's workers: at every task boundary a worker takes a ready task
+ * of the most urgent class that has one (INTERACTIVE, then NORMAL, then
+ * BATCH), so a forward of an INTERACTIVE graph waits at most for the
+ * tasks already running, not for a training step to end. Runs of one
+ * class go one at a time, first come first served. A BATCH run only gets
+ * the workers the others leave idle. Results do not depend on the class
+ * or on what else runs. A value outside the enum: REMAT_ERR_INVALID_ARG. */
 REMAT_API remat_status remat_graph_priority(remat_graph *g,
                                             remat_priority priority);
 
