@@ -187,7 +187,8 @@ static void usage(FILE *f) {
           "acts only under a budget (--budget)\n"
           "--compare-fusion: also run the model without fused epilogues\n"
           "(the runtime created with REMAT_FUSE=0; the main run with\n"
-          "REMAT_FUSE=1), in interleaved rounds, and report the step-time\n"
+          "REMAT_FUSE=1, or bf16 if so set), in interleaved rounds, and\n"
+          "report the step-time\n"
           "ratio\n"
           "--compare-update: also run the model with the optimizer's update,\n"
           "bf16 weight refresh and node copies as separate passes (the\n"
@@ -737,7 +738,9 @@ int main(int argc, char **argv) {
                o.compare_admission || o.compare_fusion || o.compare_update ||
                o.compare_dw || full;
   char *fuse_env = getenv("REMAT_FUSE") ? strdup(getenv("REMAT_FUSE")) : NULL;
-  if (o.compare_fusion) /* read when each runtime is created */
+  /* read when each runtime is created; REMAT_FUSE=bf16 (bf16 adds fused
+   * too) is kept for the main run */
+  if (o.compare_fusion && (fuse_env == NULL || strcmp(fuse_env, "bf16")))
     setenv("REMAT_FUSE", "1", 1);
   remat_attention_kind main_kind =
       o.both ? REMAT_ATTENTION_MATERIALIZED : o.cfg.attention;

@@ -452,7 +452,8 @@ REMAT_API remat_status remat_policy_format(const remat_policy *policy,
 
 /* Opens a checkpoint region; ops built until the matching remat_region_end
  * belong to it. Regions nest; the innermost policy decides inside it. NULL
- * means the runtime's default policy (REMAT_POLICY). The policy is copied. */
+ * means the graph's default policy (remat_graph_set_policy, else the
+ * runtime's REMAT_POLICY). The policy is copied. */
 REMAT_API remat_status remat_region_begin(remat_graph *g,
                                           const remat_policy *policy);
 REMAT_API remat_status remat_region_end(remat_graph *g);
@@ -463,6 +464,33 @@ REMAT_API remat_status remat_region_name(remat_graph *g, const char *name);
 /* Names an activation for the name-based policies. */
 REMAT_API remat_status remat_checkpoint_name(remat_graph *g, remat_tensor *t,
                                              const char *name);
+
+/* Per-graph settings: they override the runtime's REMAT_POLICY and
+ * REMAT_MEMORY_BUDGET for g alone (other graphs on the runtime keep the
+ * runtime's), so graphs with different plans share one runtime's workers.
+ * They are set while building, before remat_compile, which plans with
+ * them; a compiled plan is never redone, so after remat_compile they fail
+ * with REMAT_ERR_STATE, naming the function and saying that the graph is
+ * already compiled, and change nothing (the graph stays usable). Like
+ * the builders, a failure before compile is the graph's sticky error.
+ *
+ * Sets g's default policy, the one its regions opened with NULL (and
+ * those of the model builders) get; NULL: the runtime's again. The policy
+ * is copied and may be "auto", which needs g's memory budget. */
+REMAT_API remat_status remat_graph_set_policy(remat_graph *g,
+                                              const remat_policy *policy);
+/* remat_graph_set_memory_budget's value for "the runtime's budget". */
+#define REMAT_RUNTIME_BUDGET ((int64_t)-1)
+/* Sets g's memory budget in bytes, as REMAT_MEMORY_BUDGET sets the
+ * runtime's: the planner fits g's plan in it (or fails with
+ * REMAT_ERR_BUDGET), a step admits tasks within it, and remat_accumulate's
+ * gradient sums must fit in it; as under the runtime's budget, g's regions
+ * that name no policy are then planned by the budget (docs/policies.md),
+ * not given the default policy. 0: none, whatever the runtime's;
+ * REMAT_RUNTIME_BUDGET (the default): the runtime's. Other negative
+ * values fail with REMAT_ERR_INVALID_ARG. */
+REMAT_API remat_status remat_graph_set_memory_budget(remat_graph *g,
+                                                     int64_t bytes);
 
 /* ---- compile and run ---- */
 
@@ -630,7 +658,7 @@ REMAT_API remat_status remat_uncancel(remat_graph *g);
 /* Whether g's cancel flag is set (0 or 1; 0 for a NULL g). */
 REMAT_API int remat_cancelled(const remat_graph *g);
 
-/* How urgent a graph's runs are when several wait for the runtime's
+/* How urgent a graph's runs are when several share the runtime's
  * workers (remat_graph_priority). */
 typedef enum remat_priority {
   REMAT_PRIORITY_NORMAL = 0,      /* the default */
@@ -639,16 +667,14 @@ typedef enum remat_priority {
 } remat_priority;
 /* Sets the class of g's runs (remat_step, remat_accumulate,
  * remat_forward); thread-safe, from any thread, taking effect at g's next
- * run. The runtime's workers run one run's task DAG at a time; when it
- * ends, the run that goes next is one of the most urgent class that
- * waits (INTERACTIVE, then NORMAL, then BATCH), and within a class the
- * one that began waiting first. So a forward of an INTERACTIVE graph
- * waits at most for the end of the run in progress, never behind queued
- * runs of other classes; a BATCH graph's runs wait while any other waits
- * (they may wait forever under a steady stream of them). A run in
- * progress is not interrupted: its tasks keep all the workers until it
- * ends (tasks of several graphs do not yet interleave). Results do not
- * depend on the class. A value outside the enum: REMAT_ERR_INVALID_ARG. */
+ * run. Runs of different classes are in progress at once on the
+ * runtime's workers: at every task boundary a worker takes a ready task
+ * of the most urgent class that has one (INTERACTIVE, then NORMAL, then
+ * BATCH), so a forward of an INTERACTIVE graph waits at most for the
+ * tasks already running, not for a training step to end. Runs of one
+ * class go one at a time, first come first served. A BATCH run only gets
+ * the workers the others leave idle. Results do not depend on the class
+ * or on what else runs. A value outside the enum: REMAT_ERR_INVALID_ARG. */
 REMAT_API remat_status remat_graph_priority(remat_graph *g,
                                             remat_priority priority);
 
@@ -708,7 +734,8 @@ REMAT_API remat_tensor *remat_tensor_at(const remat_graph *g, int i);
 typedef enum remat_policy_source {
   REMAT_POLICY_NONE = 0,    /* the tensor is outside every region */
   REMAT_POLICY_OWN = 1,     /* the policy given to remat_region_begin */
-  REMAT_POLICY_DEFAULT = 2, /* the runtime's default (REMAT_POLICY) */
+  REMAT_POLICY_DEFAULT = 2, /* the graph's default (remat_graph_set_policy,
+                               else the runtime's REMAT_POLICY) */
   REMAT_POLICY_BUDGET = 3   /* chosen by the planner under the memory budget */
 } remat_policy_source;
 

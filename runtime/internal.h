@@ -113,6 +113,7 @@ struct remat_runtime {
                          under a budget without memory admission (for
                          benchmarks that measure its cost; not public) */
   bool no_fuse;       /* REMAT_FUSE=0 at creation: no fused epilogues */
+  bool fuse_bf16;     /* REMAT_FUSE=bf16: bf16 residual adds fuse too */
   bool split_update;  /* REMAT_BENCH_SPLIT_UPDATE was set at creation: the
                          update, the bf16 weight refresh and the node
                          copies as separate passes over each tile (the
@@ -222,7 +223,18 @@ struct remat_graph {
   struct graph_progress *progress; /* remat_set_progress, NULL when none */
   graph_lora *lora;        /* the LoRA adapters (lora.c), [nlora] */
   int32_t nlora, cap_lora;
+  char *policy;            /* remat_graph_set_policy's, in its string form;
+                              NULL: the runtime's (settings.c) */
+  bool own_budget;         /* remat_graph_set_memory_budget set budget */
+  int64_t budget;          /* bytes, 0: none; read only when own_budget */
 };
+
+/* settings.c: what g's compile plans with: its default policy (of regions
+ * that name none) in string form, its memory budget (0: none), and words
+ * that say where that budget is set, for messages. */
+const char *graph_default_policy(const remat_graph *g);
+int64_t graph_memory_budget(const remat_graph *g);
+const char *graph_budget_origin(const remat_graph *g);
 
 /* graph_check.c: records the first error on the graph (sticky) and in
  * the thread's last error; returns the status. */

@@ -8,26 +8,6 @@
 #include "base/alloc.h"
 #include "sched/sched_internal.h"
 
-/* Sleeps until a run starts (true) or the pool stops (false). */
-static bool wait_for_run(sched_worker *w, unsigned *seen) {
-  sched_pool *pool = w->pool;
-  sched_node *node = &pool->nodes[w->node];
-  pthread_mutex_lock(&node->mutex);
-  while (atomic_load(&pool->generation) == *seen &&
-         !atomic_load(&pool->shutdown))
-    pthread_cond_wait(&node->cond, &node->mutex);
-  *seen = atomic_load(&pool->generation);
-  pthread_mutex_unlock(&node->mutex);
-  return !atomic_load(&pool->shutdown);
-}
-
-static void leave_run(sched_pool *pool) {
-  pthread_mutex_lock(&pool->done_mutex);
-  if (--pool->active == 0)
-    pthread_cond_broadcast(&pool->done_cond);
-  pthread_mutex_unlock(&pool->done_mutex);
-}
-
 static void worker_start(sched_worker *w) {
   sched_pool *pool = w->pool;
   /* Tasks call oneDNN primitives, which run on OpenMP: with one OpenMP
@@ -47,14 +27,8 @@ static void worker_start(sched_worker *w) {
 
 static void *worker_main(void *arg) {
   sched_worker *w = arg;
-  unsigned seen = 0;
   worker_start(w);
-  while (wait_for_run(w, &seen)) {
-    w->dag = w->pool->dag;
-    sched_worker_run(w);
-    w->dag = NULL;
-    leave_run(w->pool);
-  }
+  sched_worker_loop(w);
   return NULL;
 }
 
@@ -68,12 +42,8 @@ static void *aligned_calloc(size_t count, size_t size) {
 }
 
 static void init_shared(sched_pool *pool) {
-  atomic_init(&pool->generation, 0);
+  atomic_init(&pool->live_mask, 0);
   atomic_init(&pool->shutdown, false);
-  atomic_init(&pool->error_status, 0);
-  atomic_init(&pool->root_cursor, 0);
-  atomic_init(&pool->admit_lock, 0);
-  atomic_init(&pool->finished, 0);
   pthread_mutex_init(&pool->done_mutex, NULL);
   pthread_cond_init(&pool->done_cond, NULL);
   pthread_mutex_init(&pool->run_mutex, NULL);
@@ -82,17 +52,41 @@ static void init_shared(sched_pool *pool) {
 
 static void init_nodes(sched_pool *pool) {
   for (int n = 0; n < pool->place.nnodes; n++) {
-    sched_queue_init(&pool->nodes[n].inbox);
     pthread_mutex_init(&pool->nodes[n].mutex, NULL);
     pthread_cond_init(&pool->nodes[n].cond, NULL);
     atomic_init(&pool->nodes[n].sleepers, 0);
   }
 }
 
+/* The runs' per-worker and per-node parts (one run per class). */
+static remat_status init_runs(sched_pool *pool) {
+  for (int c = 0; c < SCHED_NUM_CLASSES; c++) {
+    sched_run_state *run = &pool->runs[c];
+    run->cls = c;
+    atomic_init(&run->nroots, 0);
+    atomic_init(&run->live, false);
+    atomic_init(&run->error_status, 0);
+    atomic_init(&run->admit_lock, 0);
+    atomic_init(&run->root_cursor, 0);
+    atomic_init(&run->finished, 0);
+    run->workers = aligned_calloc((size_t)pool->nworkers, sizeof *run->workers);
+    run->inbox =
+        aligned_calloc((size_t)pool->place.nnodes, sizeof *run->inbox);
+    if (!run->workers || !run->inbox)
+      return REMAT_ERR_OUT_OF_MEMORY;
+    for (int i = 0; i < pool->nworkers; i++) {
+      sched_heap_init(&run->workers[i].ready);
+      atomic_init(&run->workers[i].inside, 0);
+    }
+    for (int n = 0; n < pool->place.nnodes; n++)
+      sched_queue_init(&run->inbox[n].queue);
+  }
+  return REMAT_OK;
+}
+
 static remat_status init_workers(sched_pool *pool) {
   for (int i = 0; i < pool->nworkers; i++) {
     sched_worker *w = &pool->workers[i];
-    sched_heap_init(&w->ready);
     w->pool = pool;
     w->index = i;
     w->node = pool->place.worker_node[i];
@@ -125,10 +119,15 @@ static void teardown(sched_pool *pool, int nstarted) {
   pthread_cond_destroy(&pool->run_cond);
   free(pool->workers);
   free(pool->nodes);
-  free(pool->pending);
-  free(pool->links.next);
-  free(pool->links.prev);
-  free(pool->admit_state);
+  for (int c = 0; c < SCHED_NUM_CLASSES; c++) {
+    sched_run_state *run = &pool->runs[c];
+    free(run->workers);
+    free(run->inbox);
+    free(run->pending);
+    free(run->links.next);
+    free(run->links.prev);
+    free(run->admit_state);
+  }
   sched_placement_free(&pool->place);
   free(pool);
 }
@@ -181,7 +180,8 @@ remat_status sched_pool_create(hwloc_topology_t topo, int nthreads,
   pool->nodes = aligned_calloc((size_t)pool->place.nnodes, sizeof *pool->nodes);
   if (pool->nodes)
     init_nodes(pool);
-  if (!pool->workers || !pool->nodes || init_workers(pool) != REMAT_OK) {
+  if (!pool->workers || !pool->nodes || init_workers(pool) != REMAT_OK ||
+      init_runs(pool) != REMAT_OK) {
     snprintf(err, SCHED_ERRMSG_MAX, "sched_pool_create: out of memory");
     teardown(pool, 0);
     return REMAT_ERR_OUT_OF_MEMORY;
@@ -195,10 +195,11 @@ remat_status sched_pool_create(hwloc_topology_t topo, int nthreads,
 void sched_pool_destroy(sched_pool *pool) {
   if (!pool)
     return;
-  /* A run in progress finishes first. */
+  /* Runs in progress finish first. */
   pthread_mutex_lock(&pool->run_mutex);
-  while (pool->run_busy)
-    pthread_cond_wait(&pool->run_cond, &pool->run_mutex);
+  for (int c = 0; c < SCHED_NUM_CLASSES; c++)
+    while (pool->run_busy[c])
+      pthread_cond_wait(&pool->run_cond, &pool->run_mutex);
   pthread_mutex_unlock(&pool->run_mutex);
   teardown(pool, pool->nworkers);
 }

@@ -1,5 +1,9 @@
-/* One run of a finalized DAG on a pool: the caller wakes the workers, which
- * find, run and release tasks until all have finished, and waits for them.
+/* Runs of finalized DAGs on a pool: a caller takes its class's run slot,
+ * lets the workers in and waits until all tasks have finished. Runs of
+ * different classes are in progress at once: a worker takes its tasks
+ * from the most urgent live run that has one, and leaves a less urgent
+ * run at the next task boundary when a more urgent one goes live. Within
+ * one run, where a worker looks for its next task, in order:
  *
  * Where a worker looks for its next task, in order:
  *  1. the continuation: of the successors a finished task made ready, the
@@ -43,9 +47,9 @@
  * bodies will be skipped). */
 static void record_error(sched_worker *w, int32_t task, int status) {
   int none = 0;
-  if (!atomic_compare_exchange_strong(&w->pool->error_status, &none, status))
+  if (!atomic_compare_exchange_strong(&w->run->error_status, &none, status))
     return;
-  w->pool->error_task = task;
+  w->run->error_task = task;
   sched_admit_open(w);
 }
 
@@ -53,17 +57,17 @@ static void record_error(sched_worker *w, int32_t task, int status) {
  * async task's body always runs). Returns whether the task has finished:
  * an async task whose body returned 0 finishes later, in sched_complete. */
 static bool run_task(sched_worker *w, int32_t task) {
-  sched_pool *pool = w->pool;
+  sched_run_state *run = w->run;
   const sched_task *t = &w->dag->tasks[task];
-  sched_trace_record *trace = pool->trace;
+  sched_trace_record *trace = run->trace;
   if (trace) {
     trace[task].worker = w->index;
     trace[task].start_ns = sched_now_ns();
   }
   int status = 0;
   if (t->async ||
-      atomic_load_explicit(&pool->error_status, memory_order_relaxed) == 0) {
-    status = t->fn(pool->context, t->arg, w->index);
+      atomic_load_explicit(&run->error_status, memory_order_relaxed) == 0) {
+    status = t->fn(run->context, t->arg, w->index);
     if (status != 0)
       record_error(w, task, status);
   }
@@ -71,10 +75,10 @@ static bool run_task(sched_worker *w, int32_t task) {
     return false;
   if (trace)
     trace[task].end_ns = sched_now_ns();
-  w->finished++;
-  if (pool->progress != NULL)
+  w->mine->finished++;
+  if (run->progress != NULL)
     atomic_fetch_add_explicit(
-        &pool->progress[w->index * SCHED_PROGRESS_STRIDE], 1,
+        &run->progress[w->index * SCHED_PROGRESS_STRIDE], 1,
         memory_order_relaxed);
   return true;
 }
@@ -98,7 +102,7 @@ static bool last_predecessor(const sched_task *succ, atomic_int *pending) {
  * priority first and holds back the highest one this node may run. */
 static int32_t release_successors(sched_worker *w, int32_t task) {
   const sched_dag *dag = w->dag;
-  atomic_int *pending = w->pool->pending;
+  atomic_int *pending = w->run->pending;
   int32_t next = -1;
   const sched_task *t = &dag->tasks[task];
   for (int32_t e = t->succ_end - 1; e >= t->succ_begin; e--) {
@@ -120,9 +124,9 @@ static int32_t release_successors(sched_worker *w, int32_t task) {
 /* Priority of the next root this worker would take (INT32_MIN if none). */
 static int32_t next_root_prio(const sched_worker *w) {
   const sched_dag *dag = w->dag;
-  if (w->root_next < w->root_end)
-    return sched_prio(dag, dag->roots[w->root_next]);
-  int32_t first = atomic_load_explicit(&w->pool->root_cursor,
+  if (w->mine->root_next < w->mine->root_end)
+    return sched_prio(dag, dag->roots[w->mine->root_next]);
+  int32_t first = atomic_load_explicit(&w->run->root_cursor,
                                        memory_order_relaxed);
   return first < dag->nroots ? sched_prio(dag, dag->roots[first])
                              : INT32_MIN;
@@ -133,7 +137,7 @@ static int32_t find_task(sched_worker *w);
 /* The continuation, or a waiting task that strictly outranks it. */
 static int32_t continue_with(sched_worker *w, int32_t next) {
   int32_t p = sched_prio(w->dag, next);
-  int32_t top = sched_heap_top_prio(&w->ready, w->dag);
+  int32_t top = sched_heap_top_prio(sched_own_heap(w), w->dag);
   /* the root's priority only when the heap does not already decide */
   if (top <= p && sched_keeps_continuation(p, top, next_root_prio(w)))
     return next;
@@ -141,26 +145,13 @@ static int32_t continue_with(sched_worker *w, int32_t next) {
   return find_task(w);
 }
 
-/* Runs `task` and its continuations; a task waiting for memory admission
- * (admit.c) ends the chain, and a release queues it later. */
-static void run_chain(sched_worker *w, int32_t task) {
-  while (task >= 0) {
-    if (w->dag->tasks[task].admit && !sched_admit(w, task))
-      return;
-    if (!run_task(w, task))
-      return;
-    task = release_successors(w, task);
-    if (task >= 0)
-      task = continue_with(w, task);
-  }
-}
-
 /* The next root for this worker: from its claimed batch, else a new one. */
 static int32_t next_root(sched_worker *w) {
   const sched_dag *dag = w->dag;
-  if (w->root_next < w->root_end)
-    return dag->roots[w->root_next++];
-  atomic_int *cursor = &w->pool->root_cursor;
+  sched_run_worker *mine = w->mine;
+  if (mine->root_next < mine->root_end)
+    return dag->roots[mine->root_next++];
+  atomic_int *cursor = &w->run->root_cursor;
   int32_t n = dag->nroots;
   int32_t first = atomic_load_explicit(cursor, memory_order_relaxed);
   if (first >= n)
@@ -169,18 +160,18 @@ static int32_t next_root(sched_worker *w) {
   first = atomic_fetch_add_explicit(cursor, batch, memory_order_relaxed);
   if (first >= n)
     return -1;
-  w->root_next = first + 1;
-  w->root_end = first + batch < n ? first + batch : n;
+  mine->root_next = first + 1;
+  mine->root_end = first + batch < n ? first + batch : n;
   return dag->roots[first];
 }
 
 static int32_t steal(sched_worker *w) {
-  sched_pool *pool = w->pool;
-  for (int i = 0; i < pool->nworkers - 1; i++) {
-    sched_heap *victim = &pool->workers[w->victims[i]].ready;
+  sched_run_state *run = w->run;
+  for (int i = 0; i < w->pool->nworkers - 1; i++) {
+    sched_heap *victim = &run->workers[w->victims[i]].ready;
     if (sched_heap_size(victim) == 0)
       continue;
-    int32_t task = sched_heap_pop(victim, w->dag, pool->links);
+    int32_t task = sched_heap_pop(victim, w->dag, run->links);
     if (task >= 0)
       return task;
   }
@@ -193,95 +184,177 @@ static int32_t steal(sched_worker *w) {
  * source may turn out emptied meanwhile by other workers; then the next
  * is tried. test_sched replays a 1-worker run by sched_pick_source. */
 static int32_t find_task(sched_worker *w) {
-  sched_pool *pool = w->pool;
+  sched_run_state *run = w->run;
+  sched_heap *own = sched_own_heap(w);
   int32_t task = -1;
-  int32_t top = sched_heap_top_prio(&w->ready, w->dag);
+  int32_t top = sched_heap_top_prio(own, w->dag);
   if (top != INT32_MIN && sched_heap_first(top, next_root_prio(w)))
-    task = sched_heap_pop(&w->ready, w->dag, pool->links);
-  sched_queue *inbox = &pool->nodes[w->node].inbox;
+    task = sched_heap_pop(own, w->dag, run->links);
+  sched_queue *inbox = &run->inbox[w->node].queue;
   if (task < 0 && sched_queue_size(inbox) > 0)
-    task = sched_queue_pop_head(inbox, pool->links);
+    task = sched_queue_pop_head(inbox, run->links);
   if (task < 0)
     task = next_root(w);
-  if (task < 0 && sched_heap_size(&w->ready) > 0)
-    task = sched_heap_pop(&w->ready, w->dag, pool->links);
+  if (task < 0 && sched_heap_size(own) > 0)
+    task = sched_heap_pop(own, w->dag, run->links);
   if (task < 0)
     task = steal(w);
   return task;
 }
 
-/* Adds this worker's finished count to the pool's; the worker that brings
- * it to the number of tasks wakes everyone to end the run. Returns whether
- * the run is over. */
-static bool flush_finished(sched_worker *w) {
-  if (w->finished > 0) {
-    int64_t total = atomic_fetch_add(&w->pool->finished, w->finished);
-    total += w->finished;
-    w->finished = 0;
-    if (total == w->dag->ntasks) {
-      sched_wake_all(w->pool);
-      return true;
-    }
+/* Adds this worker's finished count to its run's; the worker that brings
+ * it to the number of tasks tells the run's caller. */
+static void flush_finished(sched_worker *w) {
+  sched_run_worker *mine = w->mine;
+  if (mine->finished == 0)
+    return;
+  int64_t total = atomic_fetch_add(&w->run->finished, mine->finished);
+  total += mine->finished;
+  mine->finished = 0;
+  if (total == w->dag->ntasks) {
+    sched_pool *pool = w->pool;
+    pthread_mutex_lock(&pool->done_mutex);
+    pthread_cond_broadcast(&pool->done_cond);
+    pthread_mutex_unlock(&pool->done_mutex);
   }
-  return sched_run_over(w);
 }
 
-/* Waits for a task when find_task found none; -1 when the run is over. */
-static int32_t wait_for_task(sched_worker *w) {
-  for (;;) {
-    if (flush_finished(w))
-      return -1;
-    for (int i = 0; i < SPIN_PAUSES + SPIN_YIELDS; i++) {
+/* Whether a run more urgent than w's current one is live. */
+static bool urgent_live(const sched_worker *w) {
+  unsigned live = atomic_load_explicit(&w->pool->live_mask,
+                                       memory_order_relaxed);
+  return (live & ((1u << w->run->cls) - 1)) != 0;
+}
+
+/* Runs `task` and its continuations; a task waiting for memory admission
+ * (admit.c) ends the chain, and a release queues it later. So does a more
+ * urgent run that went live: the continuation is queued and the worker
+ * looks at the urgent run first. */
+static void run_chain(sched_worker *w, int32_t task) {
+  while (task >= 0) {
+    if (w->dag->tasks[task].admit && !sched_admit(w, task))
+      return;
+    if (!run_task(w, task))
+      return;
+    task = release_successors(w, task);
+    if (task >= 0 && urgent_live(w)) {
+      sched_push_ready(w, task);
+      return;
+    }
+    if (task >= 0)
+      task = continue_with(w, task);
+  }
+}
+
+/* Enters run c if it is live (the caller of a run that ends clears `live`,
+ * then waits until no worker is inside: the seq_cst store of `inside`
+ * before the load of `live` pairs with its store of `live` before its
+ * loads of `inside`). */
+static bool enter_run(sched_worker *w, sched_run_state *run) {
+  sched_run_worker *mine = &run->workers[w->index];
+  atomic_store(&mine->inside, 1);
+  if (!atomic_load(&run->live)) {
+    atomic_store(&mine->inside, 0);
+    return false;
+  }
+  w->run = run;
+  w->dag = run->dag;
+  w->mine = mine;
+  return true;
+}
+
+static void leave_run(sched_worker *w) {
+  flush_finished(w);
+  sched_run_worker *mine = w->mine;
+  w->run = NULL;
+  w->dag = NULL;
+  w->mine = NULL;
+  atomic_store(&mine->inside, 0);
+}
+
+/* Runs tasks of the most urgent live run that has one, staying in it
+ * while no more urgent run is live. Returns whether it ran any. */
+static bool work_once(sched_worker *w) {
+  sched_pool *pool = w->pool;
+  unsigned live = atomic_load(&pool->live_mask);
+  for (int c = 0; c < SCHED_NUM_CLASSES; c++) {
+    if (!(live & (1u << c)) || !enter_run(w, &pool->runs[c]))
+      continue;
+    bool ran = false;
+    for (;;) {
       int32_t task = find_task(w);
-      if (task >= 0)
-        return task;
-      if (sched_run_over(w))
-        return -1;
+      if (task < 0)
+        break;
+      ran = true;
+      run_chain(w, task);
+      if (urgent_live(w))
+        break;
+    }
+    leave_run(w);
+    if (ran)
+      return true;
+  }
+  return false;
+}
+
+void sched_worker_loop(sched_worker *w) {
+  sched_pool *pool = w->pool;
+  while (!atomic_load(&pool->shutdown)) {
+    bool ran = false;
+    for (int i = 0; !ran && i < SPIN_PAUSES + SPIN_YIELDS; i++) {
+      ran = work_once(w);
+      if (ran || atomic_load(&pool->shutdown))
+        break;
       if (i < SPIN_PAUSES)
         SCHED_CPU_RELAX();
       else
         sched_yield();
     }
-    sched_sleep_until_work(w);
-  }
-}
-
-void sched_worker_run(sched_worker *w) {
-  w->root_next = w->root_end = 0;
-  w->finished = 0;
-  for (;;) {
-    int32_t task = find_task(w);
-    if (task < 0)
-      task = wait_for_task(w);
-    if (task < 0)
-      return;
-    run_chain(w, task);
+    if (!ran && !atomic_load(&pool->shutdown))
+      sched_sleep_until_work(w);
   }
 }
 
 /* ---- asynchronous completion ---- */
 
-void sched_complete(sched_pool *pool, int32_t task) {
-  const sched_dag *dag = pool->dag;
-  const sched_task *t = &dag->tasks[task];
-  if (pool->trace)
-    pool->trace[task].end_ns = sched_now_ns();
-  if (pool->progress != NULL)
-    atomic_fetch_add_explicit(&pool->progress[0], 1, memory_order_relaxed);
-  for (int32_t e = t->succ_begin; e < t->succ_end; e++) {
-    int32_t s = dag->succ[e];
-    if (!last_predecessor(&dag->tasks[s], &pool->pending[s]))
-      continue;
-    int node = dag->tasks[s].numa_node < 0 ? 0 : dag->tasks[s].numa_node;
-    sched_queue_push(&pool->nodes[node].inbox, pool->links, s);
-    sched_wake_node(pool, node);
-  }
-  if (atomic_fetch_add(&pool->finished, 1) + 1 == dag->ntasks)
-    sched_wake_all(pool);
+/* The live run of `dag` (under run_mutex: its slot is taken). */
+static sched_run_state *run_of(sched_pool *pool, const sched_dag *dag) {
+  sched_run_state *found = NULL;
+  pthread_mutex_lock(&pool->run_mutex);
+  for (int c = 0; c < SCHED_NUM_CLASSES; c++)
+    if (pool->run_busy[c] && pool->runs[c].dag == dag)
+      found = &pool->runs[c];
+  pthread_mutex_unlock(&pool->run_mutex);
+  return found;
 }
 
-int sched_run_failure(const sched_pool *pool) {
-  return atomic_load(&pool->error_status);
+void sched_complete(sched_pool *pool, const sched_dag *dag, int32_t task) {
+  sched_run_state *run = run_of(pool, dag);
+  if (run == NULL)
+    return;
+  const sched_task *t = &dag->tasks[task];
+  if (run->trace)
+    run->trace[task].end_ns = sched_now_ns();
+  if (run->progress != NULL)
+    atomic_fetch_add_explicit(&run->progress[0], 1, memory_order_relaxed);
+  for (int32_t e = t->succ_begin; e < t->succ_end; e++) {
+    int32_t s = dag->succ[e];
+    if (!last_predecessor(&dag->tasks[s], &run->pending[s]))
+      continue;
+    int node = dag->tasks[s].numa_node < 0 ? 0 : dag->tasks[s].numa_node;
+    sched_queue_push(&run->inbox[node].queue, run->links, s);
+    sched_wake_node(pool, node);
+  }
+  if (atomic_fetch_add(&run->finished, 1) + 1 == dag->ntasks) {
+    pthread_mutex_lock(&pool->done_mutex);
+    pthread_cond_broadcast(&pool->done_cond);
+    pthread_mutex_unlock(&pool->done_mutex);
+  }
+}
+
+int sched_run_failure(sched_pool *pool, const sched_dag *dag) {
+  sched_run_state *run = run_of(pool, dag);
+  return run == NULL ? 0 : atomic_load(&run->error_status);
 }
 
 /* ---- the caller's side ---- */
@@ -307,22 +380,22 @@ static remat_status check_run(const sched_pool *pool, const sched_dag *dag,
   return REMAT_OK;
 }
 
-/* Per-task arrays for a DAG bigger than any run before. */
-static remat_status ensure_capacity(sched_pool *pool, int32_t ntasks,
+/* Per-task arrays for a DAG bigger than any run before in this slot. */
+static remat_status ensure_capacity(sched_run_state *run, int32_t ntasks,
                                     char err[SCHED_ERRMSG_MAX]) {
-  if (ntasks <= pool->capacity)
+  if (ntasks <= run->capacity)
     return REMAT_OK;
-  free(pool->pending);
-  free(pool->links.next);
-  free(pool->links.prev);
-  pool->pending = remat__malloc((size_t)ntasks * sizeof *pool->pending);
-  pool->pending_serial = 0;
-  pool->links.next = remat__malloc((size_t)ntasks * sizeof(int32_t));
-  pool->links.prev = remat__malloc((size_t)ntasks * sizeof(int32_t));
-  pool->capacity = ntasks;
-  if (pool->pending && pool->links.next && pool->links.prev)
+  free(run->pending);
+  free(run->links.next);
+  free(run->links.prev);
+  run->pending = remat__malloc((size_t)ntasks * sizeof *run->pending);
+  run->pending_serial = 0;
+  run->links.next = remat__malloc((size_t)ntasks * sizeof(int32_t));
+  run->links.prev = remat__malloc((size_t)ntasks * sizeof(int32_t));
+  run->capacity = ntasks;
+  if (run->pending && run->links.next && run->links.prev)
     return REMAT_OK;
-  pool->capacity = 0;
+  run->capacity = 0;
   snprintf(err, SCHED_ERRMSG_MAX, "sched_run: out of memory for %d tasks",
            (int)ntasks);
   return REMAT_ERR_OUT_OF_MEMORY;
@@ -330,116 +403,131 @@ static remat_status ensure_capacity(sched_pool *pool, int32_t ntasks,
 
 /* Dependency counters: each run leaves them as it found them (see
  * last_predecessor), so they are set only when this DAG was not the last
- * one run on this pool. */
-static void reset_counters(sched_pool *pool, const sched_dag *dag) {
-  if (pool->pending_serial == dag->serial)
+ * one run in this slot. */
+static void reset_counters(sched_run_state *run, const sched_dag *dag) {
+  if (run->pending_serial == dag->serial)
     return;
   for (int32_t t = 0; t < dag->ntasks; t++)
-    atomic_store_explicit(&pool->pending[t], dag->tasks[t].npred,
+    atomic_store_explicit(&run->pending[t], dag->tasks[t].npred,
                           memory_order_relaxed);
-  pool->pending_serial = dag->serial;
+  run->pending_serial = dag->serial;
 }
 
-static void prepare_run(sched_pool *pool, const sched_dag *dag) {
-  reset_counters(pool, dag);
-  atomic_store(&pool->root_cursor, 0);
-  atomic_store(&pool->finished, 0);
-  pool->error_task = -1;
-  pool->dag = dag;
+static void prepare_run(sched_pool *pool, sched_run_state *run,
+                        const sched_dag *dag) {
+  reset_counters(run, dag);
+  atomic_store(&run->root_cursor, 0);
+  atomic_store(&run->finished, 0);
+  atomic_store(&run->nroots, dag->nroots);
+  run->error_task = -1;
+  for (int i = 0; i < pool->nworkers; i++) {
+    run->workers[i].root_next = run->workers[i].root_end = 0;
+    run->workers[i].finished = 0;
+  }
   for (int32_t i = 0; i < dag->naffine_roots; i++) {
     int32_t t = dag->roots[dag->nroots + i];
-    sched_queue_push(&pool->nodes[dag->tasks[t].numa_node].inbox, pool->links,
+    sched_queue_push(&run->inbox[dag->tasks[t].numa_node].queue, run->links,
                      t);
   }
 }
 
-/* Starts the workers on the prepared run and waits until all have left. */
-static void execute(sched_pool *pool) {
-  pthread_mutex_lock(&pool->done_mutex);
-  pool->active = pool->nworkers;
-  pthread_mutex_unlock(&pool->done_mutex);
-  atomic_fetch_add(&pool->generation, 1);
+/* Lets the workers into the prepared run, waits until all its tasks have
+ * finished, then closes it and waits until no worker is inside. */
+static void execute(sched_pool *pool, sched_run_state *run,
+                    const sched_dag *dag) {
+  atomic_store(&run->live, true);
+  atomic_fetch_or(&pool->live_mask, 1u << run->cls);
   sched_wake_all(pool);
   pthread_mutex_lock(&pool->done_mutex);
-  while (pool->active > 0)
+  while (atomic_load(&run->finished) != dag->ntasks)
     pthread_cond_wait(&pool->done_cond, &pool->done_mutex);
   pthread_mutex_unlock(&pool->done_mutex);
-  pool->dag = NULL;
+  atomic_fetch_and(&pool->live_mask, ~(1u << run->cls));
+  atomic_store(&run->live, false);
+  for (int i = 0; i < pool->nworkers; i++)
+    while (atomic_load(&run->workers[i].inside))
+      sched_yield();
 }
 
-static remat_status run_locked(sched_pool *pool, const sched_dag *dag,
+static remat_status run_locked(sched_pool *pool, sched_run_state *run,
+                               const sched_dag *dag,
                                const char *trace_path,
                                sched_trace_record *records,
                                sched_trace_result *traced,
                                int64_t admit_bound,
                                char err[SCHED_ERRMSG_MAX]) {
-  remat_status status = ensure_capacity(pool, dag->ntasks, err);
+  remat_status status = ensure_capacity(run, dag->ntasks, err);
   if (status != REMAT_OK)
     return status;
-  if (!sched_admit_prepare(pool, dag, admit_bound)) {
+  if (!sched_admit_prepare(run, dag, admit_bound)) {
     snprintf(err, SCHED_ERRMSG_MAX,
              "sched_run: out of memory for the admission of %d tasks",
              (int)dag->nadmit);
     return REMAT_ERR_OUT_OF_MEMORY;
   }
   if (records != NULL && !trace_path) {
-    pool->trace = records;
-    pool->trace_origin_ns = sched_now_ns();
+    run->trace = records;
+    run->trace_origin_ns = sched_now_ns();
   } else if (trace_path) {
-    pool->trace =
-        remat__calloc(dag->ntasks ? (size_t)dag->ntasks : 1, sizeof *pool->trace);
-    if (!pool->trace) {
+    run->trace = remat__calloc(dag->ntasks ? (size_t)dag->ntasks : 1,
+                               sizeof *run->trace);
+    if (!run->trace) {
       snprintf(err, SCHED_ERRMSG_MAX, "sched_run: out of memory for a trace");
       return REMAT_ERR_OUT_OF_MEMORY;
     }
-    pool->trace_origin_ns = sched_now_ns();
+    run->trace_origin_ns = sched_now_ns();
   }
   if (dag->ntasks > 0) {
-    prepare_run(pool, dag);
-    execute(pool);
+    prepare_run(pool, run, dag);
+    execute(pool, run, dag);
   }
-  int failed = atomic_load(&pool->error_status);
+  int failed = atomic_load(&run->error_status);
   if (failed != 0) {
-    const char *name = dag->info[pool->error_task].name;
+    const char *name = dag->info[run->error_task].name;
     snprintf(err, SCHED_ERRMSG_MAX, "task %d '%s' failed with status %d",
-             (int)pool->error_task, name ? name : "", failed);
+             (int)run->error_task, name ? name : "", failed);
     status = (remat_status)failed;
   }
   if (trace_path) {
-    traced->status = sched_trace_write(pool, dag, trace_path, traced->err);
+    traced->status = sched_trace_write(pool, run, dag, trace_path, traced->err);
     if (records != NULL)
-      memcpy(records, pool->trace, (size_t)dag->ntasks * sizeof *records);
-    free(pool->trace);
+      memcpy(records, run->trace, (size_t)dag->ntasks * sizeof *records);
+    free(run->trace);
   }
-  pool->trace = NULL;
+  run->trace = NULL;
   return status;
 }
 
-/* Whether a class more urgent than `cls` has a run waiting. */
-static bool urgent_waiting(const sched_pool *pool, int cls) {
-  for (int c = 0; c < cls; c++)
-    if (pool->run_waiting[c] > 0)
+/* Whether `dag` is in a run now (under run_mutex). */
+static bool dag_busy(const sched_pool *pool, const sched_dag *dag) {
+  for (int c = 0; c < SCHED_NUM_CLASSES; c++)
+    if (pool->run_busy[c] && pool->runs[c].dag == dag)
       return true;
   return false;
 }
 
-/* Waits for the pool's turn of a run of class `cls` (sched_run). */
-static void take_pool(sched_pool *pool, int cls) {
+/* Waits for the slot of class `cls` (sched_run): the callers of a class
+ * take it in the order they came, and a DAG runs once at a time. */
+static sched_run_state *take_slot(sched_pool *pool, const sched_dag *dag,
+                                  int cls) {
   pthread_mutex_lock(&pool->run_mutex);
   uint64_t ticket = pool->run_ticket[cls]++;
   pool->run_waiting[cls]++;
-  while (pool->run_busy || urgent_waiting(pool, cls) ||
-         pool->run_serving[cls] != ticket)
+  while (pool->run_busy[cls] || pool->run_serving[cls] != ticket ||
+         dag_busy(pool, dag))
     pthread_cond_wait(&pool->run_cond, &pool->run_mutex);
   pool->run_waiting[cls]--;
   pool->run_serving[cls]++;
-  pool->run_busy = true;
+  pool->run_busy[cls] = true;
+  pool->runs[cls].dag = dag;
   pthread_mutex_unlock(&pool->run_mutex);
+  return &pool->runs[cls];
 }
 
-static void give_pool(sched_pool *pool) {
+static void give_slot(sched_pool *pool, int cls) {
   pthread_mutex_lock(&pool->run_mutex);
-  pool->run_busy = false;
+  pool->run_busy[cls] = false;
+  pool->runs[cls].dag = NULL;
   pthread_cond_broadcast(&pool->run_cond);
   pthread_mutex_unlock(&pool->run_mutex);
 }
@@ -461,14 +549,14 @@ remat_status sched_run(sched_pool *pool, sched_dag *dag,
              SCHED_NUM_CLASSES - 1);
     return REMAT_ERR_INVALID_ARG;
   }
-  take_pool(pool, cls);
-  atomic_store(&pool->error_status, 0);
-  pool->context = opts ? opts->context : NULL;
-  pool->progress = opts ? opts->progress : NULL;
-  status = run_locked(pool, dag, opts ? opts->trace_path : NULL,
+  sched_run_state *run = take_slot(pool, dag, cls);
+  atomic_store(&run->error_status, 0);
+  run->context = opts ? opts->context : NULL;
+  run->progress = opts ? opts->progress : NULL;
+  status = run_locked(pool, run, dag, opts ? opts->trace_path : NULL,
                       opts ? opts->records : NULL, traced,
                       opts ? opts->admit_bound : 0, err);
-  give_pool(pool);
+  give_slot(pool, cls);
   if (traced == &local && local.status != REMAT_OK && status == REMAT_OK) {
     snprintf(err, SCHED_ERRMSG_MAX, "%s", local.err);
     status = local.status;

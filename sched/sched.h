@@ -151,8 +151,9 @@ typedef struct sched_run_opts {
    * (relaxed; an async task finished by sched_complete counts at worker
    * 0), so that another thread may read how far the run is. */
   _Atomic int64_t *progress;
-  /* When runs wait for the pool: the run of the lowest class waiting
-   * goes next, first come first served within a class (0 .. 
+  /* Runs of different classes go on at once on the pool's workers, which
+   * take a ready task of the most urgent class first at every task
+   * boundary; runs of one class wait, first come first served (0 ..
    * SCHED_NUM_CLASSES - 1; 0 is the most urgent). */
   int priority_class;
 } sched_run_opts;
@@ -162,29 +163,29 @@ typedef struct sched_run_opts {
 #define SCHED_PROGRESS_STRIDE 8
 
 /* Runs every task of a finalized DAG once, respecting edges; returns when
- * all have finished. Runs on one pool are serialized: a caller waits while
- * a run is in progress or a run of a more urgent class (opts'
- * priority_class), or of its own class that came first, waits. Allocates
- * nothing unless tracing. The trace, when asked
- * for, is written whatever the tasks returned. */
+ * all have finished. Runs of different classes (opts' priority_class) go
+ * on at once on the pool's workers; a caller waits while a run of its own
+ * class, or one of the same DAG, is in progress or one of its class came
+ * first. Allocates nothing unless tracing. The trace, when asked for, is
+ * written whatever the tasks returned. */
 remat_status sched_run(sched_pool *pool, sched_dag *dag,
                        const sched_run_opts *opts, char err[SCHED_ERRMSG_MAX]);
 
-/* Finishes an asynchronous task of the run in progress on `pool` (any
- * thread may call it, once per run per async task, after its body
+/* Finishes an asynchronous task of the run of `dag` in progress on `pool`
+ * (any thread may call it, once per run per async task, after its body
  * returned 0): its ready successors go to the affinity inbox of their node
  * (node 0 for those without one) and a sleeping worker there is woken. */
-void sched_complete(sched_pool *pool, int32_t task);
+void sched_complete(sched_pool *pool, const sched_dag *dag, int32_t task);
 
-/* Gives back `bytes` that an admitted task of the run in progress on
- * `pool` held (a task body calls it after freeing them, with its
+/* Gives back `bytes` that an admitted task of the run that `worker` is
+ * running on `pool` held (a task body calls it after freeing them, with its
  * `worker`): tasks waiting for admission that now fit are admitted, in
  * rank order, onto that worker's ready heap. A no-op in a run without a
  * bound. */
 void sched_release(sched_pool *pool, int worker, int64_t bytes);
 
-/* The first failure of the run in progress (0 when none): an async task's
- * body reads it. */
-int sched_run_failure(const sched_pool *pool);
+/* The first failure of the run of `dag` in progress on `pool` (0 when
+ * none, or when `dag` is not running): an async task's body reads it. */
+int sched_run_failure(sched_pool *pool, const sched_dag *dag);
 
 #endif

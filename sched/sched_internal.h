@@ -264,7 +264,7 @@ static inline int32_t sched_heap_pop(sched_heap *h, const sched_dag *dag,
 
 /* ---- pool (pool.c, run.c, admit.c) ---- */
 
-/* Where an admitted task's rank is in a run (sched_pool.admit_state). */
+/* Where an admitted task's rank is in a run (sched_run_state.admit_state). */
 typedef enum sched_admit_state {
   ADMIT_NOT_READY = 0, /* not picked yet */
   ADMIT_WAITING = 1,   /* ready, waiting for its turn or for bytes */
@@ -273,39 +273,28 @@ typedef enum sched_admit_state {
 
 struct sched_pool;
 
-/* One worker. The first cache line is what thieves touch; the rest is the
- * worker's own, so that stealing does not bounce it. */
-typedef struct sched_worker {
+/* A worker's part of one run: its ready heap (the first cache line, which
+ * thieves touch), the roots it claimed, the tasks it finished and not yet
+ * counted, and whether it is inside the run now (the caller waits for
+ * every worker to be out before the run's state is reused). */
+typedef struct sched_run_worker {
   alignas(SCHED_CACHE_LINE) sched_heap ready;
-  alignas(SCHED_CACHE_LINE) struct sched_pool *pool;
-  const sched_dag *dag; /* of the current run */
-  int index;
-  int node;
-  int *victims;      /* [nworkers-1] steal order, nearest first */
-  int32_t root_next; /* roots claimed by this worker and not yet started: */
-  int32_t root_end;  /* dag->roots[root_next..root_end) */
-  int64_t finished;  /* tasks finished, not yet added to pool->finished */
-  pthread_t thread;
-} sched_worker;
+  alignas(SCHED_CACHE_LINE) int32_t root_next; /* roots claimed, not yet */
+  int32_t root_end; /* started: dag->roots[root_next..root_end) */
+  int64_t finished; /* tasks finished, not yet added to the run's */
+  atomic_int inside;
+} sched_run_worker;
 
-/* One NUMA node: its affinity inbox and the place its idle workers sleep. */
-typedef struct sched_node {
-  alignas(SCHED_CACHE_LINE) sched_queue inbox;
-  alignas(SCHED_CACHE_LINE) pthread_mutex_t mutex;
-  pthread_cond_t cond;
-  atomic_int sleepers; /* workers of this node asleep in a run */
-} sched_node;
+/* A node's affinity inbox in one run. */
+typedef struct sched_run_inbox {
+  alignas(SCHED_CACHE_LINE) sched_queue queue;
+} sched_run_inbox;
 
-
-struct sched_pool {
-  sched_placement place;
-  int nworkers;
-  sched_bind bind;
-  sched_worker *workers; /* [nworkers], cache-line aligned */
-  sched_node *nodes;     /* [place.nnodes], cache-line aligned */
-  hwloc_topology_t topo; /* only while the workers start */
-
-  /* Per-task state of a run, sized for the largest DAG run so far. */
+/* One run in progress: everything of a run that tasks, workers and the
+ * caller share. A pool holds one per priority class (runs of different
+ * classes go on at once; those of one class queue). */
+typedef struct sched_run_state {
+  /* Per-task state, sized for the largest DAG run in this slot so far. */
   int32_t capacity;
   atomic_int *pending; /* predecessors not yet finished (npred between runs) */
   uint64_t pending_serial;   /* the DAG whose npred `pending` now holds */
@@ -314,11 +303,14 @@ struct sched_pool {
   void *context;             /* the run's sched_run_opts.context */
   _Atomic int64_t *progress; /* the run's sched_run_opts.progress */
   int64_t trace_origin_ns;
+  sched_run_worker *workers; /* [nworkers], cache-line aligned */
+  sched_run_inbox *inbox;    /* [nnodes], cache-line aligned */
+  int cls;                   /* its priority class: 0 is the most urgent */
 
   /* Read-mostly during a run. */
   alignas(SCHED_CACHE_LINE) const sched_dag *dag;
-  atomic_uint generation; /* bumped to start a run */
-  atomic_bool shutdown;
+  atomic_int nroots;       /* dag->nroots, for sleepers outside the run */
+  atomic_bool live;        /* workers may enter */
   atomic_int error_status; /* first non-zero task status */
   int32_t error_task;      /* written by the task that set error_status */
 
@@ -333,26 +325,62 @@ struct sched_pool {
 
   alignas(SCHED_CACHE_LINE) atomic_int root_cursor;
   alignas(SCHED_CACHE_LINE) atomic_llong finished;
+} sched_run_state;
 
-  /* Start and end of runs: workers in the current run, workers started. */
+/* One worker. */
+typedef struct sched_worker {
+  alignas(SCHED_CACHE_LINE) struct sched_pool *pool;
+  sched_run_state *run; /* the run it is inside, NULL between runs */
+  const sched_dag *dag; /* run->dag */
+  sched_run_worker *mine; /* &run->workers[index] */
+  int index;
+  int node;
+  int *victims; /* [nworkers-1] steal order, nearest first */
+  pthread_t thread;
+} sched_worker;
+
+/* One NUMA node: the place its idle workers sleep. */
+typedef struct sched_node {
+  alignas(SCHED_CACHE_LINE) pthread_mutex_t mutex;
+  pthread_cond_t cond;
+  atomic_int sleepers; /* workers of this node asleep */
+} sched_node;
+
+struct sched_pool {
+  sched_placement place;
+  int nworkers;
+  sched_bind bind;
+  sched_worker *workers; /* [nworkers], cache-line aligned */
+  sched_node *nodes;     /* [place.nnodes], cache-line aligned */
+  hwloc_topology_t topo; /* only while the workers start */
+  sched_run_state runs[SCHED_NUM_CLASSES]; /* one per class */
+
+  alignas(SCHED_CACHE_LINE) atomic_uint live_mask; /* bit c: runs[c] live */
+  atomic_bool shutdown;
+
+  /* Ends of runs and starts of workers. */
   alignas(SCHED_CACHE_LINE) pthread_mutex_t done_mutex;
   pthread_cond_t done_cond;
-  int active;
   int started;
-  /* The queue of runs (run.c): one runs at a time; a finished run hands
-   * the pool to the most urgent class that waits, and within a class to
-   * the one that came first (tickets), under run_mutex. */
+  /* The queue of runs (run.c): one run per class at a time; a finished
+   * run hands its class's slot to the caller of that class that came
+   * first (tickets), under run_mutex. A DAG runs once at a time. */
   pthread_mutex_t run_mutex;
   pthread_cond_t run_cond;
-  bool run_busy;
+  bool run_busy[SCHED_NUM_CLASSES];
   int run_waiting[SCHED_NUM_CLASSES]; /* callers waiting, per class */
   uint64_t run_ticket[SCHED_NUM_CLASSES]; /* the next caller's ticket */
   uint64_t run_serving[SCHED_NUM_CLASSES]; /* the ticket that goes next */
 };
 
-/* run.c: the body of one run on one worker; returns when all tasks of
- * w->dag have finished. */
-void sched_worker_run(sched_worker *w);
+/* The worker's ready heap and node inbox in its current run. */
+static inline sched_heap *sched_own_heap(const sched_worker *w) {
+  return &w->mine->ready;
+}
+
+/* run.c: the worker's loop: runs tasks of the most urgent live run that
+ * has one, sleeps when none has, returns when the pool stops. */
+void sched_worker_loop(sched_worker *w);
 
 /* park.c: queues a ready task (its node's inbox, else w's heap) and wakes
  * a sleeper for it. */
@@ -362,19 +390,20 @@ void sched_push_ready(sched_worker *w, int32_t task);
  * memory), whether `task` (an admitted one) may run now on w (if not, it
  * waits and a later release or failure queues it), and the opening of
  * admission when a task of the run failed. */
-bool sched_admit_prepare(struct sched_pool *pool, const sched_dag *dag,
+bool sched_admit_prepare(sched_run_state *run, const sched_dag *dag,
                          int64_t bound);
 bool sched_admit(sched_worker *w, int32_t task);
 void sched_admit_open(sched_worker *w);
 
-/* pool.c: sleeping and waking of workers. */
+/* park.c: sleeping and waking of workers. */
 void sched_sleep_until_work(sched_worker *w);
 void sched_wake_node(struct sched_pool *pool, int node);
 void sched_wake_all(struct sched_pool *pool);
-bool sched_run_over(const sched_worker *w);
+bool sched_any_work(const sched_worker *w);
 
 /* trace.c: writes the records of the run that just ended. */
 remat_status sched_trace_write(const struct sched_pool *pool,
+                               const sched_run_state *run,
                                const sched_dag *dag, const char *path,
                                char err[SCHED_ERRMSG_MAX]);
 

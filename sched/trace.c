@@ -19,9 +19,9 @@ static void write_workers(FILE *f, const sched_pool *pool) {
             w ? ",\n" : "\n", w, w, pool->place.worker_node[w]);
 }
 
-static void write_task(FILE *f, const sched_pool *pool, const sched_dag *dag,
-                       int32_t t) {
-  const sched_trace_record *r = &pool->trace[t];
+static void write_task(FILE *f, const sched_run_state *run,
+                       const sched_dag *dag, int32_t t) {
+  const sched_trace_record *r = &run->trace[t];
   const sched_task_info *task = &dag->info[t];
   fputs(",\n{\"name\":\"", f);
   remat__write_json_text(f, task->name ? task->name : "task");
@@ -30,15 +30,17 @@ static void write_task(FILE *f, const sched_pool *pool, const sched_dag *dag,
   fprintf(f,
           "\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%d,"
           "\"args\":{\"id\":%d,\"node\":%d}}",
-          (double)(r->start_ns - pool->trace_origin_ns) / 1e3,
+          (double)(r->start_ns - run->trace_origin_ns) / 1e3,
           (double)(r->end_ns - r->start_ns) / 1e3, (int)r->worker, (int)t,
           (int)dag->tasks[t].numa_node);
 }
 
 /* The file is written whole beside the target and renamed over it
  * (base/files.h), so that it never holds a part of a trace. */
-remat_status sched_trace_write(const sched_pool *pool, const sched_dag *dag,
-                               const char *path, char err[SCHED_ERRMSG_MAX]) {
+remat_status sched_trace_write(const sched_pool *pool,
+                               const sched_run_state *run,
+                               const sched_dag *dag, const char *path,
+                               char err[SCHED_ERRMSG_MAX]) {
   remat__replacing r;
   FILE *f = remat__replace_begin(path, &r);
   if (!f) {
@@ -49,7 +51,7 @@ remat_status sched_trace_write(const sched_pool *pool, const sched_dag *dag,
   fputs("{\"traceEvents\":[", f);
   write_workers(f, pool);
   for (int32_t t = 0; t < dag->ntasks; t++)
-    write_task(f, pool, dag, t);
+    write_task(f, run, dag, t);
   fputs("\n]}\n", f);
   int e = remat__replace_end(f, &r);
   if (e != 0) {

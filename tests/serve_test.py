@@ -307,15 +307,9 @@ def test_api(tmp):
     refused(srv, "POST", J, {"data": "-", "steps": 2}, 400, "'data' is '-': "
             "give the path of a file on the server (the server's standard "
             "input is not a job's data)")
-    refused(srv, "POST", J, {"data": data, "steps": 2, "policy":
-                             "dots_saveable"}, 400, "'policy' is "
-            "'dots_saveable': jobs run on the server's runtime, whose policy "
-            "is 'nothing_saveable' (remat-serve --policy): give that policy "
-            "or none")
-    refused(srv, "POST", J, {"data": data, "steps": 2, "budget": "1GiB"},
-            400, "'budget' is 1073741824 bytes: jobs run under the server's "
-            "runtime budget, 0 bytes (remat-serve --budget; 0: none): give "
-            "that budget or none")
+    refused(srv, "POST", J, {"data": data, "steps": 2, "budget": -1},
+            400, "'budget' is -1: expected an integer from 0 to "
+            "9007199254740992")
     refused(srv, "POST", J, {"data": data, "steps": 2, "budget": "lots"},
             400, "'budget' is 'lots': expected bytes as an integer or a "
             "string such as \"800MB\" or \"1.5GiB\"")
@@ -324,10 +318,16 @@ def test_api(tmp):
     expect(st, 400, "a missing data file")
     check(doc["error"].startswith("'data': --data '/nonexistent/x.txt'"),
           "a missing file's message: %r" % doc)
-    st, doc, _ = srv.request("POST", J, {"data": data, "steps": 2,
-                                         "policy": "no_such_policy"})
-    expect(st, 400, "an unknown policy")
-    check(doc["error"].startswith("'policy': "), "policy message %r" % doc)
+    refused(srv, "POST", J, {"data": data, "steps": 2,
+                             "policy": "no_such_policy"}, 400,
+            "'policy': unknown remat policy 'no_such_policy': expected one "
+            "of everything_saveable, nothing_saveable, dots_saveable, "
+            "checkpoint_dots, dots_with_no_batch_dims_saveable, "
+            "checkpoint_dots_with_no_batch_dims, "
+            "save_only_these_names:NAME[,NAME...], "
+            "save_any_names_but_these:NAME[,NAME...], "
+            "save_anything_except_these_names:NAME[,NAME...], "
+            "save_from_both_policies:P+Q, auto")
     # a job: its losses are remat-train's on the same data and options
     save = os.path.join(tmp, "tuned.safetensors")
     st, doc, _ = srv.request("POST", J, {"data": data, "steps": 30,
@@ -403,6 +403,36 @@ def test_api(tmp):
     check(metric(m, 'remat_job_peak_bytes{job="job-1",category="params"}')
           > 0, "peak bytes by category")
     expect(metric(m, "remat_generate_queue_depth"), 0.0, "queue depth")
+    # a job's own policy and budget (its graph's, not the server's
+    # nothing_saveable and no budget): remat-train's losses with that
+    # policy, and its plan recomputes nothing where job-1's did
+    st, doc, _ = srv.request("POST", J, {"data": data, "steps": 30,
+                                         "lr": 0.001, "save_every": 0,
+                                         "policy": "everything_saveable"})
+    expect((st, doc), (200, {"id": "job-3"}), "a job with its own policy")
+    doc = wait_job(srv, "job-3")
+    ref = subprocess.run([TRAIN, "--load", model, "--data", data, "--batch",
+                          "4", "--steps", "30", "--lr", "0.001", "--threads",
+                          "2", "--policy", "everything_saveable", "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    ref = [json.loads(l)["loss"] for l in ref.splitlines() if '"step"' in l]
+    expect(["%.6f" % x for x in doc["losses"]], ["%.6f" % x for x in ref],
+           "job-3's losses against remat-train --policy everything_saveable")
+    job1 = srv.request("GET", "/v1/jobs/job-1")[1]
+    check(job1["peak"]["recomputed"] > 0 and doc["peak"]["recomputed"] == 0,
+          "recomputed peaks: job-1 (nothing_saveable) %d, job-3 "
+          "(everything_saveable) %d" % (job1["peak"]["recomputed"],
+                                        doc["peak"]["recomputed"]))
+    # a budget no plan fits fails that job alone, with the planner's words
+    st, doc, _ = srv.request("POST", J, {"data": data, "steps": 2,
+                                         "budget": 4096})
+    expect((st, doc), (200, {"id": "job-4"}), "a job with a tiny budget")
+    doc = wait_job(srv, "job-4", ("failed",))
+    check(doc.get("error", "").startswith(
+        "building the job's graph: memory budget of 4096 bytes (0.00 MiB) "
+        "is infeasible: the smallest feasible budget for this graph is "),
+        "job-4's error: %r" % doc.get("error"))
+    expect(srv.request("GET", "/healthz")[0], 200, "healthz after job-4")
     rc, secs = srv.stop()
     expect(rc, 0, "exit status after SIGTERM (%s)" % srv.log()[-400:])
 

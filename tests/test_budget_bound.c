@@ -241,16 +241,16 @@ static void test_sched_admission(void **state) {
 
 /* A run that fails opens admission: the tasks waiting are let in (their
  * bodies skipped) and the run ends with the failure instead of hanging.
- * The failing task fails once rank 1 waits (seen in the pool's state,
+ * The failing task fails once rank 1 waits (seen in its run's state,
  * sched_internal.h), or after a second. */
 static int fail_body(void *context, void *arg, int worker) {
   (void)context;
-  (void)worker;
   sched_pool *pool = ((holder *)arg)->pool;
   for (int i = 0; i < 1000; i++) {
-    sched_spin_lock(&pool->admit_lock);
-    bool waiting = pool->admit_state[1] == ADMIT_WAITING;
-    sched_spin_unlock(&pool->admit_lock);
+    sched_run_state *run = pool->workers[worker].run;
+    sched_spin_lock(&run->admit_lock);
+    bool waiting = run->admit_state[1] == ADMIT_WAITING;
+    sched_spin_unlock(&run->admit_lock);
     if (waiting)
       break;
     usleep(1000);

@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "base/bf16.h"
 #include "gpt_fixture.h"
 #include "op_fixture.h"
 #include "runtime/exec/step_state.h"
@@ -181,7 +182,7 @@ static void test_fused_matches_unfused(void **state) {
   for (size_t k = 0; k < sizeof policies / sizeof *policies; k++)
     for (int bf16 = 0; bf16 < 2; bf16++) {
       remat_precision p = bf16 ? REMAT_PRECISION_BF16 : REMAT_PRECISION_F32;
-      result a = run("1", 2, NULL, policies[k], p);
+      result a = run(bf16 ? "bf16" : "1", 2, NULL, policies[k], p);
       result b = run("0", 2, NULL, policies[k], p);
       assert_int_equal(a.n, b.n);
       if (!bf16) {
@@ -210,14 +211,66 @@ static void test_fused_matches_unfused(void **state) {
   free(saved);
 }
 
+/* Relative L2 distance of a's gradients from ref's. */
+static double grad_error(const result *a, const result *ref) {
+  double e = 0, n = 0;
+  for (size_t i = 0; i < a->n; i++) {
+    e += ((double)a->grads[i] - ref->grads[i]) *
+         ((double)a->grads[i] - ref->grads[i]);
+    n += (double)ref->grads[i] * ref->grads[i];
+  }
+  return sqrt(e / fmax(n, 1e-300));
+}
+
+/* bf16 fused (REMAT_FUSE=bf16) against bf16 unfused, both against the f32
+ * step on the same weights and batch: per policy, fusion must not make the
+ * bf16 step less accurate (its loss and gradients no farther from f32 than
+ * 1.25 times the unfused bf16 step's distance, which is a few bf16
+ * roundings), and the fused bf16 step gives the same bits under every
+ * policy. REMAT_FUSE=1 leaves a bf16 graph unfused: the same bits as 0. */
+static void test_fused_bf16_accuracy(void **state) {
+  (void)state;
+  char *saved = getenv("REMAT_FUSE") ? strdup(getenv("REMAT_FUSE")) : NULL;
+  uint64_t first = 0;
+  for (size_t k = 0; k < sizeof policies / sizeof *policies; k++) {
+    result ref = run("0", 2, NULL, policies[k], REMAT_PRECISION_F32);
+    result a = run("bf16", 2, NULL, policies[k], REMAT_PRECISION_BF16);
+    result b = run("0", 2, NULL, policies[k], REMAT_PRECISION_BF16);
+    result c = run("1", 2, NULL, policies[k], REMAT_PRECISION_BF16);
+    if (c.hash != b.hash || c.loss != b.loss)
+      fail_msg("%s bf16: REMAT_FUSE=1 gives loss %.9g grads %016llx, 0 gives "
+               "%.9g %016llx",
+               policies[k], c.loss, (unsigned long long)c.hash, b.loss,
+               (unsigned long long)b.hash);
+    free(c.grads);
+    double ga = grad_error(&a, &ref), gb = grad_error(&b, &ref);
+    double la = fabs(a.loss - ref.loss), lb = fabs(b.loss - ref.loss);
+    if (ga > 1.25 * gb || la > 1.25 * lb + 1e-6 * ref.loss)
+      fail_msg("%s bf16: fused loss %.7g and gradients %.3g (relative L2) "
+               "from f32's, unfused %.7g and %.3g; f32 loss %.7g",
+               policies[k], a.loss, ga, b.loss, gb, ref.loss);
+    if (k == 0)
+      first = a.hash;
+    else if (a.hash != first)
+      fail_msg("bf16 fused: gradient hash %016llx under %s, %016llx under %s",
+               (unsigned long long)a.hash, policies[k],
+               (unsigned long long)first, policies[0]);
+    free(ref.grads);
+    free(a.grads);
+    free(b.grads);
+  }
+  restore_env(saved);
+  free(saved);
+}
+
 /* Fused steps: the same bits on 1 and 2 threads and on two NUMA nodes. */
 static void test_fused_bitwise_threads(void **state) {
   (void)state;
   char *saved = getenv("REMAT_FUSE") ? strdup(getenv("REMAT_FUSE")) : NULL;
-  const char *fuse = fusing() ? "1" : "0";
   for (size_t k = 0; k < 2; k++)
     for (int bf16 = 0; bf16 < 2; bf16++) {
       remat_precision p = bf16 ? REMAT_PRECISION_BF16 : REMAT_PRECISION_F32;
+      const char *fuse = !fusing() ? "0" : bf16 ? "bf16" : "1";
       result one = run(fuse, 1, NULL, policies[k], p);
       result two_t = run(fuse, 2, NULL, policies[k], p);
       result nodes =
@@ -245,7 +298,8 @@ static void test_fuse_env_refused(void **state) {
   assert_null(rt);
   assert_string_equal(remat_last_error(),
                       "REMAT_FUSE='yes' is not valid: expected 0 (no fused "
-                      "epilogues) or 1 (fused, the default)");
+                      "epilogues), 1 (fused, the default) or bf16 (bf16 "
+                      "residual adds fused too)");
   /* a runtime that reads no environment ignores it */
   remat_config rc = {.set = REMAT_SET_NO_ENV | REMAT_SET_NUM_THREADS,
                      .num_threads = 1};
@@ -286,6 +340,95 @@ static void test_op_fuse_refused(void **state) {
   assert_int_equal(op_fuse(&inst, &add, 0, err), REMAT_ERR_INVALID_ARG);
   assert_string_equal(err, "matmul: no fused epilogue (only linear has)");
   op_instance_release(&inst);
+}
+
+/* bf16: the fused linear + add kernel against the separate linear and add
+ * kernels on the same bf16 inputs, both against the exact sum in double.
+ * The fused kernel rounds x . w^T + b + r to bf16 once, the separate ones
+ * round y = x . w^T + b and then y + r: per element, fused may be off by
+ * at most one rounding of the result (2^-8 relative, with room for the
+ * f32 accumulation), and no worse overall than the separate kernels. */
+static void fused_add_bf16_case(int64_t N, int64_t K, int64_t M) {
+  op_desc lin = {.type = OP_LINEAR,
+                 .nin = 3,
+                 .in = {S2(N, K), S2(M, K), S1(M)},
+                 .in_dtype = {OP_BF16, OP_BF16, OP_F32},
+                 .out_dtype = OP_BF16};
+  op_desc add = {.type = OP_ADD,
+                 .nin = 2,
+                 .in = {S2(N, M), S2(N, M)},
+                 .in_dtype = {OP_BF16, OP_BF16},
+                 .out_dtype = OP_BF16};
+  char err[OP_ERRMSG_MAX];
+  assert_int_equal(op_infer(&lin, err), REMAT_OK);
+  assert_int_equal(op_infer(&add, err), REMAT_OK);
+  lin.out_dtype = add.out_dtype = OP_BF16;
+  op_instance li, ai, fi;
+  assert_int_equal(op_plan(&lin, engine, &li, err), REMAT_OK);
+  assert_int_equal(op_plan(&add, engine, &ai, err), REMAT_OK);
+  assert_int_equal(op_plan(&lin, engine, &fi, err), REMAT_OK);
+  assert_int_equal(op_fuse(&fi, &ai.desc, 0, err), REMAT_OK);
+  uint16_t *x = calloc(N * K, 2), *w = calloc(M * K, 2), *r = calloc(N * M, 2),
+           *y = calloc(N * M, 2), *z = calloc(N * M, 2),
+           *zf = calloc(N * M, 2);
+  float *b = calloc(M, 4);
+  assert_true(x && w && r && y && z && zf && b);
+  for (int64_t i = 0; i < N * K; i++) x[i] = bf16_from_f32(uniform(-1, 1));
+  for (int64_t i = 0; i < M * K; i++) w[i] = bf16_from_f32(uniform(-1, 1));
+  for (int64_t i = 0; i < N * M; i++) r[i] = bf16_from_f32(uniform(-4, 4));
+  for (int64_t i = 0; i < M; i++) b[i] = (float)uniform(-1, 1);
+  size_t scratch = li.scratch_bytes;
+  if (fi.scratch_bytes > scratch) scratch = fi.scratch_bytes;
+  if (ai.scratch_bytes > scratch) scratch = ai.scratch_bytes;
+  op_worker wk = {.stream = stream, .scratch_bytes = scratch,
+                  .scratch = scratch ? malloc(scratch) : NULL};
+  op_bufs lb = {.in = {(float *)x, (float *)w, b}, .out = (float *)y};
+  op_bufs ab = {.in = {(float *)y, (float *)r}, .out = (float *)z};
+  op_bufs fb = {.in = {(float *)x, (float *)w, b, (float *)r},
+                .out = (float *)zf};
+  for (int64_t t = 0; t < li.fwd[0].tiles; t++)
+    assert_int_equal(li.fwd[0].fn(&li, &lb, t, &wk), REMAT_OK);
+  for (int64_t t = 0; t < ai.fwd[0].tiles; t++)
+    assert_int_equal(ai.fwd[0].fn(&ai, &ab, t, &wk), REMAT_OK);
+  for (int64_t t = 0; t < fi.fused.tiles; t++)
+    assert_int_equal(fi.fused.fn(&fi, &fb, t, &wk), REMAT_OK);
+  double ef = 0, eu = 0, worst = 0;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t m = 0; m < M; m++) {
+      double want = b[m] + bf16_to_f32(r[n * M + m]), mag = fabs(b[m]);
+      for (int64_t k = 0; k < K; k++) {
+        double p = (double)bf16_to_f32(x[n * K + k]) *
+                   bf16_to_f32(w[m * K + k]);
+        want += p;
+        mag += fabs(p);
+      }
+      double f = bf16_to_f32(zf[n * M + m]), u = bf16_to_f32(z[n * M + m]);
+      ef += (f - want) * (f - want);
+      eu += (u - want) * (u - want);
+      double bound = 0x1p-8 * fabs(want) + 1e-5 * mag + 1e-30;
+      worst = fmax(worst, fabs(f - want) / bound);
+      if (fabs(f - want) > bound)
+        fail_msg("bf16 fused z[%lld,%lld] = %.6g, exact %.6g, separate "
+                 "kernels %.6g",
+                 (long long)n, (long long)m, f, want, u);
+    }
+  if (ef > eu)
+    fail_msg("bf16 fused squared error %.3g above the separate kernels' %.3g",
+             ef, eu);
+  free(x); free(w); free(r); free(y); free(z); free(zf); free(b);
+  free(wk.scratch);
+  op_instance_release(&li);
+  op_instance_release(&ai);
+  op_instance_release(&fi);
+}
+
+static void test_fused_add_bf16_rounding(void **state) {
+  (void)state;
+  rng_state = 0x2545f4914f6cdd1dull;
+  fused_add_bf16_case(96, 64, 80);
+  fused_add_bf16_case(1000, 128, 128);
+  fused_add_bf16_case(700, 512, 128);
+  fused_add_bf16_case(2100, 128, 512);
 }
 
 /* A small graph on one thread: x [8,16] -> y = linear(x, w, b) [8,24]
@@ -404,6 +547,8 @@ int main(void) {
       cmocka_unit_test(test_fuse_only_where_allowed),
       cmocka_unit_test(test_fuse_env_refused),
       cmocka_unit_test(test_op_fuse_refused),
+      cmocka_unit_test(test_fused_add_bf16_rounding),
+      cmocka_unit_test(test_fused_bf16_accuracy),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

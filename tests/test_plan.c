@@ -191,6 +191,78 @@ static void test_policy_saves_exactly(void **state) {
   }
 }
 
+/* A 2-layer GPT on rt, built and compiled without an optimizer after
+ * `policy` became its own default policy (remat_graph_set_policy; no
+ * call when set is false, NULL: the runtime's). */
+static remat_graph *graph_on(remat_runtime *rt, bool set, const char *policy) {
+  remat_graph *g;
+  remat_gpt m;
+  remat_policy *p = NULL;
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  if (policy != NULL)
+    assert_int_equal(remat_policy_parse(policy, &p), REMAT_OK);
+  if (set)
+    assert_int_equal(remat_graph_set_policy(g, p), REMAT_OK);
+  remat_policy_destroy(p);
+  assert_int_equal(remat_gpt_build(g, &two, &m), REMAT_OK);
+  if (remat_compile(g, m.loss, NULL) != REMAT_OK)
+    fail_msg("%s: %s", policy ? policy : "(none)", remat_last_error());
+  return g;
+}
+
+/* Graphs on one runtime (default nothing_saveable) with their own default
+ * policies: each saves exactly what its own policy says, beside a graph
+ * that keeps the runtime's and one whose policy was set back to NULL; a
+ * setting after compile fails alone (the graph stays usable) and changes
+ * nothing. */
+static void test_graph_policy(void **state) {
+  (void)state;
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY,
+                     .num_threads = 1,
+                     .policy = "nothing_saveable"};
+  remat_runtime *rt;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  const policy_case *runtimes = &cases[1]; /* nothing_saveable */
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    remat_graph *own = graph_on(rt, true, cases[k].policy);
+    remat_graph *plain = graph_on(rt, false, NULL);
+    /* set, then back to the runtime's: a graph opened before `own` */
+    remat_graph *reset;
+    remat_gpt m;
+    remat_policy *p = NULL;
+    assert_int_equal(remat_graph_create(rt, &reset), REMAT_OK);
+    assert_int_equal(remat_policy_parse(cases[k].policy, &p), REMAT_OK);
+    assert_int_equal(remat_graph_set_policy(reset, p), REMAT_OK);
+    assert_int_equal(remat_graph_set_policy(reset, NULL), REMAT_OK);
+    assert_int_equal(remat_gpt_build(reset, &two, &m), REMAT_OK);
+    assert_int_equal(remat_compile(reset, m.loss, NULL), REMAT_OK);
+    check_case(own, &cases[k]);
+    check_case(plain, runtimes);
+    check_case(reset, runtimes);
+    /* after compile: refused, not sticky, the plan unchanged */
+    assert_int_equal(remat_graph_set_policy(plain, p), REMAT_ERR_STATE);
+    assert_string_equal(remat_last_error(),
+                        "remat_graph_set_policy: the graph is already "
+                        "compiled, and its remat plan was made with the "
+                        "default policy it had: set it before "
+                        "remat_compile");
+    assert_int_equal(remat_graph_set_memory_budget(plain, 1),
+                     REMAT_ERR_STATE);
+    assert_string_equal(remat_last_error(),
+                        "remat_graph_set_memory_budget: the graph is "
+                        "already compiled, and its remat plan was made "
+                        "under the budget it had: set it before "
+                        "remat_compile");
+    assert_int_equal(remat_graph_status(plain), REMAT_OK);
+    check_case(plain, runtimes);
+    remat_policy_destroy(p);
+    remat_graph_destroy(own);
+    remat_graph_destroy(plain);
+    remat_graph_destroy(reset);
+  }
+  remat_runtime_destroy(rt);
+}
+
 /* outer: save_only_these_names:a { a = linear(x); inner: everything
  * { b = gelu(a); c = linear(b) }; d = gelu(c); e = linear(d) }; loss =
  * mean(e). b is used only inside inner, so inner decides it; c is used by
@@ -409,6 +481,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_policy_saves_exactly),
       cmocka_unit_test(test_nested_regions),
+      cmocka_unit_test(test_graph_policy),
       cmocka_unit_test(test_budget_source),
       cmocka_unit_test(test_plan_of_errors),
       cmocka_unit_test(test_lookahead_edges),

@@ -1,9 +1,9 @@
-/* Tests of remat_graph_priority: while one graph's step holds the
- * runtime's workers, a forward of an INTERACTIVE graph that arrives after
- * a forward of a NORMAL one runs before it, a BATCH one after both, and
- * graphs of one class keep the order they came in; results do not depend
- * on the class; bad arguments are refused. Runs under ThreadSanitizer
- * too. */
+/* Tests of remat_graph_priority: while one graph's training step is in
+ * progress (a task of it held), forwards of INTERACTIVE and BATCH graphs
+ * run beside it on the other worker and finish first, with the results
+ * they have alone, and the step's results are those it has alone; graphs
+ * of the step's own class wait and keep the order they came in; bad
+ * arguments are refused. Runs under ThreadSanitizer too. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -22,6 +23,7 @@
 enum { ROWS = 4, IN = 8, CLASSES = 3, NSERVE = 4 };
 
 static remat_runtime *rt;
+static remat_tensor *last_w; /* the parameter of the graph built last */
 
 /* x -> linear -> logits kept (inference), or -> cross entropy (train). */
 static remat_graph *build(bool train, remat_tensor **logits) {
@@ -32,6 +34,7 @@ static remat_graph *build(bool train, remat_tensor **logits) {
   remat_tensor *t = remat_input(g, "t", REMAT_I32, 1, td);
   remat_tensor *w = remat_param(g, "w", 2, wd, REMAT_INIT_NORMAL, 0.5f);
   remat_tensor *y = remat_linear(g, x, w, NULL);
+  last_w = w;
   remat_tensor *loss = remat_cross_entropy(g, y, t);
   remat_optimizer opt = {.kind = REMAT_OPT_SGD, .lr = 0.1f};
   if (!train)
@@ -54,12 +57,15 @@ static _Atomic int holding, release;
 static const remat_graph *_Atomic started[NSERVE];
 static _Atomic int nstarted;
 
+/* The holder's first task waits for release (its other ready tasks may
+ * run, its successors cannot: the step stays in progress). */
 static void on_task(const remat_graph *g, int kind) {
   (void)kind;
   if (g == atomic_load(&holder)) {
-    atomic_store(&holding, 1);
-    while (!atomic_load(&release))
-      sched_yield();
+    int none = 0;
+    if (atomic_compare_exchange_strong(&holding, &none, 1))
+      while (!atomic_load(&release))
+        sched_yield();
     return;
   }
   for (int i = 0; i < atomic_load(&nstarted); i++)
@@ -67,15 +73,21 @@ static void on_task(const remat_graph *g, int kind) {
       return;
   /* Only one run is in progress: no other task adds concurrently. */
   int i = atomic_load(&nstarted);
-  if (i < NSERVE) {
+  if (i < NSERVE && atomic_load(&holder) != NULL) {
     atomic_store(&started[i], g);
     atomic_store(&nstarted, i + 1);
   }
 }
 
+static _Atomic int step_done;
+
+static remat_step_stats step_stats;
+
 static void *run_step(void *arg) {
-  if (remat_step(arg, NULL) != REMAT_OK)
+  step_stats.size = sizeof step_stats;
+  if (remat_step(arg, &step_stats) != REMAT_OK)
     atomic_store(&holding, -1);
+  atomic_store(&step_done, 1);
   return NULL;
 }
 
@@ -138,15 +150,81 @@ static void run_order(const remat_priority prio[NSERVE], int got[NSERVE]) {
   remat_graph_destroy(train);
 }
 
-static void test_interactive_first(void **state) {
+static _Atomic int forward_done;
+
+static void *run_forward_noted(void *arg) {
+  run_forward(arg);
+  atomic_store(&forward_done, 1);
+  return NULL;
+}
+
+/* One step of `train` and the parameter it leaves, alone. */
+static void step_alone(float w_out[CLASSES * IN], float *loss) {
+  remat_graph *g = build(true, NULL);
+  remat_step_stats st = {.size = sizeof st};
+  assert_int_equal(remat_step(g, &st), REMAT_OK);
+  assert_int_equal(remat_read(g, last_w, w_out, CLASSES * IN * sizeof(float)),
+                   REMAT_OK);
+  *loss = st.loss;
+  remat_graph_destroy(g);
+}
+
+/* While a task of a NORMAL training step is held, a forward of class
+ * `prio` runs to its end on the other worker (waiting up to 20 s); then
+ * the step is let go. Both results are bitwise those of running alone. */
+static void forward_beside_step(remat_priority prio) {
+  float w_alone[CLASSES * IN], loss_alone, y_alone[ROWS * CLASSES];
+  step_alone(w_alone, &loss_alone);
+  remat_tensor *y;
+  remat_graph *serve = build(false, &y);
+  assert_int_equal(remat_forward(serve, NULL), REMAT_OK);
+  assert_int_equal(remat_read(serve, y, y_alone, sizeof y_alone), REMAT_OK);
+  remat_graph_destroy(serve);
+
+  remat_graph *train = build(true, NULL);
+  remat_tensor *w = last_w;
+  serve = build(false, &y);
+  assert_int_equal(remat_graph_priority(serve, prio), REMAT_OK);
+  atomic_store(&holding, 0);
+  atomic_store(&release, 0);
+  atomic_store(&step_done, 0);
+  atomic_store(&forward_done, 0);
+  atomic_store(&holder, train);
+  pthread_t trainer, server;
+  assert_int_equal(pthread_create(&trainer, NULL, run_step, train), 0);
+  while (atomic_load(&holding) == 0)
+    sched_yield();
+  assert_int_equal(pthread_create(&server, NULL, run_forward_noted, serve),
+                   0);
+  for (int i = 0; i < 20000 && !atomic_load(&forward_done); i++)
+    usleep(1000);
+  int beside = atomic_load(&forward_done) && !atomic_load(&step_done);
+  atomic_store(&release, 1);
+  pthread_join(trainer, NULL);
+  pthread_join(server, NULL);
+  atomic_store(&holder, NULL);
+  assert_int_equal(atomic_load(&holding), 1);
+  assert_int_equal(atomic_load(&forward_failures), 0);
+  assert_true(beside);
+  float w_got[CLASSES * IN], loss_got, y_got[ROWS * CLASSES];
+  assert_int_equal(remat_read(serve, y, y_got, sizeof y_got), REMAT_OK);
+  assert_memory_equal(y_got, y_alone, sizeof y_got);
+  assert_int_equal(remat_read(train, w, w_got, sizeof w_got), REMAT_OK);
+  loss_got = step_stats.loss;
+  assert_memory_equal(w_got, w_alone, sizeof w_got);
+  assert_memory_equal(&loss_got, &loss_alone, sizeof loss_got);
+  remat_graph_destroy(serve);
+  remat_graph_destroy(train);
+}
+
+static void test_interactive_beside_step(void **state) {
   (void)state;
-  const remat_priority prio[NSERVE] = {
-      REMAT_PRIORITY_BATCH, REMAT_PRIORITY_NORMAL,
-      REMAT_PRIORITY_INTERACTIVE, REMAT_PRIORITY_NORMAL};
-  int got[NSERVE];
-  run_order(prio, got);
-  const int want[NSERVE] = {2, 1, 3, 0};
-  assert_memory_equal(got, want, sizeof want);
+  forward_beside_step(REMAT_PRIORITY_INTERACTIVE);
+}
+
+static void test_batch_beside_step(void **state) {
+  (void)state;
+  forward_beside_step(REMAT_PRIORITY_BATCH);
 }
 
 static void test_one_class_in_arrival_order(void **state) {
@@ -210,7 +288,8 @@ static int group_teardown(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_interactive_first),
+      cmocka_unit_test(test_interactive_beside_step),
+      cmocka_unit_test(test_batch_beside_step),
       cmocka_unit_test(test_one_class_in_arrival_order),
       cmocka_unit_test(test_same_results),
       cmocka_unit_test(test_refuses),

@@ -199,6 +199,92 @@ static void test_budget(void **state) {
   fixture_close(&f);
 }
 
+/* A graph of `four` on rt with its own policy and budget, compiled with
+ * AdamW; returns the status of the first call that fails. */
+static remat_status open_on(remat_runtime *rt, const char *policy,
+                            int64_t budget, remat_graph **g, remat_gpt *m) {
+  remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-3f};
+  remat_policy *p = NULL;
+  remat_status s = remat_graph_create(rt, g);
+  if (s == REMAT_OK)
+    s = remat_graph_seed(*g, 7);
+  if (s == REMAT_OK && policy != NULL)
+    s = remat_policy_parse(policy, &p);
+  if (s == REMAT_OK && policy != NULL)
+    s = remat_graph_set_policy(*g, p);
+  remat_policy_destroy(p);
+  if (s == REMAT_OK)
+    s = remat_graph_set_memory_budget(*g, budget);
+  if (s == REMAT_OK)
+    s = remat_gpt_build(*g, &four, m);
+  return s == REMAT_OK ? remat_compile(*g, m->loss, &opt) : s;
+}
+
+/* A budget of one graph (remat_graph_set_memory_budget) binds that graph
+ * alone: too small, its compile fails with the budget's message while a
+ * graph on the same runtime without one compiles; one that fits gives a
+ * plan within it; 0 lifts the runtime's budget; and bad values fail. */
+static void test_graph_budget(void **state) {
+  (void)state;
+  result none = run(&four, 1, "nothing_saveable", 0);
+  int64_t lo = none.stats.peak_bytes;
+  remat_config rc = {.set = REMAT_SET_NUM_THREADS | REMAT_SET_POLICY,
+                     .num_threads = 1,
+                     .policy = "nothing_saveable"};
+  remat_runtime *rt;
+  remat_graph *tight, *plain, *fits;
+  remat_gpt m;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  assert_int_equal(open_on(rt, "auto", lo - 4096, &tight, &m),
+                   REMAT_ERR_BUDGET);
+  char expected[256];
+  snprintf(expected, sizeof expected,
+           "memory budget of %lld bytes (%.2f MiB) is infeasible: the "
+           "smallest feasible budget for this graph is %lld bytes (%.2f MiB)",
+           (long long)(lo - 4096), (double)(lo - 4096) / 1048576.0,
+           (long long)lo, (double)lo / 1048576.0);
+  assert_string_equal(remat_graph_error(tight), expected);
+  assert_int_equal(open_on(rt, NULL, REMAT_RUNTIME_BUDGET, &plain, &m),
+                   REMAT_OK);
+  remat_step_stats st = {.size = sizeof st};
+  assert_int_equal(remat_step(plain, &st), REMAT_OK);
+  assert_int_equal(st.peak_bytes, lo);
+  assert_int_equal(open_on(rt, "auto", lo, &fits, &m), REMAT_OK);
+  assert_int_equal(remat_step(fits, &st), REMAT_OK);
+  assert_true(st.predicted_peak_bytes <= lo && st.peak_bytes <= lo);
+  remat_graph_destroy(tight);
+  remat_graph_destroy(plain);
+  remat_graph_destroy(fits);
+  remat_runtime_destroy(rt);
+
+  /* under a runtime budget too small: 0 lifts it for one graph, and the
+   * runtime's (the default, or REMAT_RUNTIME_BUDGET) binds the others */
+  rc.set |= REMAT_SET_MEMORY_BUDGET;
+  rc.memory_budget = lo - 4096;
+  assert_int_equal(remat_runtime_create(&rc, &rt), REMAT_OK);
+  assert_int_equal(open_on(rt, NULL, 0, &plain, &m), REMAT_OK);
+  assert_int_equal(remat_step(plain, &st), REMAT_OK);
+  assert_int_equal(st.peak_bytes, lo);
+  assert_int_equal(open_on(rt, NULL, REMAT_RUNTIME_BUDGET, &tight, &m),
+                   REMAT_ERR_BUDGET);
+  remat_graph_destroy(tight);
+  remat_graph_destroy(plain);
+  assert_int_equal(remat_graph_create(rt, &tight), REMAT_OK);
+  assert_int_equal(remat_graph_set_memory_budget(tight, -2),
+                   REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_last_error(),
+                      "remat_graph_set_memory_budget: bytes is -2: expected "
+                      "a budget in bytes, 0 for none, or REMAT_RUNTIME_BUDGET "
+                      "(-1) for the runtime's");
+  assert_int_equal(remat_graph_status(tight), REMAT_ERR_INVALID_ARG);
+  assert_int_equal(remat_graph_set_memory_budget(NULL, 0),
+                   REMAT_ERR_INVALID_ARG);
+  assert_string_equal(remat_last_error(),
+                      "remat_graph_set_memory_budget: graph is NULL");
+  remat_graph_destroy(tight);
+  remat_runtime_destroy(rt);
+}
+
 /* Checks that every region of a compiled graph on a per-tensor set names,
  * after "auto_tensors:", exactly the named tensors it saves; returns how
  * many regions are on such a set. */
@@ -423,6 +509,7 @@ int main(void) {
       cmocka_unit_test(test_activation_memory),
       cmocka_unit_test(test_lookahead),
       cmocka_unit_test(test_budget),
+      cmocka_unit_test(test_graph_budget),
       cmocka_unit_test(test_budget_per_tensor),
       cmocka_unit_test(test_chain_plan_brute_force),
       cmocka_unit_test(test_bad_regions_and_names),

@@ -16,6 +16,7 @@
 
 typedef struct async_case {
   sched_pool *pool;
+  const sched_dag *dag; /* names the run to sched_complete */
   int32_t async_task;
   atomic_int completed; /* set by the completer just before sched_complete */
   atomic_int body_ran, after_ran, after_saw_completed;
@@ -35,7 +36,7 @@ static void *completer_main(void *arg) {
   struct timespec ts = {0, 20 * 1000 * 1000}; /* successors must wait */
   nanosleep(&ts, NULL);
   atomic_store(&c->completed, 1);
-  sched_complete(c->pool, c->async_task);
+  sched_complete(c->pool, c->dag, c->async_task);
   return NULL;
 }
 
@@ -45,7 +46,7 @@ static int async_body(void *context, void *arg, int worker) {
   (void)worker;
   async_case *c = arg;
   atomic_fetch_add(&c->body_ran, 1);
-  atomic_store(&c->seen_failure, sched_run_failure(c->pool));
+  atomic_store(&c->seen_failure, sched_run_failure(c->pool, c->dag));
   return pthread_create(&c->completer, NULL, completer_main, c) == 0
              ? 0
              : REMAT_ERR_BACKEND;
@@ -74,6 +75,7 @@ static void run_case(int fail_first) {
                    REMAT_OK);
   sched_dag *dag;
   assert_int_equal(sched_dag_create(&dag, err), REMAT_OK);
+  c.dag = dag;
   int32_t a = sched_dag_add(dag, first_task, &c, 3, -1, "first", NULL);
   c.async_task = sched_dag_add(dag, async_body, &c, 2, -1, "async", NULL);
   int32_t z = sched_dag_add(dag, after_task, &c, 1, -1, "after", NULL);

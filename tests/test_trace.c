@@ -633,7 +633,7 @@ static void test_verbose_report(void **state) {
                                         "nothing_saveable (the runtime's "
                                         "default, from "
                                         "remat_config.policy)\n"), 1);
-  /* fused epilogues (unless REMAT_FUSE=0, or bf16): attn_out and ffn_out,
+  /* fused epilogues (unless REMAT_FUSE=0): attn_out and ffn_out,
    * the linear outputs only a residual add reads, are never stored */
   if (fusion_on())
     assert_non_null(strstr(text, "    saved: h0.add#12\n    recomputed: "

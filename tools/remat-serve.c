@@ -33,7 +33,9 @@ static void usage(FILE *f) {
 "  --job-dir DIR    where jobs keep their requests, states and checkpoints;\n"
 "                   unfinished jobs found there are resumed (default\n"
 "                   remat-serve-jobs)\n"
-"  --policy P, --budget B, --precision P  the runtime's, as remat-train's\n");
+"  --policy P, --budget B, --precision P  the runtime's, as remat-train's;\n"
+"                   a job's \"policy\" and \"budget\" override the first two\n"
+"                   for its graph\n");
 }
 
 /* A server option's value as an integer in [lo, hi]; -1 after a message. */

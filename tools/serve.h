@@ -41,8 +41,9 @@ typedef struct job_params {
   char *data;      /* a file on the server, required */
   int steps;       /* required, 1 to 1000000 */
   float lr;        /* default 0.0003 */
-  char *policy;    /* NULL: the runtime's */
-  int64_t budget;  /* 0: the runtime's */
+  char *policy;    /* the job graph's default policy; NULL: the server's */
+  int64_t budget;  /* the job graph's budget in bytes, 0: none;
+                      REMAT_RUNTIME_BUDGET (-1, no "budget"): the server's */
   char *save;      /* NULL: none; else the final checkpoint's path */
   int save_every;  /* steps between checkpoints; default 10 */
 } job_params;

@@ -93,7 +93,8 @@ static char *request_json(const job_params *p) {
   cJSON_AddNumberToObject(o, "lr", p->lr);
   if (p->policy != NULL)
     cJSON_AddStringToObject(o, "policy", p->policy);
-  cJSON_AddNumberToObject(o, "budget", (double)p->budget);
+  if (p->budget != REMAT_RUNTIME_BUDGET)
+    cJSON_AddNumberToObject(o, "budget", (double)p->budget);
   if (p->save != NULL)
     cJSON_AddStringToObject(o, "save", p->save);
   cJSON_AddNumberToObject(o, "save_every", p->save_every);
@@ -139,6 +140,19 @@ static int stopped(job *j) {
   return atomic_load(&j->cancel) || atomic_load(&j->stop);
 }
 
+/* The job's own policy and budget on its graph (the server's when it
+ * gives none): they are the graph's, so jobs of any policy and budget
+ * share the server's runtime. */
+static remat_status job_settings(const job *j, remat_graph *g) {
+  remat_policy *p = NULL;
+  remat_status s = REMAT_OK;
+  if (j->p.policy != NULL && (s = remat_policy_parse(j->p.policy, &p)) ==
+                                 REMAT_OK)
+    s = remat_graph_set_policy(g, p);
+  remat_policy_destroy(p);
+  return s == REMAT_OK ? remat_graph_set_memory_budget(g, j->p.budget) : s;
+}
+
 /* Builds the job's graph, from its checkpoint when there is one (a
  * restart) or else from the weights of --load. */
 static int job_open(job *j, remat_graph **g, remat_gpt *m) {
@@ -146,6 +160,7 @@ static int job_open(job *j, remat_graph **g, remat_gpt *m) {
   remat_optimizer opt = {.kind = o->optimizer, .lr = o->lr,
                          .weight_decay = o->wd};
   if (remat_graph_create(j->s->rt, g) != REMAT_OK ||
+      job_settings(j, *g) != REMAT_OK ||
       remat_graph_seed(*g, o->seed) != REMAT_OK ||
       remat_gpt_build(*g, &o->cfg, m) != REMAT_OK ||
       remat_compile(*g, m->loss, &opt) != REMAT_OK ||
@@ -296,35 +311,14 @@ static int job_prepare(server *s, job *j, char *err, size_t err_len) {
              "server (the server's standard input is not a job's data)");
     return 400;
   }
-  remat_config rc;
-  remat_runtime_config(s->rt, &rc);
-  if (p->policy != NULL) {
-    remat_policy *want = NULL, *have = NULL;
-    char a[1100] = "", b[1100] = "";
-    const char *runtime = rc.policy != NULL ? rc.policy : "nothing_saveable";
-    if (remat_policy_parse(p->policy, &want) != REMAT_OK) {
+  if (p->policy != NULL) { /* the job's graph takes it (job_open) */
+    remat_policy *want = NULL;
+    remat_status st = remat_policy_parse(p->policy, &want);
+    remat_policy_destroy(want);
+    if (st != REMAT_OK) {
       snprintf(err, err_len, "'policy': %s", remat_last_error());
       return 400;
     }
-    int same = remat_policy_parse(runtime, &have) == REMAT_OK &&
-               remat_policy_format(want, a, sizeof a) == REMAT_OK &&
-               remat_policy_format(have, b, sizeof b) == REMAT_OK &&
-               strcmp(a, b) == 0;
-    remat_policy_destroy(want);
-    remat_policy_destroy(have);
-    if (!same) {
-      snprintf(err, err_len, "'policy' is '%.200s': jobs run on the "
-               "server's runtime, whose policy is '%.200s' (remat-serve "
-               "--policy): give that policy or none", a, b);
-      return 400;
-    }
-  }
-  if (p->budget != 0 && p->budget != rc.memory_budget) {
-    snprintf(err, err_len, "'budget' is %lld bytes: jobs run under the "
-             "server's runtime budget, %lld bytes (remat-serve --budget; 0: "
-             "none): give that budget or none", (long long)p->budget,
-             (long long)rc.memory_budget);
-    return 400;
   }
   j->o = s->o;
   j->o.data_path = p->data;

@@ -281,7 +281,7 @@ int parse_job(const char *body, size_t len, job_params *out, char *err,
                              "save_every", err, err_len);
   if (root == NULL)
     return -1;
-  int64_t steps = 0, every = out->save_every, budget = 0;
+  int64_t steps = 0, every = out->save_every, budget = REMAT_RUNTIME_BUDGET;
   double lr = out->lr;
   int rc = get_str(root, "data", &out->data, err, err_len);
   if (rc == 0 && out->data == NULL)

@@ -39,7 +39,7 @@ static remat_status run_stages(const compile_request *req, compiled_step *c) {
     s = plan_fusions(g, c->loss);
   if (s == REMAT_OK) {
     plan_target target = {g, c->loss, c->has_opt, c->opt.kind,
-                          g->rt->config.policy, g->rt->config.memory_budget,
+                          graph_default_policy(g), graph_memory_budget(g),
                           c->nworkers, pl->nnodes < 1 ? 1 : pl->nnodes};
     s = plan_remat(&target, &c->decision);
   }
@@ -66,7 +66,7 @@ static remat_status run_stages(const compile_request *req, compiled_step *c) {
     s = taskgraph_finalize(&c->tasks);
   if (s == REMAT_OK)
     s = memplan_predict(g, &c->low, &c->numa, c->nworkers, &c->predicted);
-  if (s == REMAT_OK && g->rt->config.memory_budget <= 0) {
+  if (s == REMAT_OK && graph_memory_budget(g) <= 0) {
     mem_room room = memcheck_room(); /* a budget makes the plan fit it */
     s = memcheck_fit(g, c->predicted.peak, &room);
   }

@@ -141,9 +141,9 @@ remat_status memcheck_fit(remat_graph *g, int64_t peak, const mem_room *room) {
       g, REMAT_ERR_OUT_OF_MEMORY,
       "remat_compile: the step needs %" PRId64 " bytes (%.2f MiB) at its "
       "peak, but the process can get %" PRId64 " bytes (%.2f MiB, %s): set "
-      "a memory budget (REMAT_MEMORY_BUDGET or remat_config.memory_budget) "
-      "of at most %" PRId64 " bytes so that the planner recomputes "
-      "activations, or build a smaller model",
+      "a memory budget (%s) of at most %" PRId64 " bytes so that the "
+      "planner recomputes activations, or build a smaller model",
       peak, (double)peak / 1048576.0, room_bytes,
-      (double)room_bytes / 1048576.0, figures[least].source, room_bytes);
+      (double)room_bytes / 1048576.0, figures[least].source,
+      graph_budget_origin(g), room_bytes);
 }

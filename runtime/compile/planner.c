@@ -622,8 +622,8 @@ static remat_status run_planner(planner *pl) {
     any_free |= pl->free_region[pl->tops[t]];
   if (s == REMAT_OK && any_free && budget <= 0)
     return graph_fail(pl->g, REMAT_ERR_POLICY,
-                      "policy 'auto' needs a memory budget: set "
-                      "REMAT_MEMORY_BUDGET or remat_config.memory_budget");
+                      "policy 'auto' needs a memory budget: set %s",
+                      graph_budget_origin(pl->g));
   if (s == REMAT_OK && any_free && pl->t->loss >= 0)
     s = plan_budget(pl, budget);
   else if (s == REMAT_OK)

@@ -100,13 +100,17 @@ static void print_tensor(const remat_graph *g, const remat_tensor *x) {
             (int)x->producer);
 }
 
-/* Where the runtime's default policy came from: the built-in default
- * unless it lies in the runtime's strings, where REMAT_POLICY and
- * remat_config.policy are copied; of those, the environment's when it
- * holds that policy (remat_config.policy overrides it, so a policy there
- * that differs from REMAT_POLICY is the program's; the same one given both
- * ways reads as the environment's). */
-static const char *default_source(const remat_runtime *rt) {
+/* Where g's default policy came from: remat_graph_set_policy when set,
+ * else the runtime's, which is the built-in default unless it lies in the
+ * runtime's strings, where REMAT_POLICY and remat_config.policy are
+ * copied; of those, the environment's when it holds that policy
+ * (remat_config.policy overrides it, so a policy there that differs from
+ * REMAT_POLICY is the program's; the same one given both ways reads as the
+ * environment's). */
+static const char *default_source(const remat_graph *g) {
+  const remat_runtime *rt = g->rt;
+  if (g->policy != NULL)
+    return "the graph's default, from remat_graph_set_policy";
   if (rt->config.policy != rt->strings.policy)
     return "the runtime's default, as neither remat_config.policy nor "
            "REMAT_POLICY is set";
@@ -119,13 +123,13 @@ static const char *default_source(const remat_runtime *rt) {
 
 /* Why region r has its policy. */
 static void print_source(const compiled_step *c, int32_t r) {
-  int64_t budget = c->g->rt->config.memory_budget;
+  int64_t budget = graph_memory_budget(c->g);
   switch (c->decision.source[r]) {
   case REGION_OWN:
     fprintf(stderr, "its own, given to remat_region_begin");
     break;
   case REGION_DEFAULT:
-    fprintf(stderr, "%s", default_source(c->g->rt));
+    fprintf(stderr, "%s", default_source(c->g));
     break;
   default:
     if (budget > 0)

@@ -195,14 +195,17 @@ remat_status remat_runtime_create(const remat_config *config,
   rt->no_admission = getenv("REMAT_BENCH_NO_ADMISSION") != NULL;
   bool env = config == NULL || !(config->set & REMAT_SET_NO_ENV);
   const char *fuse = env ? getenv("REMAT_FUSE") : NULL;
-  if (fuse != NULL && strcmp(fuse, "0") != 0 && strcmp(fuse, "1") != 0) {
+  if (fuse != NULL && strcmp(fuse, "0") != 0 && strcmp(fuse, "1") != 0 &&
+      strcmp(fuse, "bf16") != 0) {
     free(rt);
     return remat__fail(REMAT_ERR_CONFIG,
                        "REMAT_FUSE='%s' is not valid: expected 0 (no fused "
-                       "epilogues) or 1 (fused, the default)",
+                       "epilogues), 1 (fused, the default) or bf16 (bf16 "
+                       "residual adds fused too)",
                        remat__quote(&(remat__quoted){0}, fuse));
   }
   rt->no_fuse = fuse != NULL && strcmp(fuse, "0") == 0;
+  rt->fuse_bf16 = fuse != NULL && strcmp(fuse, "bf16") == 0;
   rt->split_update = getenv("REMAT_BENCH_SPLIT_UPDATE") != NULL;
   /* The environment first: a bad value fails before any thread starts. */
   remat_status s = remat__config_load(config, 0, &rt->config, &rt->strings);

@@ -95,10 +95,11 @@ void remat__mpi_precision_set1(const plan_buffer *b, void *data, float v) {
   precision_set1(b, data, v);
 }
 
-void remat__mpi_sched_complete(sched_pool *pool, int32_t task) {
-  sched_complete(pool, task);
+void remat__mpi_sched_complete(sched_pool *pool, const sched_dag *dag,
+                               int32_t task) {
+  sched_complete(pool, dag, task);
 }
 
-int remat__mpi_sched_run_failure(const sched_pool *pool) {
-  return sched_run_failure(pool);
+int remat__mpi_sched_run_failure(sched_pool *pool, const sched_dag *dag) {
+  return sched_run_failure(pool, dag);
 }

@@ -45,7 +45,9 @@ REMAT_API float remat__mpi_precision_get1(const plan_buffer *b,
                                           const void *data);
 REMAT_API void remat__mpi_precision_set1(const plan_buffer *b, void *data,
                                          float v);
-REMAT_API void remat__mpi_sched_complete(sched_pool *pool, int32_t task);
-REMAT_API int remat__mpi_sched_run_failure(const sched_pool *pool);
+REMAT_API void remat__mpi_sched_complete(sched_pool *pool,
+                                         const sched_dag *dag, int32_t task);
+REMAT_API int remat__mpi_sched_run_failure(sched_pool *pool,
+                                           const sched_dag *dag);
 
 #endif

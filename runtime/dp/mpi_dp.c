@@ -249,7 +249,7 @@ int dp_agree_task(void *run, void *arg, int worker) {
   (void)worker;
   const step_run *r = run;
   dp_plan *d = r->s->dp;
-  agree_fill(d, sched_run_failure(d->c->g->rt->pool),
+  agree_fill(d, sched_run_failure(d->c->g->rt->pool, d->c->tasks.dag),
              r->mode == RUN_ACCUMULATE);
   comm_ready(&d->comm, d->layout->nbuckets, true);
   return 0;
@@ -286,9 +286,9 @@ static void item_done(void *ctx, int i) {
       atomic_store(&d->s->nonfinite, 1); /* no rank updates */
   }
   if (it->by_task)
-    sched_complete(c->g->rt->pool, i < layout->nbuckets
-                                       ? layout->buckets[i].task
-                                       : layout->agree_task);
+    sched_complete(c->g->rt->pool, c->tasks.dag,
+                   i < layout->nbuckets ? layout->buckets[i].task
+                                        : layout->agree_task);
 }
 
 /* ---- the state: buckets' buffers and the communication thread ---- */

@@ -49,10 +49,10 @@ void precision_set1(const plan_buffer *b, void *data, float v) {
   remat__mpi_precision_set1(b, data, v);
 }
 
-void sched_complete(sched_pool *pool, int32_t task) {
-  remat__mpi_sched_complete(pool, task);
+void sched_complete(sched_pool *pool, const sched_dag *dag, int32_t task) {
+  remat__mpi_sched_complete(pool, dag, task);
 }
 
-int sched_run_failure(const sched_pool *pool) {
-  return remat__mpi_sched_run_failure(pool);
+int sched_run_failure(sched_pool *pool, const sched_dag *dag) {
+  return remat__mpi_sched_run_failure(pool, dag);
 }

@@ -404,7 +404,7 @@ static remat_status numeric_failure(const compiled_step *c,
  * order needs and the budget's plan fits; 0 (no admission) without a
  * budget. So a run under a budget never holds more than it. */
 static int64_t admit_bound(const compiled_step *c, const step_state *st) {
-  int64_t budget = c->g->rt->config.memory_budget;
+  int64_t budget = graph_memory_budget(c->g);
   if (budget <= 0 || c->g->rt->no_admission)
     return 0;
   int64_t held = atomic_load(&st->arena.total_current) -
@@ -589,7 +589,7 @@ static void free_accum(const compiled_step *c, step_state *st) {
 static remat_status alloc_accum(const compiled_step *c, step_state *st) {
   if (st->accum != NULL)
     return REMAT_OK;
-  int64_t sums = 0, budget = c->g->rt->config.memory_budget;
+  int64_t sums = 0, budget = graph_memory_budget(c->g);
   for (int32_t i = 0; i < c->low.nknodes; i++)
     if (c->low.knodes[i].kind == KNODE_UPDATE)
       sums += mem_block_bytes(c->low.bufs[c->low.knodes[i].optim.grad].bytes);

@@ -48,6 +48,7 @@ void remat_graph_destroy(remat_graph *g) {
   name_index_free(&g->param_names);
   free(g->ops);
   policy_free_all(g);
+  free(g->policy);
   remat_runtime *rt = g->rt;
   free(g);
   runtime_release(rt);

@@ -54,7 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(p.steps >= 1 && p.steps <= 1000000);
     FUZZ_CHECK(p.lr > 0.0f && p.lr <= 1.0f);
     FUZZ_CHECK(p.save_every >= 0 && p.save_every <= 1000000);
-    FUZZ_CHECK(p.budget >= 0);
+    FUZZ_CHECK(p.budget >= 0 || p.budget == REMAT_RUNTIME_BUDGET);
     job_params_free(&p);
     break;
   }
