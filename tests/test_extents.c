@@ -3,7 +3,10 @@
  * but never across regions, a give-back that allocates nothing, and the
  * property the arena is for: blocks of different sizes live at different
  * times reuse the same bytes, so a region as large as the peak of live
- * bytes serves a pattern whose sizes' own peaks sum to far more. */
+ * bytes serves a pattern whose sizes' own peaks sum to far more; and the
+ * arena (runtime/core/memory.c) built on them: a node home's blocks share
+ * one region, a block that needs a new region fails cleanly when the
+ * system refuses it, and a reserved step asks the system for nothing. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +17,7 @@
 
 #include "base/alloc.h"
 #include "runtime/core/extents.h"
+#include "runtime/internal.h"
 
 #define KB ((size_t)1024)
 
@@ -118,12 +122,108 @@ static void test_sizes_share_bytes(void **state) {
   extents_free(&s);
 }
 
+#define MB ((size_t)1 << 20)
+
+static void arena_open(mem_arena *a) {
+  sched_placement pl = {.nnodes = 1};
+  assert_int_equal(mem_arena_init(a, NULL, &pl), REMAT_OK);
+}
+
+static size_t arena_capacity(mem_arena *a) {
+  size_t bytes;
+  mem_home_regions(a, 0, &bytes);
+  return bytes;
+}
+
+static int arena_regions(mem_arena *a) {
+  size_t bytes;
+  return mem_home_regions(a, 0, &bytes);
+}
+
+/* Twelve rounds of blocks of a new size each (1 to 12 times 64 KB, four
+ * live at once) reuse the bytes the rounds before freed: one region holds
+ * them all, where keeping each size apart would take 5 MB. */
+static void test_arena_sizes_share_one_region(void **state) {
+  (void)state;
+  mem_arena a;
+  arena_open(&a);
+  for (int round = 1; round <= 12; round++) {
+    size_t size = (size_t)round * 64 * KB;
+    void *p[4];
+    for (int i = 0; i < 4; i++)
+      assert_non_null(p[i] = mem_alloc(&a, size, REMAT_MEM_ACTIVATIONS, 0,
+                                       true));
+    for (int i = 0; i < 4; i++)
+      mem_free(&a, p[i], size, REMAT_MEM_ACTIVATIONS, 0, true);
+  }
+  assert_int_equal(arena_regions(&a), 1);
+  assert_int_equal(arena_capacity(&a), 4 * MB);
+  assert_int_equal(a.total_current, 0);
+  assert_int_equal(a.total_peak, 4 * 12 * 64 * KB);
+  mem_arena_destroy(&a);
+}
+
+/* A block that needs a new region when the system refuses it: NULL, no
+ * byte counted, and the same call succeeds once the system gives. */
+static void test_arena_growth_fails_cleanly(void **state) {
+  (void)state;
+  mem_arena a;
+  arena_open(&a);
+  void *more = mem_alloc(&a, 2 * MB, REMAT_MEM_ACTIVATIONS, 0, true);
+  mem_free(&a, more, 2 * MB, REMAT_MEM_ACTIVATIONS, 0, true); /* its list */
+  void *first = mem_alloc(&a, 3 * MB, REMAT_MEM_ACTIVATIONS, 0, true);
+  assert_non_null(first);
+  remat__alloc_fail_after(1);
+  more = mem_alloc(&a, 2 * MB, REMAT_MEM_ACTIVATIONS, 0, true);
+  assert_int_equal(remat__alloc_count(), 1);
+  remat__alloc_fail_after(0);
+  assert_null(more);
+  assert_int_equal(a.total_current, 3 * MB);
+  assert_int_equal(arena_regions(&a), 1);
+  assert_non_null(more = mem_alloc(&a, 2 * MB, REMAT_MEM_ACTIVATIONS, 0,
+                                   true));
+  assert_int_equal(arena_regions(&a), 2);
+  assert_int_equal(a.total_current, 5 * MB);
+  mem_free(&a, more, 2 * MB, REMAT_MEM_ACTIVATIONS, 0, true);
+  mem_free(&a, first, 3 * MB, REMAT_MEM_ACTIVATIONS, 0, true);
+  mem_arena_destroy(&a);
+}
+
+/* After mem_expect and mem_reserve, the expected blocks (more than the
+ * smallest region holds, of several sizes) are taken and given back with
+ * every system allocation failing. */
+static void test_arena_reserved_allocates_nothing(void **state) {
+  (void)state;
+  mem_arena a;
+  arena_open(&a);
+  size_t sizes[3] = {1 * MB + 64, 640 * KB, 4 * KB};
+  int64_t counts[3] = {5, 6, 40};
+  for (int k = 0; k < 3; k++)
+    assert_int_equal(mem_expect(&a, sizes[k], counts[k], 0), REMAT_OK);
+  assert_int_equal(mem_reserve(&a), REMAT_OK);
+  remat__alloc_fail_after(1);
+  void *p[3][40];
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < counts[k]; i++)
+      assert_non_null(p[k][i] = mem_alloc(&a, sizes[k],
+                                          REMAT_MEM_ACTIVATIONS, 0, true));
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < counts[k]; i++)
+      mem_free(&a, p[k][i], sizes[k], REMAT_MEM_ACTIVATIONS, 0, true);
+  assert_int_equal(remat__alloc_count(), 0);
+  remat__alloc_fail_after(0);
+  mem_arena_destroy(&a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_best_fit_and_merge),
       cmocka_unit_test(test_regions_do_not_merge),
       cmocka_unit_test(test_reserved_bookkeeping_allocates_nothing),
       cmocka_unit_test(test_sizes_share_bytes),
+      cmocka_unit_test(test_arena_sizes_share_one_region),
+      cmocka_unit_test(test_arena_growth_fails_cleanly),
+      cmocka_unit_test(test_arena_reserved_allocates_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -371,3 +371,13 @@ void mem_arena_destroy(mem_arena *a) {
   a->caches = NULL;
   pthread_mutex_destroy(&a->lock);
 }
+
+int mem_home_regions(mem_arena *a, int home, size_t *bytes) {
+  pthread_mutex_lock(&a->lock);
+  int n = home_index(a, home);
+  const extent_set *pool = &a->caches[n].pool;
+  *bytes = pool->capacity;
+  int regions = pool->nregions;
+  pthread_mutex_unlock(&a->lock);
+  return regions;
+}
