@@ -97,10 +97,11 @@ remat_status mem_expect(mem_arena *a, size_t bytes, int64_t blocks, int home);
 remat_status mem_reserve(mem_arena *a);
 /* Starts a new peak window: peaks become the current values. */
 void mem_reset_peaks(mem_arena *a);
-/* The regions node home `home` carves its blocks from: how many, and in
- * *bytes their size in all (address space; only touched pages are
- * resident). */
-int mem_home_regions(mem_arena *a, int home, size_t *bytes);
+/* The regions node home `home` carves its blocks from: how many, in
+ * *bytes their size in all (address space), and in *resident the bytes of
+ * their pages touched and not released since (those the process holds). */
+int mem_home_regions(mem_arena *a, int home, size_t *bytes,
+                     size_t *resident);
 
 /* ---- the runtime ---- */
 struct remat_runtime {

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -122,6 +123,58 @@ static void test_sizes_share_bytes(void **state) {
   extents_free(&s);
 }
 
+/* Pages are tracked once the set has a page size: a block marks every page
+ * it overlaps, and a release gives back only whole pages of free ranges,
+ * highest first, as runs, stopping at the pages asked to be kept. */
+typedef struct drops {
+  char *at[8];
+  size_t bytes[8];
+  int n;
+} drops;
+
+static void record_drop(void *at, size_t bytes, void *ctx) {
+  drops *d = ctx;
+  assert_true(d->n < 8);
+  d->at[d->n] = at;
+  d->bytes[d->n++] = bytes;
+}
+
+static void test_release_whole_free_pages(void **state) {
+  (void)state;
+  extent_set s = {.page = 4 * KB};
+  assert_true(extents_add_region(&s, region_a, 64 * KB)); /* 16 pages */
+  /* blocks of 6, 10, 16 and 32 KB: pages 0-1, 1-3, 4-7, 8-15 */
+  char *p[4];
+  for (int i = 0; i < 4; i++)
+    p[i] = extents_take(&s, (size_t[]){6, 10, 16, 32}[i] * KB);
+  assert_int_equal(s.resident, 16);
+  assert_int_equal(s.live_bytes, 64 * KB);
+  for (int i = 1; i < 4; i++) /* free [6, 64): whole pages 2-15 */
+    extents_give(&s, p[i], (size_t[]){6, 10, 16, 32}[i] * KB);
+  assert_int_equal(s.nfree, 1);
+  assert_int_equal(s.peak_live_bytes, 64 * KB);
+  assert_int_equal(s.live_bytes, 6 * KB);
+  drops d = {0};
+  /* keep 10 pages: 6 go, the highest ones, as one run */
+  assert_int_equal(extents_release(&s, 10, record_drop, &d), 6);
+  assert_int_equal(d.n, 1);
+  assert_ptr_equal(d.at[0], region_a + 40 * KB);
+  assert_int_equal(d.bytes[0], 24 * KB);
+  assert_int_equal(s.resident, 10);
+  /* keep none: pages 2-9 go; never page 1, which the live block [0, 6)
+   * shares with the free range, nor page 0 */
+  assert_int_equal(extents_release(&s, 0, record_drop, &d), 8);
+  assert_int_equal(d.n, 2);
+  assert_ptr_equal(d.at[1], region_a + 8 * KB);
+  assert_int_equal(d.bytes[1], 32 * KB);
+  assert_int_equal(s.resident, 2);
+  /* a block taken again over released pages marks them again: [6, 14)
+   * overlaps pages 1-3, of which 2 and 3 were released */
+  assert_ptr_equal(extents_take(&s, 8 * KB), region_a + 6 * KB);
+  assert_int_equal(s.resident, 4);
+  extents_free(&s);
+}
+
 #define MB ((size_t)1 << 20)
 
 static void arena_open(mem_arena *a) {
@@ -130,14 +183,20 @@ static void arena_open(mem_arena *a) {
 }
 
 static size_t arena_capacity(mem_arena *a) {
-  size_t bytes;
-  mem_home_regions(a, 0, &bytes);
+  size_t bytes, resident;
+  mem_home_regions(a, 0, &bytes, &resident);
   return bytes;
 }
 
+static size_t arena_resident(mem_arena *a) {
+  size_t bytes, resident;
+  mem_home_regions(a, 0, &bytes, &resident);
+  return resident;
+}
+
 static int arena_regions(mem_arena *a) {
-  size_t bytes;
-  return mem_home_regions(a, 0, &bytes);
+  size_t bytes, resident;
+  return mem_home_regions(a, 0, &bytes, &resident);
 }
 
 /* Twelve rounds of blocks of a new size each (1 to 12 times 64 KB, four
@@ -160,6 +219,47 @@ static void test_arena_sizes_share_one_region(void **state) {
   assert_int_equal(arena_capacity(&a), 4 * MB);
   assert_int_equal(a.total_current, 0);
   assert_int_equal(a.total_peak, 4 * 12 * 64 * KB);
+  mem_arena_destroy(&a);
+}
+
+/* Blocks freed in an order that leaves holes too small for what comes
+ * next: the pages of free ranges go back to the system, so the resident
+ * bytes stay within 1/64 of the peak of live bytes plus two huge pages,
+ * and live blocks keep their contents. */
+static void test_arena_resident_follows_peak(void **state) {
+  (void)state;
+  mem_arena a;
+  arena_open(&a);
+  char *big[16], *wide[4];
+  for (int i = 0; i < 16; i++) {
+    big[i] = mem_alloc(&a, 4 * MB, REMAT_MEM_ACTIVATIONS, 0, true);
+    assert_non_null(big[i]);
+    memset(big[i], i + 1, 4 * MB);
+  }
+  for (int i = 0; i < 16; i += 2) /* eight holes of 4 MB */
+    mem_free(&a, big[i], 4 * MB, REMAT_MEM_ACTIVATIONS, 0, true);
+  for (int i = 0; i < 4; i++) { /* 6 MB: no hole holds one */
+    wide[i] = mem_alloc(&a, 6 * MB, REMAT_MEM_ACTIVATIONS, 0, true);
+    assert_non_null(wide[i]);
+    memset(wide[i], 0x70 + i, 6 * MB);
+    size_t peak = (size_t)a.total_peak;
+    size_t bound = peak + peak / 64 + 2 * REMAT_HUGE_PAGE;
+    if (arena_resident(&a) > bound)
+      fail_msg("after block %d: %zu bytes resident, over the bound %zu", i,
+               arena_resident(&a), bound);
+    assert_true(arena_resident(&a) >= (size_t)a.total_current);
+  }
+  assert_int_equal(a.total_peak, 64 * MB);
+  for (int i = 1; i < 16; i += 2)
+    for (size_t k = 0; k < 4 * MB; k += 4093)
+      assert_int_equal(big[i][k], i + 1);
+  for (int i = 0; i < 4; i++) {
+    for (size_t k = 0; k < 6 * MB; k += 4093)
+      assert_int_equal(wide[i][k], 0x70 + i);
+    mem_free(&a, wide[i], 6 * MB, REMAT_MEM_ACTIVATIONS, 0, true);
+  }
+  for (int i = 1; i < 16; i += 2)
+    mem_free(&a, big[i], 4 * MB, REMAT_MEM_ACTIVATIONS, 0, true);
   mem_arena_destroy(&a);
 }
 
@@ -221,7 +321,9 @@ int main(void) {
       cmocka_unit_test(test_regions_do_not_merge),
       cmocka_unit_test(test_reserved_bookkeeping_allocates_nothing),
       cmocka_unit_test(test_sizes_share_bytes),
+      cmocka_unit_test(test_release_whole_free_pages),
       cmocka_unit_test(test_arena_sizes_share_one_region),
+      cmocka_unit_test(test_arena_resident_follows_peak),
       cmocka_unit_test(test_arena_growth_fails_cleanly),
       cmocka_unit_test(test_arena_reserved_allocates_nothing),
   };

@@ -31,6 +31,20 @@ static int free_bound(const extent_set *s, int64_t more_live) {
   return (int)(s->live + more_live) + s->nregions + 1;
 }
 
+/* Marks the pages of [at, at + bytes) of region r touched. */
+static void touch(extent_set *s, int r, const char *at, size_t bytes) {
+  if (s->page == 0)
+    return;
+  const extent_region *g = &s->regions[r];
+  size_t first = (size_t)(at - g->base) / s->page;
+  size_t last = ((size_t)(at - g->base) + bytes - 1) / s->page;
+  for (size_t i = first; i <= last; i++)
+    if (!g->touched[i]) {
+      g->touched[i] = 1;
+      s->resident++;
+    }
+}
+
 void *extents_take(extent_set *s, size_t bytes) {
   if (!reserve_free(s, free_bound(s, 1)))
     return NULL;
@@ -48,11 +62,15 @@ void *extents_take(extent_set *s, size_t bytes) {
   size_t end = (size_t)(e->at - s->regions[e->region].base);
   if (end > s->high_end)
     s->high_end = end;
+  touch(s, e->region, p, bytes);
   if (e->bytes == 0) {
     memmove(e, e + 1, (size_t)(s->nfree - best - 1) * sizeof *e);
     s->nfree--;
   }
   s->live++;
+  s->live_bytes += bytes;
+  if (s->live_bytes > s->peak_live_bytes)
+    s->peak_live_bytes = s->live_bytes;
   return p;
 }
 
@@ -86,6 +104,7 @@ void extents_give(extent_set *s, void *p, size_t bytes) {
   bool right = i < s->nfree && s->free[i].region == region &&
                at + bytes == s->free[i].at;
   s->live--;
+  s->live_bytes -= bytes;
   if (left && right) {
     s->free[i - 1].bytes += bytes + s->free[i].bytes;
     memmove(&s->free[i], &s->free[i + 1],
@@ -113,13 +132,19 @@ bool extents_add_region(extent_set *s, void *base, size_t bytes) {
     s->regions = r;
     s->region_cap = cap;
   }
+  unsigned char *touched = NULL;
+  if (s->page != 0 &&
+      (touched = remat__calloc(bytes / s->page + 1, 1)) == NULL)
+    return false;
   s->nregions++;
   if (!reserve_free(s, free_bound(s, 0))) {
     s->nregions--;
+    free(touched);
     return false;
   }
   int r = s->nregions - 1;
-  s->regions[r] = (extent_region){.base = base, .bytes = bytes};
+  s->regions[r] =
+      (extent_region){.base = base, .bytes = bytes, .touched = touched};
   int i = first_at_or_after(s, base);
   memmove(&s->free[i + 1], &s->free[i],
           (size_t)(s->nfree - i) * sizeof *s->free);
@@ -133,7 +158,37 @@ bool extents_reserve(extent_set *s, int64_t blocks) {
   return reserve_free(s, (int)blocks + s->nregions + 1);
 }
 
+size_t extents_release(extent_set *s, size_t keep,
+                       void (*drop)(void *at, size_t bytes, void *ctx),
+                       void *ctx) {
+  size_t released = 0;
+  for (int i = s->nfree - 1; i >= 0 && s->resident > keep; i--) {
+    const extent *e = &s->free[i];
+    const extent_region *g = &s->regions[e->region];
+    size_t lo = (size_t)(e->at - g->base), hi = lo + e->bytes;
+    size_t first = (lo + s->page - 1) / s->page, end = hi / s->page;
+    for (size_t p = end; p > first && s->resident > keep;) {
+      /* the run of touched pages that ends at page p - 1 */
+      size_t q = p;
+      while (q > first && g->touched[q - 1] && s->resident - (p - q) > keep)
+        q--;
+      if (q < p) {
+        memset(g->touched + q, 0, p - q);
+        s->resident -= p - q;
+        released += p - q;
+        drop(g->base + q * s->page, (p - q) * s->page, ctx);
+      }
+      p = q;
+      while (p > first && !g->touched[p - 1])
+        p--;
+    }
+  }
+  return released;
+}
+
 void extents_free(extent_set *s) {
+  for (int r = 0; r < s->nregions; r++)
+    free(s->regions[r].touched);
   free(s->free);
   free(s->regions);
   memset(s, 0, sizeof *s);

@@ -20,6 +20,8 @@ typedef struct extent {
 typedef struct extent_region {
   char *base;
   size_t bytes;
+  unsigned char *touched; /* [pages] when the set tracks pages: 1 for a
+                             page handed out since it was last released */
 } extent_region;
 
 typedef struct extent_set {
@@ -31,6 +33,10 @@ typedef struct extent_set {
   size_t capacity;  /* bytes of all regions */
   size_t high_end;  /* most bytes from a region's base ever handed out
                        (the largest such over regions), for tests */
+  size_t page;      /* page size when the set tracks resident pages; 0
+                       when it does not (set before the first region) */
+  size_t resident;  /* pages touched and not released since */
+  size_t live_bytes, peak_live_bytes; /* bytes of blocks taken */
 } extent_set;
 
 /* A block of `bytes` (a multiple of 64) from the smallest free range that
@@ -47,6 +53,14 @@ bool extents_add_region(extent_set *s, void *base, size_t bytes);
 /* Room in the bookkeeping for `blocks` live blocks at once, so that
  * taking that many allocates nothing. False when out of memory. */
 bool extents_reserve(extent_set *s, int64_t blocks);
+/* Releases touched pages that lie wholly in free ranges, from the highest
+ * addresses down, until at most `keep` pages are resident: `drop` is
+ * called on each run of such pages (it gives them back to the system,
+ * which hands them out again as fresh zero pages when next touched).
+ * Returns the pages released. Only for a set that tracks pages. */
+size_t extents_release(extent_set *s, size_t keep,
+                       void (*drop)(void *at, size_t bytes, void *ctx),
+                       void *ctx);
 /* Frees the bookkeeping (not the regions). */
 void extents_free(extent_set *s);
 

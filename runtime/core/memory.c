@@ -173,7 +173,9 @@ static void region_free(mem_arena *a, void *p, size_t bytes) {
 
 /* Adds a region of at least `bytes` to node home `home`. Under a->lock. */
 static bool grow_pool(mem_arena *a, int home, size_t bytes) {
-  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  size_t page = REMAT_HUGE_PAGE; /* regions are whole huge pages */
+  if (a->caches[home].pool.nregions == 0)
+    a->caches[home].pool.page = page; /* tracks resident huge pages */
   size_t size = bytes < MEM_REGION_MIN ? MEM_REGION_MIN : bytes;
   size = (size + page - 1) / page * page;
   void *p = region_alloc(a, size, home);
@@ -186,11 +188,34 @@ static bool grow_pool(mem_arena *a, int home, size_t bytes) {
   return true;
 }
 
+static void drop_pages(void *at, size_t bytes, void *ctx) {
+  (void)ctx;
+  remat__drop_pages(at, bytes);
+}
+
+/* Keeps a node home's resident pages near its peak of live bytes: blocks
+ * taken and given back in a different order at every thread count leave
+ * touched pages in free ranges, and when the resident pages pass the peak
+ * by 1/MEM_RESIDENT_OVER of it plus two (huge) pages, those of free ranges
+ * go back to the system, down to half that allowance. A release costs a
+ * page fault per huge page when it is touched again: a few per step. */
+#define MEM_RESIDENT_OVER 64
+
+static void bound_resident(extent_set *pool) {
+  size_t peak = pool->peak_live_bytes;
+  size_t allow = peak / MEM_RESIDENT_OVER + 2 * pool->page;
+  if (pool->resident * pool->page > peak + allow)
+    extents_release(pool, (peak + allow / 2) / pool->page, drop_pages, NULL);
+}
+
 /* A block of node home `home` (under a->lock). */
 static void *pool_take(mem_arena *a, size_t size, int home) {
-  void *p = extents_take(&a->caches[home].pool, size);
+  extent_set *pool = &a->caches[home].pool;
+  void *p = extents_take(pool, size);
   if (p == NULL && grow_pool(a, home, size))
-    p = extents_take(&a->caches[home].pool, size);
+    p = extents_take(pool, size);
+  if (p != NULL)
+    bound_resident(pool);
   return p;
 }
 
@@ -372,11 +397,13 @@ void mem_arena_destroy(mem_arena *a) {
   pthread_mutex_destroy(&a->lock);
 }
 
-int mem_home_regions(mem_arena *a, int home, size_t *bytes) {
+int mem_home_regions(mem_arena *a, int home, size_t *bytes,
+                     size_t *resident) {
   pthread_mutex_lock(&a->lock);
   int n = home_index(a, home);
   const extent_set *pool = &a->caches[n].pool;
   *bytes = pool->capacity;
+  *resident = pool->resident * pool->page;
   int regions = pool->nregions;
   pthread_mutex_unlock(&a->lock);
   return regions;
