@@ -224,7 +224,7 @@ static void test_arena_sizes_share_one_region(void **state) {
 
 /* Blocks freed in an order that leaves holes too small for what comes
  * next: the pages of free ranges go back to the system, so the resident
- * bytes stay within 1/64 of the peak of live bytes plus two huge pages,
+ * bytes stay within 1/128 of the peak of live bytes plus two huge pages,
  * and live blocks keep their contents. */
 static void test_arena_resident_follows_peak(void **state) {
   (void)state;
@@ -243,7 +243,7 @@ static void test_arena_resident_follows_peak(void **state) {
     assert_non_null(wide[i]);
     memset(wide[i], 0x70 + i, 6 * MB);
     size_t peak = (size_t)a.total_peak;
-    size_t bound = peak + peak / 64 + 2 * REMAT_HUGE_PAGE;
+    size_t bound = peak + peak / 128 + 2 * REMAT_HUGE_PAGE;
     if (arena_resident(&a) > bound)
       fail_msg("after block %d: %zu bytes resident, over the bound %zu", i,
                arena_resident(&a), bound);

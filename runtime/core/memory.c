@@ -176,7 +176,12 @@ static bool grow_pool(mem_arena *a, int home, size_t bytes) {
   size_t page = REMAT_HUGE_PAGE; /* regions are whole huge pages */
   if (a->caches[home].pool.nregions == 0)
     a->caches[home].pool.page = page; /* tracks resident huge pages */
-  size_t size = bytes < MEM_REGION_MIN ? MEM_REGION_MIN : bytes;
+  /* at least half the capacity so far: blocks added one by one (the
+   * persistent ones) pack into few regions instead of leaving a partly
+   * used last page in each */
+  size_t size = a->caches[home].pool.capacity / 2;
+  size = size < MEM_REGION_MIN ? MEM_REGION_MIN : size;
+  size = size < bytes ? bytes : size;
   size = (size + page - 1) / page * page;
   void *p = region_alloc(a, size, home);
   if (p == NULL)
@@ -199,7 +204,7 @@ static void drop_pages(void *at, size_t bytes, void *ctx) {
  * by 1/MEM_RESIDENT_OVER of it plus two (huge) pages, those of free ranges
  * go back to the system, down to half that allowance. A release costs a
  * page fault per huge page when it is touched again: a few per step. */
-#define MEM_RESIDENT_OVER 64
+#define MEM_RESIDENT_OVER 128
 
 static void bound_resident(extent_set *pool) {
   size_t peak = pool->peak_live_bytes;
