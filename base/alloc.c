@@ -2,8 +2,10 @@
  * to make the N-th allocation, and every one after it, fail. The countdown
  * is the library's only mutable global, and only tests set it. */
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/alloc.h"
 
@@ -35,6 +37,32 @@ void *remat__realloc(void *p, size_t bytes) {
 
 void *remat__aligned_alloc(size_t align, size_t bytes) {
   return allowed() ? aligned_alloc(align, bytes) : NULL;
+}
+
+void *remat__map(size_t bytes) {
+  if (!allowed())
+    return NULL;
+  const size_t huge = REMAT_HUGE_PAGE;
+  char *p = mmap(NULL, bytes + huge, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+  size_t lead = (huge - (uintptr_t)p % huge) % huge;
+  if (lead > 0)
+    munmap(p, lead);
+  munmap(p + lead + bytes, huge - lead);
+  /* a hint: where the kernel gives no huge pages, small ones serve */
+  madvise(p + lead, bytes, MADV_HUGEPAGE);
+  return p + lead;
+}
+
+void remat__unmap(void *p, size_t bytes) {
+  if (p != NULL)
+    munmap(p, bytes);
+}
+
+void remat__drop_pages(void *p, size_t bytes) {
+  madvise(p, bytes, MADV_DONTNEED);
 }
 
 char *remat__strdup(const char *s) {

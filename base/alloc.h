@@ -12,6 +12,17 @@ void *remat__calloc(size_t count, size_t bytes);
 void *remat__realloc(void *p, size_t bytes);
 void *remat__aligned_alloc(size_t align, size_t bytes);
 char *remat__strdup(const char *s);
+/* Fresh zero pages from the kernel, aligned to REMAT_HUGE_PAGE and asked
+ * to be backed by huge pages where the kernel allows (fewer page faults
+ * and TLB misses); untouched until used, so they cost no resident memory
+ * until then. `bytes` is a multiple of REMAT_HUGE_PAGE. remat__unmap gives
+ * them back at once. NULL when out of memory. */
+#define REMAT_HUGE_PAGE ((size_t)2 << 20)
+void *remat__map(size_t bytes);
+void remat__unmap(void *p, size_t bytes);
+/* Gives whole pages of a mapping back to the system without unmapping
+ * them: they read as zero pages when next touched. */
+void remat__drop_pages(void *p, size_t bytes);
 
 /* `bytes` rounded up to a whole number of 64-byte lines, 0 staying 0: the
  * one rounding of block sizes, scratch and buffer layouts (the tensor

@@ -39,8 +39,9 @@ remat_status remat__config_load(const remat_config *code, int default_threads,
 /* ---- memory.c: per-NUMA-node arenas with byte accounting ---- */
 /* A block's home: a NUMA node (0..nnodes-1, the pool's node indices) or a
  * slice layout (nnodes and up, see mem_arena_layout): a block whose bytes
- * lie on several nodes, each in its own slice. Freed blocks are reused for
- * the same home and size only. */
+ * lie on several nodes, each in its own slice. A node home's freed bytes
+ * serve blocks of any size of that home; a layout home's freed blocks are
+ * reused for the same size only. */
 typedef struct mem_block mem_block;
 typedef struct node_cache node_cache;
 typedef struct mem_arena {
@@ -96,6 +97,11 @@ remat_status mem_expect(mem_arena *a, size_t bytes, int64_t blocks, int home);
 remat_status mem_reserve(mem_arena *a);
 /* Starts a new peak window: peaks become the current values. */
 void mem_reset_peaks(mem_arena *a);
+/* The regions node home `home` carves its blocks from: how many, in
+ * *bytes their size in all (address space), and in *resident the bytes of
+ * their pages touched and not released since (those the process holds). */
+int mem_home_regions(mem_arena *a, int home, size_t *bytes,
+                     size_t *resident);
 
 /* ---- the runtime ---- */
 struct remat_runtime {

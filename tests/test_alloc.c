@@ -187,11 +187,12 @@ static remat_status step_phase(void *ctx, int64_t n, int64_t *made) {
 }
 
 /* One thread: the run follows the plan's order, so every run makes the
- * same allocations (the sched pool's arrays too, on the first run). */
+ * same allocations (the sched pool's arrays too, on the first run; the
+ * arena's reserved region and its bookkeeping: at least 3 in all). */
 static void test_cold_step(void **state) {
   (void)state;
   step_case c = {.threads = 1, .warm = 0};
-  every_allocation(step_phase, &c, 4);
+  every_allocation(step_phase, &c, 3);
 }
 
 /* Reservation: before a cold step's tasks run, the arena takes from the
@@ -315,8 +316,10 @@ static void test_trace_steps_growth(void **state) {
   fixture_close(&f);
 }
 
-/* The first remat_accumulate allocates the gradient sums: each of its
- * allocations fails the call cleanly (no parameter changes, nothing is
+/* The first remat_accumulate allocates the gradient sums (their bookkeeping
+ * from the system; the sums themselves from the arena's reserved regions,
+ * whose growth failing test_extents checks): each of its allocations fails
+ * the call cleanly (no parameter changes, nothing is
  * counted as accumulated), and the next accumulation and step go on as if
  * the failed call had not been made. */
 static remat_status accumulate_phase(void *ctx, int64_t n, int64_t *made) {
@@ -349,7 +352,7 @@ static remat_status accumulate_phase(void *ctx, int64_t n, int64_t *made) {
 
 static void test_first_accumulate(void **state) {
   (void)state;
-  every_allocation(accumulate_phase, NULL, 2);
+  every_allocation(accumulate_phase, NULL, 1);
 }
 
 /* Two threads: most allocations of a cold step fall inside the run, while
@@ -366,7 +369,7 @@ static void test_step_two_threads(void **state) {
     assert_int_equal(step_phase(&two, 0, &made), REMAT_OK);
     fewest = made < fewest ? made : fewest;
   }
-  assert_true(fewest >= 4);
+  assert_true(fewest >= 3);
   for (int64_t n = 1; n <= fewest; n++) {
     int tries = 0;
     for (made = 0; made < n && tries < 20; tries++) {

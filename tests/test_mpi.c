@@ -177,6 +177,27 @@ static void test_matches_one_process(void **state) {
     floats += remat_tensor_numel(remat_param_at(dp.g, i));
   assert_int_equal(st.comm_bytes, 3 * (floats * 4 + 8 + 12 * 8));
   assert_true(st.comm_s > 0.0 && st.exposed_comm_s >= 0.0);
+  /* The bucket (one, at the default size) is in the arena: the step's
+   * peak_bytes and its prediction exceed those of the same model without
+   * data parallelism by its buffer, the gradients and one float in whole
+   * 64-byte lines. */
+  assert_int_equal(st.buckets, 1);
+  int64_t bucket = (floats * 4 + 4 + 63) / 64 * 64;
+  model solo;
+  model_open_opt(&solo, &micro, false, &sgd);
+  model_feed(&dp, big.batch, rank * micro.batch, 20);
+  model_feed(&solo, big.batch, rank * micro.batch, 20);
+  remat_step_stats a = {.size = sizeof a}, b = {.size = sizeof b};
+  assert_int_equal(remat_step(dp.g, &a), REMAT_OK);
+  assert_int_equal(remat_step(solo.g, &b), REMAT_OK);
+  if (a.peak_bytes - b.peak_bytes != bucket ||
+      a.predicted_peak_bytes - b.predicted_peak_bytes != bucket)
+    fail_msg("peak_bytes %lld (predicted %lld) over %d ranks, %lld (%lld) "
+             "alone: expected the bucket's %lld bytes more",
+             (long long)a.peak_bytes, (long long)a.predicted_peak_bytes, world,
+             (long long)b.peak_bytes, (long long)b.predicted_peak_bytes,
+             (long long)bucket);
+  model_close(&solo);
   model_close(&dp);
   model_close(&ref);
 }

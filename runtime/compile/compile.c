@@ -66,6 +66,8 @@ static remat_status run_stages(const compile_request *req, compiled_step *c) {
     s = taskgraph_finalize(&c->tasks);
   if (s == REMAT_OK)
     s = memplan_predict(g, &c->low, &c->numa, c->nworkers, &c->predicted);
+  if (s == REMAT_OK) /* the data-parallel buckets live in the arena too */
+    c->predicted.peak += dp_layout_bytes(&c->dp);
   if (s == REMAT_OK && graph_memory_budget(g) <= 0) {
     mem_room room = memcheck_room(); /* a budget makes the plan fit it */
     s = memcheck_fit(g, c->predicted.peak, &room);

@@ -152,6 +152,21 @@ static remat_status agree_edges(const dp_layout_request *r, sched_dag *dag,
   return s;
 }
 
+int64_t dp_layout_bytes(const plan_dp *d) {
+  int64_t bytes = 0;
+  for (int i = 0; i < d->nbuckets; i++)
+    bytes += mem_block_bytes((d->buckets[i].numel + 1) * 4);
+  return bytes;
+}
+
+int64_t dp_layout_bound(const plan_lowering *l) {
+  int64_t bytes = 0;
+  for (int32_t b = 0; b < l->nbufs; b++)
+    if (l->bufs[b].cat == REMAT_MEM_GRADS && l->bufs[b].persistent)
+      bytes += mem_block_bytes(l->bufs[b].bytes + 4);
+  return bytes;
+}
+
 remat_status dp_layout_build(const dp_layout_request *req, sched_dag *dag,
                              plan_dp *out) {
   memset(out, 0, sizeof *out);

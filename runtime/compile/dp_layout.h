@@ -39,6 +39,13 @@ typedef struct dp_layout_request {
 
 /* Adds the tasks to `dag` (not yet finalized) and fills `out`. On failure
  * `out` holds nothing. */
+/* The bytes of the buckets' buffers in the arena (each its gradients and
+ * one float more, rounded as the arena rounds). */
+int64_t dp_layout_bytes(const plan_dp *d);
+/* At most the bytes dp_layout_bytes will give for the lowering's
+ * gradients, whatever the buckets' sizes (for the planner, before the
+ * layout exists): each gradient in a bucket of its own. */
+int64_t dp_layout_bound(const plan_lowering *l);
 remat_status dp_layout_build(const dp_layout_request *req, sched_dag *dag,
                              plan_dp *out);
 void plan_dp_free(plan_dp *d);

@@ -4,10 +4,12 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "runtime/compile/dp_layout.h"
 #include "runtime/compile/lifetimes.h"
 #include "runtime/compile/measure.h"
 #include "runtime/compile/memplan.h"
 #include "runtime/compile/planner.h"
+#include "runtime/dp/dp.h"
 
 /* The first backward-side node (seed or backward): where forward ends. */
 static int32_t backward_start(const plan_lowering *l) {
@@ -75,6 +77,8 @@ static remat_status measure_lowering(const remat_graph *g,
   remat_status s = transient < 0 ? REMAT_ERR_OUT_OF_MEMORY : REMAT_OK;
   if (s == REMAT_OK) {
     m->persistent = memplan_persistent_bytes(g, l, nworkers, nnodes);
+    if (dp_bucket_bytes(g) > 0) /* data parallel: the buckets, at most */
+      m->persistent += dp_layout_bound(l);
     m->peak = m->persistent + transient;
     region_figures(l, live, m);
     s = saved_at_seed(l, m->region_saved);

@@ -1,19 +1,27 @@
 /* Tensor memory: per-home arenas (a home is a NUMA node or a layout of
- * per-node slices) that keep freed blocks by size for reuse, byte counters
- * per category with their peaks, and reservation:
- * before a step the arena takes from the system every block the step is
- * expected to need (the most blocks of each size ever live at once, or the
- * plan's prediction before the first step), so that a step in steady state
- * asks the system for nothing and an allocation failure surfaces before any
- * task has run. */
+ * per-node slices), byte counters per category with their peaks, and
+ * reservation. A node home carves its blocks from regions of fresh pages
+ * (extents.h: best fit, merged on free), so bytes one size frees serve any
+ * other and the pages a step touches follow its peak of live bytes; a
+ * layout home keeps freed blocks by size for reuse. Before a step the
+ * arena takes from the system room for every block the step is expected
+ * to need (the most blocks of each size ever live at once, or the plan's
+ * prediction before the first step): a region's pages cost nothing until
+ * touched, so that room is address space, not resident memory. A step in
+ * steady state asks the system for nothing, and an allocation failure
+ * surfaces before any task has run. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "runtime/core/extents.h"
 #include "runtime/internal.h"
 
 #define MEM_ALIGN 64
+/* A node home's regions are at least this large (persistent blocks come
+ * one by one; a region's untouched pages cost no resident memory). */
+#define MEM_REGION_MIN ((size_t)4 << 20)
 
 /* A free block, kept on its size's list; the link lives in the block. */
 struct mem_block {
@@ -29,8 +37,9 @@ typedef struct size_list {
 } size_list;
 
 struct node_cache {
-  size_list *lists;
+  size_list *lists; /* a node home's count live and high blocks only */
   int nlists, cap;
+  extent_set pool;  /* a node home's regions */
 };
 
 static size_t block_size(size_t bytes) {
@@ -146,6 +155,75 @@ static void system_free(mem_arena *a, void *p, size_t bytes) {
     free(p);
 }
 
+/* A region of fresh pages for node home `home`, bound to its node when
+ * binding. */
+static void *region_alloc(mem_arena *a, size_t bytes, int home) {
+  if (a->bind)
+    return hwloc_alloc_membind(a->topo, bytes, a->nodeset[home],
+                               HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET);
+  return remat__map(bytes);
+}
+
+static void region_free(mem_arena *a, void *p, size_t bytes) {
+  if (a->bind)
+    hwloc_free(a->topo, p, bytes);
+  else
+    remat__unmap(p, bytes);
+}
+
+/* Adds a region of at least `bytes` to node home `home`. Under a->lock. */
+static bool grow_pool(mem_arena *a, int home, size_t bytes) {
+  size_t page = REMAT_HUGE_PAGE; /* regions are whole huge pages */
+  if (a->caches[home].pool.nregions == 0)
+    a->caches[home].pool.page = page; /* tracks resident huge pages */
+  /* at least half the capacity so far: blocks added one by one (the
+   * persistent ones) pack into few regions instead of leaving a partly
+   * used last page in each */
+  size_t size = a->caches[home].pool.capacity / 2;
+  size = size < MEM_REGION_MIN ? MEM_REGION_MIN : size;
+  size = size < bytes ? bytes : size;
+  size = (size + page - 1) / page * page;
+  void *p = region_alloc(a, size, home);
+  if (p == NULL)
+    return false;
+  if (!extents_add_region(&a->caches[home].pool, p, size)) {
+    region_free(a, p, size);
+    return false;
+  }
+  return true;
+}
+
+static void drop_pages(void *at, size_t bytes, void *ctx) {
+  (void)ctx;
+  remat__drop_pages(at, bytes);
+}
+
+/* Keeps a node home's resident pages near its peak of live bytes: blocks
+ * taken and given back in a different order at every thread count leave
+ * touched pages in free ranges, and when the resident pages pass the peak
+ * by 1/MEM_RESIDENT_OVER of it plus two (huge) pages, those of free ranges
+ * go back to the system, down to half that allowance. A release costs a
+ * page fault per huge page when it is touched again: a few per step. */
+#define MEM_RESIDENT_OVER 128
+
+static void bound_resident(extent_set *pool) {
+  size_t peak = pool->peak_live_bytes;
+  size_t allow = peak / MEM_RESIDENT_OVER + 2 * pool->page;
+  if (pool->resident * pool->page > peak + allow)
+    extents_release(pool, (peak + allow / 2) / pool->page, drop_pages, NULL);
+}
+
+/* A block of node home `home` (under a->lock). */
+static void *pool_take(mem_arena *a, size_t size, int home) {
+  extent_set *pool = &a->caches[home].pool;
+  void *p = extents_take(pool, size);
+  if (p == NULL && grow_pool(a, home, size))
+    p = extents_take(pool, size);
+  if (p != NULL)
+    bound_resident(pool);
+  return p;
+}
+
 /* Under a->lock. */
 static size_list *find_list(node_cache *c, size_t bytes, bool create) {
   for (int i = 0; i < c->nlists; i++)
@@ -187,6 +265,15 @@ void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int home,
   void *p = NULL;
   pthread_mutex_lock(&a->lock);
   size_list *l = find_list(&a->caches[n], size, true);
+  if (n < a->nnodes) {
+    p = l != NULL ? pool_take(a, size, n) : NULL;
+    if (p != NULL && ++l->live > l->high)
+      l->high = l->live;
+    pthread_mutex_unlock(&a->lock);
+    if (p != NULL)
+      count(a, (int64_t)size, cat, transient);
+    return p;
+  }
   if (l != NULL && l->head != NULL) {
     p = l->head;
     l->head = l->head->next;
@@ -208,9 +295,17 @@ void mem_free(mem_arena *a, void *p, size_t bytes, remat_mem_category cat,
   if (p == NULL)
     return;
   size_t size = block_size(bytes);
+  int n = home_index(a, home);
   count(a, -(int64_t)size, cat, transient);
   pthread_mutex_lock(&a->lock);
-  size_list *l = find_list(&a->caches[home_index(a, home)], size, false);
+  size_list *l = find_list(&a->caches[n], size, false);
+  if (n < a->nnodes) {
+    extents_give(&a->caches[n].pool, p, size);
+    if (l != NULL)
+      l->live--;
+    pthread_mutex_unlock(&a->lock);
+    return;
+  }
   if (l != NULL) {
     mem_block *b = p;
     b->next = l->head;
@@ -234,7 +329,26 @@ remat_status mem_expect(mem_arena *a, size_t bytes, int64_t blocks, int home) {
 }
 
 remat_status mem_reserve(mem_arena *a) {
-  for (int n = 0; n < a->nhomes; n++) {
+  for (int n = 0; n < a->nnodes && n < a->nhomes; n++) {
+    node_cache *c = &a->caches[n];
+    size_t want = 0, have = c->pool.capacity;
+    int64_t blocks = 0;
+    for (int i = 0; i < c->nlists; i++) {
+      want += (size_t)c->lists[i].high * c->lists[i].bytes;
+      blocks += c->lists[i].high;
+    }
+    if (want > have) { /* twice: room to place blocks without a second
+                          region; untouched pages cost nothing */
+      pthread_mutex_lock(&a->lock);
+      bool ok = grow_pool(a, n, 2 * want - have);
+      pthread_mutex_unlock(&a->lock);
+      if (!ok)
+        return REMAT_ERR_OUT_OF_MEMORY;
+    }
+    if (!extents_reserve(&c->pool, blocks + 1)) /* after any new region */
+      return REMAT_ERR_OUT_OF_MEMORY;
+  }
+  for (int n = a->nnodes; n < a->nhomes; n++) {
     node_cache *c = &a->caches[n];
     for (int i = 0; i < c->nlists; i++) {
       size_list *l = &c->lists[i];
@@ -265,6 +379,9 @@ void mem_arena_destroy(mem_arena *a) {
     return;
   for (int n = 0; n < a->nhomes; n++) {
     node_cache *c = &a->caches[n];
+    for (int r = 0; r < c->pool.nregions; r++)
+      region_free(a, c->pool.regions[r].base, c->pool.regions[r].bytes);
+    extents_free(&c->pool);
     for (int i = 0; i < c->nlists; i++) {
       mem_block *b = c->lists[i].head;
       while (b != NULL) {
@@ -283,4 +400,16 @@ void mem_arena_destroy(mem_arena *a) {
   free(a->layout_ends);
   a->caches = NULL;
   pthread_mutex_destroy(&a->lock);
+}
+
+int mem_home_regions(mem_arena *a, int home, size_t *bytes,
+                     size_t *resident) {
+  pthread_mutex_lock(&a->lock);
+  int n = home_index(a, home);
+  const extent_set *pool = &a->caches[n].pool;
+  *bytes = pool->capacity;
+  *resident = pool->resident * pool->page;
+  int regions = pool->nregions;
+  pthread_mutex_unlock(&a->lock);
+  return regions;
 }

@@ -71,6 +71,16 @@ remat_status remat__mpi_fail_msg(remat_status status, const char *msg) {
 
 void *remat__mpi_malloc(size_t bytes) { return remat__malloc(bytes); }
 
+void *remat__mpi_mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat,
+                           int home, bool transient) {
+  return mem_alloc(a, bytes, cat, home, transient);
+}
+
+void remat__mpi_mem_free(mem_arena *a, void *p, size_t bytes,
+                         remat_mem_category cat, int home, bool transient) {
+  mem_free(a, p, bytes, cat, home, transient);
+}
+
 void *remat__mpi_realloc(void *p, size_t bytes) {
   return remat__realloc(p, bytes);
 }

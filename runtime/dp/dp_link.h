@@ -34,6 +34,12 @@ REMAT_API extern const remat__dp_hooks remat__mpi_dp;
 REMAT_API remat_status remat__mpi_fail_msg(remat_status status,
                                            const char *msg);
 REMAT_API void *remat__mpi_malloc(size_t bytes);
+REMAT_API void *remat__mpi_mem_alloc(mem_arena *a, size_t bytes,
+                                     remat_mem_category cat, int home,
+                                     bool transient);
+REMAT_API void remat__mpi_mem_free(mem_arena *a, void *p, size_t bytes,
+                                   remat_mem_category cat, int home,
+                                   bool transient);
 REMAT_API void *remat__mpi_calloc(size_t count, size_t bytes);
 REMAT_API void *remat__mpi_realloc(void *p, size_t bytes);
 REMAT_API const char *remat__mpi_dtype_name(op_dtype t);

@@ -318,14 +318,19 @@ static remat_status make_items(dp_plan *d) {
   return REMAT_OK;
 }
 
+/* Bucket i's buffer: its gradients and one float more. */
+static size_t bucket_bytes(const dp_plan *d, int i) {
+  return ((size_t)d->layout->buckets[i].numel + 1) * sizeof(float);
+}
+
 static remat_status make_state(dp_plan *d) {
   int nb = d->layout->nbuckets;
   d->data = remat__calloc((size_t)nb + 1, sizeof *d->data);
   if (d->data == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
-  for (int i = 0; i < nb; i++) {
-    d->data[i] = remat__malloc(
-        ((size_t)d->layout->buckets[i].numel + 1) * sizeof *d->data[i]);
+  for (int i = 0; i < nb; i++) { /* from the arena: in peak_bytes */
+    d->data[i] = mem_alloc(&d->s->arena, bucket_bytes(d, i),
+                           REMAT_MEM_GRADS, 0, false);
     if (d->data[i] == NULL)
       return REMAT_ERR_OUT_OF_MEMORY;
   }
@@ -375,7 +380,9 @@ void dp_plan_free(struct dp_plan *d) {
     return;
   comm_stop(&d->comm);
   for (int i = 0; d->data != NULL && i < d->layout->nbuckets; i++)
-    free(d->data[i]);
+    if (d->data[i] != NULL)
+      mem_free(&d->s->arena, d->data[i], bucket_bytes(d, i),
+               REMAT_MEM_GRADS, 0, false);
   free(d->data);
   free(d->comm.items);
   dp_text_free(&d->desc);

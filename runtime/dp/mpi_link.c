@@ -30,6 +30,16 @@ void *remat__realloc(void *p, size_t bytes) {
   return remat__mpi_realloc(p, bytes);
 }
 
+void *mem_alloc(mem_arena *a, size_t bytes, remat_mem_category cat, int home,
+                bool transient) {
+  return remat__mpi_mem_alloc(a, bytes, cat, home, transient);
+}
+
+void mem_free(mem_arena *a, void *p, size_t bytes, remat_mem_category cat,
+              int home, bool transient) {
+  remat__mpi_mem_free(a, p, bytes, cat, home, transient);
+}
+
 const char *op_dtype_name(op_dtype t) { return remat__mpi_dtype_name(t); }
 
 void *remat__calloc(size_t count, size_t bytes) {
