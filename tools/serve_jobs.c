@@ -301,6 +301,10 @@ static void *job_thread(void *arg) {
   remat_graph_destroy(g);
   free(tokens);
   free(targets);
+  /* its data (up to 1 GiB of a file) is not kept for the server's life:
+   * a finished job's state and losses are all that GET reads */
+  dataset_destroy(j->d);
+  j->d = NULL;
   pthread_mutex_lock(&t->lock);
   j->finished = 1;
   pthread_cond_broadcast(&t->changed);
