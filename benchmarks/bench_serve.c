@@ -7,11 +7,11 @@
  * JSON object: per phase the forwards' p50, p99 and maximum in
  * milliseconds, and the training steps' median time; the longest task of
  * the training DAG (each task's median time over a Chrome trace of five
- * steps alone, remat_trace_steps); and, per phase with both, whether issue 28's targets
- * hold: the forwards' p99 at most 2x their p99 alone plus the longest
- * training task, and the training step's median at most 1.1x its median
- * alone plus the forwards' own work per step (the forwards that ran per
- * training step times their mean time alone).
+ * steps alone, remat_trace_steps); and, per phase with both, whether
+ * issue 28's targets hold: the forwards' p99 at most 2x their p99 alone
+ * plus the longest training task, and the training step's median at most
+ * 1.1x its median alone plus the forwards' own work per step (the
+ * forwards that ran per training step times their mean time alone).
  *
  *   bench_serve [FORWARDS] [TRAIN_LAYERS] [TRAIN_D_MODEL] [TRAINERS]
  *
