@@ -202,17 +202,15 @@ static int32_t find_task(sched_worker *w) {
   return task;
 }
 
-/* Adds this worker's finished count to its run's; the worker that brings
- * it to the number of tasks tells the run's caller. */
-static void flush_finished(sched_worker *w) {
-  sched_run_worker *mine = w->mine;
-  if (mine->finished == 0)
+/* Adds `finished` tasks of this worker to the count of `run`, whose DAG
+ * has `ntasks`; the worker that brings it to `ntasks` tells the run's
+ * caller. Reads nothing of the run but its count (see leave_run). */
+static void flush_finished(sched_pool *pool, sched_run_state *run,
+                           int64_t finished, int32_t ntasks) {
+  if (finished == 0)
     return;
-  int64_t total = atomic_fetch_add(&w->run->finished, mine->finished);
-  total += mine->finished;
-  mine->finished = 0;
-  if (total == w->dag->ntasks) {
-    sched_pool *pool = w->pool;
+  int64_t total = atomic_fetch_add(&run->finished, finished) + finished;
+  if (total == ntasks) {
     pthread_mutex_lock(&pool->done_mutex);
     pthread_cond_broadcast(&pool->done_cond);
     pthread_mutex_unlock(&pool->done_mutex);
@@ -263,13 +261,25 @@ static bool enter_run(sched_worker *w, sched_run_state *run) {
   return true;
 }
 
+/* Leaves w's run: out first, then its finished tasks counted. The caller
+ * of the run waits for the count before it waits for the workers to be
+ * out, so this worker cannot be the one it waits for: were it the other
+ * way round, the worker that finishes the run would wake the caller and
+ * could lose its CPU to it before it is out, and the caller would yield
+ * until the OS runs that worker again (milliseconds on a busy machine).
+ * Once out, the worker reads only the run's count, which the caller does
+ * not reset before the count is complete. */
 static void leave_run(sched_worker *w) {
-  flush_finished(w);
+  sched_run_state *run = w->run;
   sched_run_worker *mine = w->mine;
+  int64_t finished = mine->finished;
+  int32_t ntasks = w->dag->ntasks;
+  mine->finished = 0;
   w->run = NULL;
   w->dag = NULL;
   w->mine = NULL;
   atomic_store(&mine->inside, 0);
+  flush_finished(w->pool, run, finished, ntasks);
 }
 
 /* Runs tasks of the most urgent live run that has one, staying in it

@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """remat-serve on the loopback with real HTTP clients (http.client).
 Usage: serve_test.py HAVE REMAT_SERVE REMAT_TRAIN MODE, MODE one of
+  init    --init DIR (tiny Llama and GPT-2 directories written here):
+          generate against remat-train --init --prompt, a job's losses
+          against remat-train --init --data, its weights served, kill -9
+          and resume; startup errors (bad DIR, --load with --init)
   api     every endpoint and every refusal with its exact status and message;
           generate against remat-train --prompt (the same tokens); a job's
           losses against remat-train's; /metrics' counts
@@ -16,18 +20,19 @@ import http.client
 import json
 import math
 import os
+import random
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-if sys.argv[1] != "1":
-    print("remat-serve was not built (libmicrohttpd not found): skipped")
-    sys.exit(77)
-SERVE, TRAIN, MODE = sys.argv[2], sys.argv[3], sys.argv[4]
+# the programs, from the command line (or set by a script that imports
+# this one for its client code, as benchmarks/serve_load.py does)
+SERVE = TRAIN = MODE = None
 failures = []
 
 
@@ -68,12 +73,12 @@ def make_model(tmp):
 
 
 class Server:
-    def __init__(self, tmp, model, *extra, job_dir="jobs"):
+    def __init__(self, tmp, model, *extra, job_dir="jobs", source="--load"):
         self.err = open(os.path.join(tmp, "serve.err"), "a+")
         self.err.seek(0, os.SEEK_END)
         self.at = self.err.tell()  # this server's lines start here
         self.p = subprocess.Popen(
-            [SERVE, "--load", model, "--port", "0", "--threads", "2",
+            [SERVE, source, model, "--port", "0", "--threads", "2",
              "--batch", "4", "--job-dir", os.path.join(tmp, job_dir)] +
             list(extra), stdout=subprocess.DEVNULL, stderr=self.err,
             cwd=tmp)
@@ -641,9 +646,247 @@ def test_faults(tmp):
     expect(srv.stop()[0], 0, "exit after the resumed job")
 
 
-with tempfile.TemporaryDirectory() as tmp:
-    {"api": test_api, "load": test_load, "faults": test_faults}[MODE](tmp)
-if failures:
-    print("%d checks failed" % len(failures))
-    sys.exit(1)
-print("ok")
+# ---- --init: a Hugging Face directory, written here without numpy (the
+# layout tests/hf_check.py writes: config.json, model.safetensors) ----
+
+def write_hf_dir(path, config, tensors):
+    """tensors: name -> (shape, list of floats), written as F32."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    header, blobs, offset = {}, [], 0
+    for name, (shape, values) in tensors.items():
+        blob = struct.pack("<%df" % len(values), *values)
+        header[name] = {"dtype": "F32", "shape": shape,
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(os.path.join(path, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+HF_VOCAB = 50
+
+
+def random_tensor(rng, shape, scale, offset=0.0):
+    n = 1
+    for d in shape:
+        n *= d
+    return (list(shape), [offset + rng.gauss(0, scale) for _ in range(n)])
+
+
+def tiny_llama(path):
+    """1 layer, hidden 32, 4 heads, 2 key/value heads, intermediate 48."""
+    rng = random.Random(7)
+    d, kvd, inter = 32, 16, 48
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "hidden_size": d, "intermediate_size": inter,
+              "num_hidden_layers": 1, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": HF_VOCAB,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+              "max_position_embeddings": 64, "hidden_act": "silu",
+              "tie_word_embeddings": False, "torch_dtype": "float32"}
+    w = {"model.embed_tokens.weight": random_tensor(rng, (HF_VOCAB, d), 0.5)}
+    p = "model.layers.0."
+    w[p + "input_layernorm.weight"] = random_tensor(rng, (d,), 0.1, 1.0)
+    for name, rows in (("q", d), ("k", kvd), ("v", kvd), ("o", d)):
+        w[p + "self_attn.%s_proj.weight" % name] = random_tensor(
+            rng, (rows, d), 0.2)
+    w[p + "post_attention_layernorm.weight"] = random_tensor(rng, (d,), 0.1,
+                                                             1.0)
+    w[p + "mlp.gate_proj.weight"] = random_tensor(rng, (inter, d), 0.2)
+    w[p + "mlp.up_proj.weight"] = random_tensor(rng, (inter, d), 0.2)
+    w[p + "mlp.down_proj.weight"] = random_tensor(rng, (d, inter), 0.15)
+    w["model.norm.weight"] = random_tensor(rng, (d,), 0.1, 1.0)
+    w["lm_head.weight"] = random_tensor(rng, (HF_VOCAB, d), 0.4)
+    write_hf_dir(path, config, w)
+
+
+def tiny_gpt2(path):
+    """1 layer, n_embd 32, 2 heads, 32 positions; Conv1D weights [in, out]."""
+    rng = random.Random(8)
+    d, P = 32, 32
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+              "n_embd": d, "n_layer": 1, "n_head": 2,
+              "vocab_size": HF_VOCAB, "n_positions": P,
+              "layer_norm_epsilon": 1e-5,
+              "activation_function": "gelu_new", "n_inner": None}
+    w = {"wte.weight": random_tensor(rng, (HF_VOCAB, d), 0.5),
+         "wpe.weight": random_tensor(rng, (P, d), 0.2)}
+    for ln in ("ln_1", "ln_2"):
+        w["h.0.%s.weight" % ln] = random_tensor(rng, (d,), 0.1, 1.0)
+        w["h.0.%s.bias" % ln] = random_tensor(rng, (d,), 0.1)
+    for name, i, o in (("attn.c_attn", d, 3 * d), ("attn.c_proj", d, d),
+                       ("mlp.c_fc", d, 4 * d), ("mlp.c_proj", 4 * d, d)):
+        w["h.0.%s.weight" % name] = random_tensor(rng, (i, o), 0.2)
+        w["h.0.%s.bias" % name] = random_tensor(rng, (o,), 0.1)
+    w["ln_f.weight"] = random_tensor(rng, (d,), 0.1, 1.0)
+    w["ln_f.bias"] = random_tensor(rng, (d,), 0.1)
+    write_hf_dir(path, config, w)
+
+
+def token_file(path, n, seed):
+    """u16 ids below HF_VOCAB: a repeating pattern with noise."""
+    x, ids = seed, []
+    for i in range(n):
+        x = (x * 1103515245 + 12345) % 2 ** 31
+        ids.append((i * 7 + (x >> 16) % 3) % HF_VOCAB)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<%dH" % n, *ids))
+
+
+INIT_MODEL = ["--seq", "16", "--batch", "4"]
+
+
+def init_prompt_cli(hf, prompt, n, temperature, seed, load=None):
+    """remat-train --init DIR [--load FILE] --prompt IDS: the ids it
+    generates after the prompt's."""
+    out = subprocess.run(
+        [TRAIN, "--init", hf, "--prompt", " ".join(map(str, prompt)),
+         "--tokens", str(n), "--temperature", str(temperature), "--seed",
+         str(seed), "--threads", "2", "--seq", "16"] +
+        (["--load", load] if load else []),
+        check=True, capture_output=True, text=True).stdout
+    return [int(t) for t in out.split()][len(prompt):]
+
+
+def startup_error(tmp, args, status, message):
+    """remat-serve with `args` exits with `status` and says `message` (a
+    line on stderr), before it listens."""
+    try:
+        r = subprocess.run([SERVE] + args + ["--port", "0", "--job-dir",
+                                             os.path.join(tmp, "never")],
+                           capture_output=True, text=True, timeout=20,
+                           cwd=tmp)
+        got = (r.returncode, r.stderr, r.stdout)
+    except subprocess.TimeoutExpired as e:  # it started: killed
+        got = ("still running after 20 s", e.stderr, e.stdout)
+    expect(got, (status, message + "\n", ""),
+           "remat-serve %s" % " ".join(args))
+
+
+INIT_JOB = {"steps": 400, "lr": 0.001, "save_every": 50}
+
+
+def test_init(tmp):
+    llama, gpt2 = os.path.join(tmp, "llama"), os.path.join(tmp, "gpt2")
+    tiny_llama(llama)
+    tiny_gpt2(gpt2)
+    data = os.path.join(tmp, "ids.u16")
+    token_file(data, 6000, 3)
+    # startup errors: exit status and message
+    empty = os.path.join(tmp, "empty")
+    os.makedirs(empty)
+    startup_error(tmp, ["--init", empty], 1,
+                  "remat-serve: --init '%s': cannot open config.json: No "
+                  "such file or directory" % empty)
+    bert = os.path.join(tmp, "bert")
+    os.makedirs(bert)
+    with open(os.path.join(bert, "config.json"), "w") as f:
+        json.dump({"model_type": "bert", "hidden_size": 32}, f)
+    startup_error(tmp, ["--init", bert], 1, 'remat-serve: config.json: '
+                  'model_type "bert": expected "llama" or "gpt2"')
+    startup_error(tmp, ["--init", llama, "--load", "x.safetensors"], 2,
+                  "remat-serve: --load and --init exclude each other: give "
+                  "--load FILE (a remat-train checkpoint) or --init DIR (a "
+                  "Hugging Face model directory)")
+    startup_error(tmp, ["--init", llama, "--layers", "3"], 2,
+                  "remat-serve: --layers does not apply to --init: the "
+                  "model's config.json gives the model")
+    startup_error(tmp, ["--init", gpt2, "--seq", "40"], 2,
+                  "remat-serve: --seq 40 is more than the 32 positions of "
+                  "--init's model (n_positions)")
+    startup_error(tmp, [], 2, "remat-serve: --load FILE is required: the "
+                  "model to serve (a remat-train checkpoint), or --init DIR "
+                  "(a Hugging Face model directory)")
+    # generate: the tokens of remat-train --init DIR --prompt, greedy and
+    # sampled, for both model types; batched requests as alone
+    prompt = [3, 10, 17, 24]
+    for hf in (llama, gpt2):
+        srv = Server(tmp, hf, *INIT_MODEL, source="--init",
+                     job_dir="gen-" + os.path.basename(hf))
+        for temp, seed in ((0, 1), (0.8, 5)):
+            st, doc, _ = srv.request("POST", "/v1/generate",
+                                     {"prompt": prompt, "max_tokens": 12,
+                                      "temperature": temp, "seed": seed})
+            expect((st, doc.get("tokens")),
+                   (200, init_prompt_cli(hf, prompt, 12, temp, seed)),
+                   "%s generate T=%g against remat-train --init --prompt" %
+                   (os.path.basename(hf), temp))
+        refused(srv, "POST", "/v1/generate", {"prompt": [1, HF_VOCAB]}, 400,
+                "'prompt'[1] is %d: token ids are integers from 0 to %d "
+                "(the model's vocabulary)" % (HF_VOCAB, HF_VOCAB - 1))
+        refused(srv, "POST", "/v1/generate", {"prompt": "abc"}, 400,
+                "'prompt' is a string, but this model's tokens are u16 ids: "
+                "give an array of ids from 0 to %d" % (HF_VOCAB - 1))
+        expect(srv.stop()[0], 0, "exit after SIGTERM")
+    # a job on the Llama: its losses are remat-train --init --data's (the
+    # served weights, fresh AdamW moments), alone and after a kill -9 and
+    # a restart, which resumes it from its last whole checkpoint
+    srv = Server(tmp, llama, *INIT_MODEL, source="--init", job_dir="alone")
+    st, doc, _ = srv.request("POST", "/v1/jobs", dict(INIT_JOB, data=data))
+    expect((st, doc), (200, {"id": "job-1"}), "a job on --init's model")
+    alone = wait_job(srv, "job-1")
+    ref = subprocess.run([TRAIN, "--init", llama, "--data", data,
+                          "--data-format", "u16", "--seq", "16", "--batch",
+                          "4", "--steps", "400", "--lr", "0.001",
+                          "--threads", "2", "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    ref = [json.loads(l)["loss"] for l in ref.splitlines() if '"step"' in l]
+    expect(["%.6f" % x for x in alone["losses"]], ["%.6f" % x for x in ref],
+           "the --init job's losses against remat-train --init --data")
+    # its weights, served: remat-train --init DIR --load CHECKPOINT's tokens
+    st, doc, _ = srv.request("POST", "/v1/models/load", {"job": "job-1"})
+    ckpt = os.path.join(tmp, "alone", "job-1.safetensors")
+    expect((st, doc), (200, {"loaded": ckpt}), "load the job's weights")
+    st, doc, _ = srv.request("POST", "/v1/generate",
+                             {"prompt": prompt, "max_tokens": 12})
+    expect(doc.get("tokens"), init_prompt_cli(llama, prompt, 12, 0, 1,
+                                              load=ckpt),
+           "the tuned --init model's tokens against remat-train --init "
+           "--load")
+    check(doc.get("tokens") != init_prompt_cli(llama, prompt, 12, 0, 1),
+          "the tuned model differs from DIR's")
+    expect(srv.stop()[0], 0, "exit after SIGTERM")
+    srv = Server(tmp, llama, *INIT_MODEL, source="--init")
+    st, doc, _ = srv.request("POST", "/v1/jobs", dict(INIT_JOB, data=data))
+    jid = doc["id"]
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        doc = srv.request("GET", "/v1/jobs/" + jid)[1]
+        if doc["checkpoint_step"] >= 50 and doc["step"] % 50 > 10:
+            break
+        time.sleep(0.002)
+    killed_at = doc["step"]
+    srv.p.kill()
+    srv.p.wait()
+    check(0 < killed_at < 400, "killed during the job (step %d)" % killed_at)
+    srv = Server(tmp, llama, *INIT_MODEL, source="--init")
+    doc = wait_job(srv, jid)
+    check(doc["first_step"] > 0 and doc["first_step"] % 50 == 0 and
+          doc["first_step"] <= killed_at, "resumed from a whole checkpoint: "
+          "step %d (killed at %d)" % (doc["first_step"], killed_at))
+    print("--init job: %d losses compared with remat-train's, killed at "
+          "step %d, resumed from %d" % (len(ref), killed_at,
+                                        doc["first_step"]))
+    check(doc["losses"] == alone["losses"][doc["first_step"]:],
+          "--init job's losses resumed after kill -9 are bitwise the job's "
+          "alone")
+    expect(srv.stop()[0], 0, "exit after the resumed job")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] != "1":
+        print("remat-serve was not built (libmicrohttpd not found): skipped")
+        sys.exit(77)
+    SERVE, TRAIN, MODE = sys.argv[2], sys.argv[3], sys.argv[4]
+    with tempfile.TemporaryDirectory() as tmp:
+        {"api": test_api, "load": test_load, "faults": test_faults,
+         "init": test_init}[MODE](tmp)
+    if failures:
+        print("%d checks failed" % len(failures))
+        sys.exit(1)
+    print("ok")

@@ -1,8 +1,9 @@
 /* Tests of the queue of runs on a pool (sched_run's priority_class): while
  * a run of class 1 is in progress, runs of class 1 that arrive wait and
  * then go in the order they came, while runs of classes 0 and 2 go on at
- * once beside it; a class out of range is refused. Runs under
- * ThreadSanitizer too. */
+ * once beside it; a class out of range is refused; the worker that
+ * finishes a run is out of it before the run's caller can see the run
+ * finished. Runs under ThreadSanitizer too. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -230,6 +231,61 @@ static void test_urgent_run_at_task_boundary(void **state) {
   sched_dag_destroy(chain);
 }
 
+/* ---- the caller never waits for the worker that finished its run ---- */
+
+static _Atomic int last_task_in, done_held;
+
+/* The run's only task: returns once the test holds the pool's done_mutex,
+ * so the worker stops in flush_finished, on that mutex, right after it
+ * counted the task. */
+static int last_task(void *context, void *arg, int worker) {
+  (void)context;
+  (void)arg;
+  (void)worker;
+  atomic_store(&last_task_in, 1);
+  while (!atomic_load(&done_held))
+    sched_yield();
+  return 0;
+}
+
+static void *run_last(void *arg) {
+  char err[SCHED_ERRMSG_MAX];
+  sched_run_opts opts = {.priority_class = 0};
+  if (sched_run(one_worker, arg, &opts, err) != REMAT_OK)
+    atomic_store(&last_task_in, -1);
+  return NULL;
+}
+
+/* On a pool of one worker, when the run's count of finished tasks is
+ * complete (what its caller waits for), the worker that completed it is
+ * already out of the run (what the caller waits for next): had the worker
+ * left after counting, a caller woken by it could take its CPU and yield
+ * until the OS runs it again (on a busy machine, milliseconds: issue 28's
+ * INTERACTIVE forwards beside training). */
+static void test_finishing_worker_out_first(void **state) {
+  (void)state;
+  atomic_store(&last_task_in, 0);
+  atomic_store(&done_held, 0);
+  sched_dag *dag = one_task_dag(last_task);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, run_last, dag), 0);
+  while (atomic_load(&last_task_in) == 0)
+    sched_yield();
+  pthread_mutex_lock(&one_worker->done_mutex);
+  atomic_store(&done_held, 1);
+  sched_run_state *run = &one_worker->runs[0];
+  for (int i = 0; i < 20000 && atomic_load(&run->finished) != 1; i++)
+    usleep(1000);
+  int64_t finished = atomic_load(&run->finished);
+  int inside = atomic_load(&run->workers[0].inside);
+  pthread_mutex_unlock(&one_worker->done_mutex);
+  pthread_join(t, NULL);
+  assert_int_equal(atomic_load(&last_task_in), 1);
+  assert_int_equal(finished, 1);
+  assert_int_equal(inside, 0);
+  sched_dag_destroy(dag);
+}
+
 static void test_class_out_of_range(void **state) {
   (void)state;
   sched_dag *dag = one_task_dag(note_run);
@@ -269,6 +325,7 @@ int main(void) {
       cmocka_unit_test(test_one_class_in_arrival_order),
       cmocka_unit_test(test_other_classes_beside),
       cmocka_unit_test(test_urgent_run_at_task_boundary),
+      cmocka_unit_test(test_finishing_worker_out_first),
       cmocka_unit_test(test_class_out_of_range),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -1,5 +1,6 @@
 /* remat-serve, an HTTP server that embeds one remat runtime: it generates
- * from the model of --load and runs fine-tuning jobs on the same runtime
+ * from the model of --load (or of --init's Hugging Face directory) and
+ * runs fine-tuning jobs on the same runtime
  * (serve_*.c); this file reads the command line (remat-train's model
  * options, through train_options.c, and the server's own), starts the
  * parts and stops them on SIGTERM or SIGINT: no new connections, queued
@@ -15,11 +16,21 @@
 static void usage(FILE *f) {
   fprintf(f,
 "usage: remat-serve --load FILE [remat-train's model options] [options]\n"
+"       remat-serve --init DIR [--seq N] [--batch N] [options]\n"
 "Serves the model of FILE (a remat-train checkpoint or safetensors file)\n"
-"over HTTP: POST /v1/generate, POST /v1/jobs, GET and DELETE /v1/jobs/ID,\n"
-"POST /v1/models/load, GET /metrics, GET /healthz (README.md,\n"
+"or of DIR over HTTP: POST /v1/generate, POST /v1/jobs, GET and DELETE\n"
+"/v1/jobs/ID, POST /v1/models/load, GET /metrics, GET /healthz (README.md,\n"
 "\"remat-serve\").\n"
 "\n"
+"  --init DIR       serve a pre-trained model as Hugging Face writes it\n"
+"                   (config.json with model_type llama or gpt2, and\n"
+"                   model.safetensors or its index), as remat-train --init\n"
+"                   reads it; prompts are token ids, and a job's data is a\n"
+"                   token file (u16, or u32 for a vocabulary over 65536\n"
+"                   ids). A job starts from DIR's weights with fresh AdamW\n"
+"                   moments; its checkpoints are full ones (weights and\n"
+"                   moments), which a restart with the same --init and\n"
+"                   --job-dir resumes. --load and --init exclude each other\n"
 "  --port P         TCP port (default 8080; 0: any free one, printed)\n"
 "  --listen ADDR    IPv4 address to listen on (default 127.0.0.1)\n"
 "  --threads N      the runtime's worker threads (default: the cores)\n"
@@ -57,7 +68,8 @@ static int int_value(const char *name, const char *text, long long lo,
 static int server_options(server *s, int *argc, char **argv) {
   static const char *const names[] = {"--port", "--listen", "--max-queue",
                                       "--max-body", "--max-tokens",
-                                      "--timeout", "--job-dir", NULL};
+                                      "--timeout", "--job-dir", "--init",
+                                      NULL};
   int kept = 1;
   for (int i = 1; i < *argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -97,7 +109,8 @@ static int server_options(server *s, int *argc, char **argv) {
       rc = int_value("--timeout", v, 1, 86400, &x);
       s->timeout_s = (int)x;
       break;
-    default: s->job_dir = v; break;
+    case 6: s->job_dir = v; break;
+    default: s->init_dir = v; break;
     }
     if (rc != 0)
       return EXIT_USAGE;
@@ -107,21 +120,60 @@ static int server_options(server *s, int *argc, char **argv) {
   return 0;
 }
 
-/* The model's options from --load's file, and the tokens of its data. */
+/* --init DIR: the model of its config.json (tools/hf_init.c, as
+ * remat-train --init reads it); its weights are loaded by gen_start and
+ * the jobs. 0, or an exit status after a message. */
+static int init_model(server *s) {
+  /* the model comes from config.json: --init is taken out of argv above,
+   * so options_parse did not check these against it */
+  static const char *const model_opts[] = {"layers", "d-model", "heads",
+                                           "vocab", "model", "kv-heads",
+                                           "ffn", NULL};
+  for (int i = 0; model_opts[i] != NULL; i++)
+    if (option_given(&s->o, model_opts[i])) {
+      fprintf(stderr, "remat-serve: --%s does not apply to --init: the "
+              "model's config.json gives the model\n", model_opts[i]);
+      return EXIT_USAGE;
+    }
+  char err[512];
+  s->o.init_dir = s->init_dir;
+  int rc = init_prepare(&s->o, err, sizeof err);
+  if (rc != 0) {
+    fprintf(stderr, "remat-serve: %s\n", err);
+    return rc;
+  }
+  /* a job's data: token ids as wide as the vocabulary needs */
+  s->o.data_u32 = s->o.vocab > 65536;
+  return 0;
+}
+
+/* The model's options from --load's file or --init's directory, and the
+ * tokens of its data. */
 static int model_options(server *s, int argc, char **argv) {
   int rc = options_parse(argc, argv, &s->o);
   if (rc != 0)
     return rc;
-  if (s->o.load_path == NULL) {
-    fprintf(stderr, "remat-serve: --load FILE is required: the model to "
-            "serve (a remat-train checkpoint)\n");
+  if (s->o.load_path != NULL && s->init_dir != NULL) {
+    fprintf(stderr, "remat-serve: --load and --init exclude each other: "
+            "give --load FILE (a remat-train checkpoint) or --init DIR (a "
+            "Hugging Face model directory)\n");
     return EXIT_USAGE;
   }
-  /* the model is read as --prompt reads it: for sampling, without --data
-   * (the tokens of its data alone) */
-  s->o.prompt = "";
-  rc = checkpoint_options(&s->o);
-  s->o.prompt = NULL;
+  if (s->o.load_path == NULL && s->init_dir == NULL) {
+    fprintf(stderr, "remat-serve: --load FILE is required: the model to "
+            "serve (a remat-train checkpoint), or --init DIR (a Hugging "
+            "Face model directory)\n");
+    return EXIT_USAGE;
+  }
+  if (s->init_dir != NULL)
+    rc = init_model(s);
+  else {
+    /* the model is read as --prompt reads it: for sampling, without
+     * --data (the tokens of its data alone) */
+    s->o.prompt = "";
+    rc = checkpoint_options(&s->o);
+    s->o.prompt = NULL;
+  }
   if (rc != 0)
     return rc;
   char err[512];

@@ -86,7 +86,8 @@ typedef struct job_table job_table;
 
 typedef struct server {
   train_options o;       /* the model of --load, the runtime's options */
-  const char *load_path; /* the weights generate starts from */
+  const char *load_path; /* the weights generate starts from (--load) */
+  const char *init_dir;  /* or --init's directory (s->o.init its model) */
   int port, max_queue, timeout_s;
   int64_t max_body;
   const char *listen, *job_dir;

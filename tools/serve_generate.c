@@ -158,7 +158,8 @@ int gen_start(server *s, char *err, size_t err_len) {
   }
   remat_status st = evaluator_open_rows(s->rt, &s->o, q->rows, &q->e);
   if (st == REMAT_OK)
-    st = evaluator_load(q->e, s->load_path);
+    st = s->o.init != NULL ? evaluator_load_init(q->e, s->o.init)
+                           : evaluator_load(q->e, s->load_path);
   if (st != REMAT_OK) {
     snprintf(err, err_len, "the generation graph: %s", train_last_error());
     return -1;

@@ -1,5 +1,6 @@
 /* remat-serve's fine-tuning jobs: each runs on its own thread and its own
- * graph of the server's runtime, from the weights of --load, on a file's
+ * graph of the server's runtime, from the weights of --load (or --init's,
+ * with fresh AdamW moments), on a file's
  * data by remat-train's schedule, data and checkpoints (train_*.c). The job
  * directory holds each job's request, its state and its checkpoint, so a
  * job that a kill -9 or a SIGTERM stopped resumes from its last whole
@@ -154,7 +155,7 @@ static remat_status job_settings(const job *j, remat_graph *g) {
 }
 
 /* Builds the job's graph, from its checkpoint when there is one (a
- * restart) or else from the weights of --load. */
+ * restart) or else from the weights of --load or --init. */
 static int job_open(job *j, remat_graph **g, remat_gpt *m) {
   const train_options *o = &j->o;
   remat_optimizer opt = {.kind = o->optimizer, .lr = o->lr,
@@ -162,7 +163,8 @@ static int job_open(job *j, remat_graph **g, remat_gpt *m) {
   if (remat_graph_create(j->s->rt, g) != REMAT_OK ||
       job_settings(j, *g) != REMAT_OK ||
       remat_graph_seed(*g, o->seed) != REMAT_OK ||
-      remat_gpt_build(*g, &o->cfg, m) != REMAT_OK ||
+      (o->init != NULL ? train_build(*g, o, o->cfg.batch, m)
+                       : remat_gpt_build(*g, &o->cfg, m)) != REMAT_OK ||
       remat_compile(*g, m->loss, &opt) != REMAT_OK ||
       remat_set_clip(*g, o->clip) != REMAT_OK) {
     job_fail(j, "building the job's graph: %s", remat_last_error());
@@ -177,7 +179,11 @@ static int job_open(job *j, remat_graph **g, remat_gpt *m) {
     }
     j->first_step = j->step = j->checkpoint_step = (int)v[0];
     j->d->rng = v[1];
-  } else if (remat_load_safetensors(*g, j->s->load_path) != REMAT_OK) {
+  } else if (o->init != NULL && hf_load(*g, o->init) != REMAT_OK) {
+    job_fail(j, "loading the weights of --init: %s", remat_last_error());
+    return -1;
+  } else if (o->init == NULL &&
+             remat_load_safetensors(*g, j->s->load_path) != REMAT_OK) {
     job_fail(j, "loading the weights of --load: %s", remat_last_error());
     return -1;
   }
@@ -208,8 +214,18 @@ static remat_status job_step(job *j, remat_graph *g, const remat_gpt *m,
   return s;
 }
 
+/* A full checkpoint (weights, moments, the step and the data's position).
+ * An --init model's holds no remat-train model metadata (train.meta and
+ * model.*, which describe remat's GPT): the restart's --init DIR gives the
+ * model, as remat-train --init DIR --load FILE takes it. */
 static int save(job *j, remat_graph *g, const char *path, int step) {
-  if (checkpoint_save(j->s->rt, g, &j->o, path, step, j->d) != REMAT_OK) {
+  static const char *const keys[] = {"train.step", "data.rng"};
+  uint64_t v[2] = {(uint64_t)step, j->d->rng};
+  remat_status st = j->o.init != NULL
+                        ? remat_save_checkpoint(g, path, keys, v, 2)
+                        : checkpoint_save(j->s->rt, g, &j->o, path, step,
+                                          j->d);
+  if (st != REMAT_OK) {
     job_fail(j, "writing its checkpoint: %s", remat_last_error());
     return -1;
   }
@@ -285,6 +301,10 @@ static void *job_thread(void *arg) {
   remat_graph_destroy(g);
   free(tokens);
   free(targets);
+  /* its data (up to 1 GiB of a file) is not kept for the server's life:
+   * a finished job's state and losses are all that GET reads */
+  dataset_destroy(j->d);
+  j->d = NULL;
   pthread_mutex_lock(&t->lock);
   j->finished = 1;
   pthread_cond_broadcast(&t->changed);

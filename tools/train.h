@@ -328,6 +328,9 @@ remat_status evaluator_load_init(eval_model *e, const hf_model *m);
  * token-file form of the data from it (before the data is opened). Returns
  * 0, or an exit status after printing why. No --init: 0. */
 int init_read(train_options *o);
+/* The same for o->init_dir (not NULL), for remat-serve too: 0, or an exit
+ * status with the one-line message in `err` (no program name). */
+int init_prepare(train_options *o, char *err, size_t err_len);
 /* Builds the model of the options with `batch` rows: --init's, or the GPT
  * or Llama of --layers, --d-model and --heads (lora_model_build), with
  * LoRA when asked. */

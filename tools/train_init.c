@@ -6,28 +6,32 @@
 
 #include "tools/train.h"
 
-int init_read(train_options *o) {
-  if (o->init_dir == NULL)
-    return 0;
-  char err[512];
+int init_prepare(train_options *o, char *err, size_t err_len) {
   static hf_model model; /* one per process, read once */
-  if (hf_read(o->init_dir, &model, err, sizeof err) != 0) {
-    fprintf(stderr, "remat-train: %s\n", err);
+  if (hf_read(o->init_dir, &model, err, err_len) != 0)
     return EXIT_RUNTIME;
-  }
   o->init = &model;
   o->vocab = model.vocab;
   o->data_u16 = 1; /* token ids, whatever their width */
   o->tokens_only = o->data_path == NULL;
   if (model.positions > 0 && o->cfg.seq > model.positions) {
-    fprintf(stderr,
-            "remat-train: --seq %d is more than the %d positions of "
-            "--init's model (%s)\n",
-            o->cfg.seq, model.positions,
-            model.gpt2 ? "n_positions" : "max_position_embeddings");
+    snprintf(err, err_len,
+             "--seq %d is more than the %d positions of --init's model (%s)",
+             o->cfg.seq, model.positions,
+             model.gpt2 ? "n_positions" : "max_position_embeddings");
     return EXIT_USAGE;
   }
   return 0;
+}
+
+int init_read(train_options *o) {
+  if (o->init_dir == NULL)
+    return 0;
+  char err[512];
+  int rc = init_prepare(o, err, sizeof err);
+  if (rc != 0)
+    fprintf(stderr, "remat-train: %s\n", err);
+  return rc;
 }
 
 remat_status train_build(remat_graph *g, const train_options *o, int batch,

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""The load test of issue 28 as a benchmark (not a CI test: it takes about
+3 minutes; the CI test is tests/serve_test.py's short `load` mode, whose
+client code this script imports).
+
+  benchmarks/serve_load.py build/tools/remat-serve build/tools/remat-train
+      [--clients 32] [--seconds 60] [--job-steps 50000]
+
+It trains the test's model (a 1-layer d32 byte model, as serve_test.py's
+make_model), then:
+  1. runs the job alone on an idle server (its losses are the reference);
+  2. starts a fresh server and sends generate requests from --clients
+     concurrent clients for --seconds with no job;
+  3. the same while a job trains: the same job (long enough to outlast the
+     phase on this machine; started again should one end first), and the
+     one running at the end cancelled (DELETE).
+For phases 2 and 3 it reports error responses (anything but 200; must be
+0), requests/s, p50 and p99 latency, and the server's RSS sampled every
+second (flat after warm-up: max/min of the last half within 5%); for phase
+3, whether each job's losses are bitwise those of the job alone (a
+cancelled one: those of its steps). Exits 1 when a check fails."""
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "tests"))
+import serve_test as st  # noqa: E402  (the client code, not copied)
+
+
+def percentile(sorted_values, q):
+    return sorted_values[min(len(sorted_values) - 1,
+                             int(len(sorted_values) * q))]
+
+
+class RssSampler:
+    """The server's RSS every second, on its own thread."""
+
+    def __init__(self, pid):
+        self.pid, self.samples, self.stop = pid, [], threading.Event()
+        self.t = threading.Thread(target=self.run)
+        self.t.start()
+
+    def run(self):
+        while not self.stop.wait(1.0):
+            self.samples.append(st.rss_kib(self.pid))
+
+    def end(self):
+        self.stop.set()
+        self.t.join()
+        return self.samples
+
+
+def phase(srv, clients, seconds, label, during=None):
+    """`clients` clients for `seconds`; `during` runs on this thread
+    meanwhile. Returns the phase's figures."""
+    results = []
+    rss = RssSampler(srv.p.pid)
+    start = time.time()
+    ts = st.clients(srv, clients, seconds, results)
+    if during is not None:
+        during(start + seconds)
+    for t in ts:
+        t.join()
+    wall = time.time() - start
+    samples = rss.end()
+    ok = sorted(lat for s, lat in results if s == 200)
+    errors = [s for s, _ in results if s != 200]
+    tail = samples[len(samples) // 2:]
+    out = {"label": label, "requests": len(ok), "errors": len(errors),
+           "error_kinds": sorted(set(map(str, errors)))[:5],
+           "requests_per_s": len(ok) / wall,
+           "p50_ms": 1000 * percentile(ok, 0.50) if ok else None,
+           "p99_ms": 1000 * percentile(ok, 0.99) if ok else None,
+           "rss_kib_first": samples[0] if samples else 0,
+           "rss_kib_tail_min": min(tail) if tail else 0,
+           "rss_kib_tail_max": max(tail) if tail else 0}
+    print("%s: %d clients, %.0f s: %d answers, %d errors, %.1f requests/s, "
+          "p50 %.1f ms, p99 %.1f ms; RSS %d KiB after 1 s, %d to %d KiB over "
+          "the last %d s" % (label, clients, wall, out["requests"],
+                             out["errors"], out["requests_per_s"],
+                             out["p50_ms"] or 0, out["p99_ms"] or 0,
+                             out["rss_kib_first"], out["rss_kib_tail_min"],
+                             out["rss_kib_tail_max"], len(tail)), flush=True)
+    print("  RSS every 5 s (KiB): %s" % " ".join(map(str, samples[::5])),
+          flush=True)
+    st.check(out["errors"] == 0, "%s: %d error responses %r" %
+             (label, out["errors"], out["error_kinds"]))
+    st.check(out["rss_kib_tail_max"] <= 1.05 * out["rss_kib_tail_min"],
+             "%s: RSS not flat over the last %d s: %d to %d KiB" %
+             (label, len(tail), out["rss_kib_tail_min"],
+              out["rss_kib_tail_max"]))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("serve")
+    ap.add_argument("train")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--job-steps", type=int, default=50000)
+    a = ap.parse_args()
+    st.SERVE, st.TRAIN = os.path.abspath(a.serve), os.path.abspath(a.train)
+    job = {"steps": a.job_steps, "lr": 0.001, "save_every": 500}
+    with tempfile.TemporaryDirectory() as tmp:
+        data, model = st.make_model(tmp)
+        # 1. the job alone
+        srv = st.Server(tmp, model, job_dir="alone")
+        t0 = time.time()
+        _, doc, _ = srv.request("POST", "/v1/jobs", dict(job, data=data))
+        alone = st.wait_job(srv, doc["id"], timeout=3600)["losses"]
+        alone_s = time.time() - t0
+        st.expect(srv.stop()[0], 0, "the job-alone server's exit")
+        print("job alone: %d steps in %.1f s (%.0f steps/s)" %
+              (len(alone), alone_s, len(alone) / alone_s), flush=True)
+        # 2. and 3. one server, without then with the job
+        srv = st.Server(tmp, model, "--max-queue", "64")
+        free = phase(srv, a.clients, a.seconds, "no job")
+        jobs = []
+
+        def train_meanwhile(end):
+            while time.time() < end:
+                _, doc, _ = srv.request("POST", "/v1/jobs",
+                                        dict(job, data=data))
+                jid = doc["id"]
+                # watched on /metrics: GET /v1/jobs/ID answers with every
+                # loss so far, and five of those a second (0.4 MB each at
+                # 35000 steps) grew the server's RSS from 30 to 65 MB in
+                # 60 s (glibc keeps each connection thread's arena)
+                while time.time() < end:
+                    m = srv.request("GET", "/metrics")[1]
+                    if (st.metric(m, 'remat_jobs{state="running"}') +
+                            st.metric(m, 'remat_jobs{state="queued"}')) == 0:
+                        break
+                    time.sleep(0.2)
+                if time.time() < end:
+                    d = srv.request("GET", "/v1/jobs/" + jid)[1]
+                else:  # the phase ends: cancel it at a task boundary
+                    d = srv.request("DELETE", "/v1/jobs/" + jid)[1]
+                jobs.append(d)
+
+        busy = phase(srv, a.clients, a.seconds, "a job training",
+                     train_meanwhile)
+        steps = 0
+        for d in jobs:
+            n = len(d["losses"])
+            steps += n
+            st.expect(d["state"], "done" if n == a.job_steps else
+                      "cancelled", "%s's state" % d["id"])
+            st.check(d["losses"] == alone[:n], "%s: its %d losses are "
+                     "bitwise the job's alone" % (d["id"], n))
+        print("jobs under load: %d (%d steps, %.0f steps/s); losses bitwise "
+              "those of the job alone: %s" %
+              (len(jobs), steps, steps / a.seconds,
+               "yes" if all(d["losses"] == alone[:len(d["losses"])]
+                            for d in jobs) else "NO"), flush=True)
+        st.expect(srv.stop()[0], 0, "exit status after SIGTERM")
+        print("requests/s with a job / without: %.2f; p99 %.1f ms / %.1f ms"
+              % (busy["requests_per_s"] / free["requests_per_s"],
+                 busy["p99_ms"] or 0, free["p99_ms"] or 0))
+    if st.failures:
+        print("%d checks failed" % len(st.failures))
+        sys.exit(1)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
