@@ -41,16 +41,21 @@ static remat_status saved_at_seed(const plan_lowering *l, int64_t *saved) {
   return REMAT_OK;
 }
 
-double plan_node_cost(const plan_lowering *l, const plan_knode *kn) {
+double plan_node_cost(const plan_lowering *l, const plan_knode *kn,
+                      cost_table *costs) {
   double bytes = 0;
   for (int k = 0; k < kn->ntouch; k++)
     bytes += (double)l->bufs[kn->touch[k]].bytes;
   double moved = PLANNER_FLOPS_PER_BYTE * bytes;
-  return kn->flops > moved ? kn->flops : moved;
+  double roofline = kn->flops > moved ? kn->flops : moved;
+  if (kn->inst == NULL || kn->kernel == NULL)
+    return roofline;
+  return cost_of_kernel(costs, &kn->inst->desc, kn->kernel, kn->tiles,
+                        roofline);
 }
 
 static void region_figures(const plan_lowering *l, const int64_t *live,
-                           plan_measures *m) {
+                           cost_table *costs, plan_measures *m) {
   for (int32_t i = 0; i < l->nknodes; i++) {
     const plan_knode *kn = &l->knodes[i];
     if (kn->region < 0) {
@@ -61,13 +66,14 @@ static void region_figures(const plan_lowering *l, const int64_t *live,
     if (live[i] > m->region_live_peak[kn->region])
       m->region_live_peak[kn->region] = live[i];
     if (kn->kind == KNODE_RECOMPUTE)
-      m->region_recompute[kn->region] += plan_node_cost(l, kn);
+      m->region_recompute[kn->region] += plan_node_cost(l, kn, costs);
   }
 }
 
 static remat_status measure_lowering(const remat_graph *g,
                                      const plan_lowering *l, int nworkers,
-                                     int nnodes, plan_measures *m) {
+                                     int nnodes, cost_table *costs,
+                                     plan_measures *m) {
   int64_t *live = remat__malloc(((size_t)l->nknodes + 1) * sizeof *live);
   if (live == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
@@ -76,7 +82,7 @@ static remat_status measure_lowering(const remat_graph *g,
   if (s == REMAT_OK) {
     m->persistent = memplan_persistent_bytes(g, l, nworkers, nnodes);
     m->peak = m->persistent + transient;
-    region_figures(l, live, m);
+    region_figures(l, live, costs, m);
     s = saved_at_seed(l, m->region_saved);
   }
   free(live);
@@ -84,7 +90,8 @@ static remat_status measure_lowering(const remat_graph *g,
 }
 
 remat_status measure_decision(const lower_request *req, int nworkers,
-                              int nnodes, plan_measures *out) {
+                              int nnodes, cost_table *costs,
+                              plan_measures *out) {
   memset(out, 0, sizeof *out);
   size_t n = (size_t)req->g->nregions + 1;
   out->region_saved = remat__calloc(n, sizeof *out->region_saved);
@@ -100,7 +107,7 @@ remat_status measure_decision(const lower_request *req, int nworkers,
     if (s == REMAT_OK)
       s = lifetimes_assign(&l);
     if (s == REMAT_OK)
-      s = measure_lowering(req->g, &l, nworkers, nnodes, out);
+      s = measure_lowering(req->g, &l, nworkers, nnodes, costs, out);
     for (int32_t t = 0; s == REMAT_OK && t < req->g->ntensors; t++)
       out->recomputed[t] = l.recomp_buf[t] >= 0;
     lowering_free(&l);

@@ -251,7 +251,8 @@ static remat_status measure(planner *pl, const int *choice, plan_measures *m) {
     return s;
   lower_request req = {pl->g, pl->scratch.saved, pl->t->loss, pl->t->has_opt,
                        pl->t->opt_kind};
-  return measure_decision(&req, pl->t->nworkers, pl->t->nnodes, m);
+  return measure_decision(&req, pl->t->nworkers, pl->t->nnodes, pl->t->costs,
+                          m);
 }
 
 /* Measures every planned region on candidate c (the others on their own
@@ -379,6 +380,21 @@ double plan_op_cost(const remat_graph *g, int32_t o) {
   return flops > moved ? flops : moved;
 }
 
+double plan_op_time(const remat_graph *g, int32_t o, cost_table *costs) {
+  const op_instance *inst = &g->ops[o].inst;
+  double measured = 0;
+  for (int k = 0; k < inst->nfwd; k++) {
+    double seconds = costs != NULL
+                         ? cost_table_tile_seconds(costs, &inst->desc,
+                                                   &inst->fwd[k])
+                         : -1.0;
+    if (seconds < 0)
+      return plan_op_cost(g, o);
+    measured += seconds * (double)inst->fwd[k].tiles * COST_FLOPS_PER_SECOND;
+  }
+  return inst->nfwd > 0 ? measured : plan_op_cost(g, o);
+}
+
 typedef struct ranked_tensor {
   int32_t top, id;
   double density; /* its producer's cost per byte it keeps */
@@ -436,7 +452,7 @@ static remat_status rank_tensors(planner *pl) {
     const remat_tensor *t = g->tensors[x];
     double bytes = (double)tensor_store_bytes(t);
     list[n++] = (ranked_tensor){top_index[g->regions[d].top], x,
-                                plan_op_cost(g, t->producer) /
+                                plan_op_time(g, t->producer, pl->t->costs) /
                                     (bytes > 0 ? bytes : 1.0)};
   }
   qsort(list, (size_t)n, sizeof *list, cmp_ranked);

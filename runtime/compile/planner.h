@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "runtime/compile/costs.h"
 #include "runtime/internal.h"
 
 /* Candidates per region: the four built-in policies that order the
@@ -27,10 +28,14 @@
 #define PLANNER_FLOPS_PER_BYTE 8.0
 
 /* The roofline cost of running graph op o's forward once: max(its FLOPs,
- * PLANNER_FLOPS_PER_BYTE x the bytes of its inputs and output). The
- * per-tensor sets rank a tensor by this cost of its producer per byte of
- * the tensor. */
+ * PLANNER_FLOPS_PER_BYTE x the bytes of its inputs and output). */
 double plan_op_cost(const remat_graph *g, int32_t o);
+/* The cost of running graph op o's forward once as the planner counts
+ * it: the measured time of its forward kernels in FLOP units
+ * (COST_FLOPS_PER_SECOND) when `costs` has every one of them, else
+ * plan_op_cost. The per-tensor sets rank a tensor by this cost of its
+ * producer per byte of the tensor. `costs` may be NULL. */
+double plan_op_time(const remat_graph *g, int32_t o, cost_table *costs);
 
 /* One region of the chain: for each candidate policy,
  * - saved: the bytes the region keeps alive from its forward to its
@@ -40,7 +45,8 @@ double plan_op_cost(const remat_graph *g, int32_t o);
  *   as working = live - before, where live is the most transient bytes
  *   alive while one of its nodes runs and before is the sum of the saved
  *   bytes of the regions before it in the chain;
- * - recompute: the cost of what it recomputes (PLANNER_FLOPS_PER_BYTE). */
+ * - recompute: the cost of what it recomputes (measured time where the
+ *   cost table has it, else the roofline: plan_node_cost). */
 typedef struct chain_region {
   int nchoices;
   int64_t saved[PLANNER_MAX_CHOICES];
@@ -96,6 +102,8 @@ typedef struct plan_target {
   int64_t budget;   /* 0: none */
   int nworkers;
   int nnodes;       /* parameters have a copy on each (numa_place.c) */
+  cost_table *costs; /* measured kernel times (the runtime's), NULL: the
+                        roofline alone */
 } plan_target;
 
 remat_status plan_remat(const plan_target *t, remat_decision *out);

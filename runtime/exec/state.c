@@ -221,6 +221,7 @@ void step_state_free(const compiled_step *c, step_state *s) {
              s->workers[0].scratch_bytes * (size_t)c->nworkers,
              REMAT_MEM_WORKSPACE, 0, false);
   step_trace_free(&s->trace);
+  free(s->cost_records);
   mem_arena_destroy(&s->arena);
   free(s->accum);
   free(s->copies);

@@ -1,0 +1,52 @@
+/* Measured kernel time as the planner's recompute cost: a table, kept by
+ * the runtime, of the seconds one tile of a kernel takes on this machine,
+ * keyed by the kernel and its op's shapes, filled from the task times of a
+ * graph's first steps and read by every later compile of the runtime in
+ * place of the roofline. */
+#ifndef REMAT_RUNTIME_COSTS_H
+#define REMAT_RUNTIME_COSTS_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ops/op.h"
+
+/* FLOP units per measured second: the planner's costs stay in the
+ * roofline's units (planner.h), so that a measured kernel and one not yet
+ * measured add up in one sum (1e11: about one core's f32 matmul rate). */
+#define COST_FLOPS_PER_SECOND 1.0e11
+
+/* Steps of a graph whose task times fill the table (the first of them
+ * warms caches and pages: each kernel keeps its least time per tile). */
+#define COST_STEPS 3
+
+typedef struct cost_entry cost_entry;
+
+typedef struct cost_table {
+  pthread_mutex_t lock;
+  cost_entry *entries;
+  int32_t n, cap;
+} cost_table;
+
+void cost_table_init(cost_table *t);
+void cost_table_free(cost_table *t);
+
+/* The measured seconds of one tile of kernel k of an op of description d
+ * (the op it belongs to), or -1 when it was never measured. */
+double cost_table_tile_seconds(cost_table *t, const op_desc *d,
+                               const op_kernel *k);
+/* Records one tile time of kernel k: the entry keeps the least seen.
+ * Returns false when out of memory (the table is unchanged). */
+bool cost_table_note(cost_table *t, const op_desc *d, const op_kernel *k,
+                     double tile_seconds);
+/* Forgets every entry. */
+void cost_table_clear(cost_table *t);
+
+/* The cost of running kernel k over `tiles` tiles, in FLOP units: the
+ * measured time x COST_FLOPS_PER_SECOND when `t` has it, else `roofline`
+ * (the caller's roofline cost). `t` may be NULL. */
+double cost_of_kernel(cost_table *t, const op_desc *d, const op_kernel *k,
+                      int64_t tiles, double roofline);
+
+#endif

@@ -1,0 +1,42 @@
+/* Measuring kernels in a graph's first runs (step_costs.h): the
+ * scheduler's task records give each tile's start and end; a kernel
+ * node's tiles are the tasks after its done task (taskgraph.c adds a
+ * node's start, done, then tile tasks). */
+#include <stdlib.h>
+
+#include "runtime/exec/step_costs.h"
+
+sched_trace_record *step_costs_records(const compiled_step *c, step_state *st,
+                                       sched_trace_record *traced) {
+  if (c->g->rt->roofline_costs || st->cost_runs >= COST_STEPS)
+    return NULL;
+  if (traced != NULL)
+    return traced;
+  if (st->cost_records == NULL) {
+    size_t n = (size_t)sched_dag_num_tasks(c->tasks.dag) + 1;
+    st->cost_records = remat__calloc(n, sizeof *st->cost_records);
+  }
+  return st->cost_records;
+}
+
+void step_costs_note(const compiled_step *c, step_state *st,
+                     const sched_trace_record *records) {
+  if (records == NULL)
+    return;
+  for (int32_t i = 0; i < c->low.nknodes; i++) {
+    const plan_knode *kn = &c->low.knodes[i];
+    if (kn->inst == NULL || kn->kernel == NULL || kn->tiles <= 0)
+      continue;
+    int64_t ns = 0;
+    for (int64_t k = 1; k <= kn->tiles; k++) {
+      const sched_trace_record *r = &records[c->tasks.done_task[i] + k];
+      ns += r->end_ns - r->start_ns;
+    }
+    cost_table_note(&c->g->rt->costs, &kn->inst->desc, kn->kernel,
+                    1e-9 * (double)ns / (double)kn->tiles);
+  }
+  if (++st->cost_runs >= COST_STEPS) {
+    free(st->cost_records);
+    st->cost_records = NULL;
+  }
+}

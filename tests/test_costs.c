@@ -1,0 +1,236 @@
+/* Tests of time as the recompute cost: the runtime's table of measured
+ * kernel times (compile/costs.h) turns the planner's choice under a
+ * budget (a layer norm that costs much against matmuls that cost little
+ * saves the opposite tensors from the reverse table), and a graph's first
+ * steps fill the table from their task times. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpt_fixture.h"
+#include "runtime/compile/planner.h"
+#include "runtime/exec/step_state.h"
+
+static const remat_gpt_config four = {
+    .layers = 4, .d_model = 32, .heads = 4, .seq = 16, .batch = 2, .vocab = 13};
+
+/* Seconds per tile of a kernel of op type `type` in a table. */
+typedef struct cost_rule {
+  double layernorm, linear, other;
+} cost_rule;
+
+/* Every kernel (forward, backward, fused) of every op of compiled graph g
+ * into rt's table at the seconds `rule` gives its op type. */
+static void fill_table(remat_runtime *rt, const remat_graph *g,
+                       const cost_rule *rule) {
+  cost_table_clear(&rt->costs);
+  for (int32_t o = 0; o < g->nops; o++) {
+    const op_instance *inst = &g->ops[o].inst;
+    double s = inst->desc.type == OP_LAYERNORM ? rule->layernorm
+               : inst->desc.type == OP_LINEAR  ? rule->linear
+                                               : rule->other;
+    for (int k = 0; k < inst->nfwd; k++)
+      assert_true(cost_table_note(&rt->costs, &inst->desc, &inst->fwd[k], s));
+    for (int k = 0; k < inst->nbwd; k++)
+      assert_true(cost_table_note(&rt->costs, &inst->desc, &inst->bwd[k], s));
+    if (inst->nfused)
+      assert_true(cost_table_note(&rt->costs, &inst->desc, &inst->fused, s));
+  }
+}
+
+/* The names of the tensors that the budget's plan saves in the layers'
+ * regions (region inputs and outputs left out), in tensor order, with the
+ * layer: "0:ln1_out,0:qkv,...". */
+static void saved_set(const remat_graph *g, char *out, size_t len) {
+  out[0] = '\0';
+  for (int i = 0; i < remat_num_tensors(g); i++) {
+    remat_tensor *t = remat_tensor_at(g, i);
+    remat_tensor_plan tp;
+    assert_int_equal(remat_tensor_plan_of(g, t, &tp), REMAT_OK);
+    if (tp.source != REMAT_POLICY_BUDGET || !tp.saved ||
+        !(tp.recomputed == 0 && tp.saved == 1) || !t->named)
+      continue;
+    size_t at = strlen(out);
+    snprintf(out + at, len - at, "%s%d:%s", at ? "," : "", tp.region,
+             remat_tensor_name(t));
+  }
+}
+
+/* Builds the model on rt, compiles it with `budget` and writes its saved
+ * set. */
+static void plan_with(remat_runtime *rt, int64_t budget, char *out,
+                      size_t len) {
+  remat_graph *g;
+  remat_gpt m;
+  assert_int_equal(remat_graph_create(rt, &g), REMAT_OK);
+  assert_int_equal(remat_graph_set_memory_budget(g, budget), REMAT_OK);
+  assert_int_equal(remat_gpt_build(g, &four, &m), REMAT_OK);
+  if (remat_compile(g, m.loss, NULL) != REMAT_OK)
+    fail_msg("compile: %s", remat_graph_error(g));
+  saved_set(g, out, len);
+  remat_graph_destroy(g);
+}
+
+/* A runtime of one thread that reads no environment (the plans below are
+ * pinned: REMAT_FUSE or REMAT_PRECISION would change the tensors). */
+static void open_plain(fixture *f, const char *policy) {
+  remat_config rc = {.set = REMAT_SET_NO_ENV | REMAT_SET_NUM_THREADS |
+                            REMAT_SET_POLICY,
+                     .num_threads = 1,
+                     .policy = policy};
+  if (fixture_open_config(f, &four, &rc, NULL) != REMAT_OK)
+    fail_msg("open %s: %s", policy, remat_last_error());
+}
+
+/* The plan that the roofline alone makes at the budget of the test below,
+ * and the two that the tables make. Under every table the last layer saves
+ * all it has (its backward follows its forward at once); in the others, a
+ * costly layer norm and cheap matmuls save the norms' outputs (and the
+ * attention's values, next in cost per byte) and recompute every linear's
+ * output, the reverse table saves the first linear's output (qkv) and
+ * recomputes the norms. */
+#define LAST_LAYER                                                      \
+  "3:ln1_out,3:qkv,3:attn_scores,3:attn_probs,3:attn_values,3:resid_mid," \
+  "3:ln2_out,3:ffn_in,3:ffn_act"
+static const char *const norm_costly_plan =
+    "0:ln1_out,0:attn_values,0:ln2_out,1:ln1_out,1:attn_values,1:ln2_out,"
+    "2:ln1_out,2:attn_values,2:ln2_out," LAST_LAYER;
+static const char *const dots_costly_plan = "0:qkv,1:qkv,2:qkv," LAST_LAYER;
+
+/* The same budget, two tables: the planner makes opposite choices, each
+ * exactly as pinned above; with the table cleared, the roofline's plan,
+ * which is neither. */
+static void test_table_turns_the_plan(void **state) {
+  (void)state;
+  fixture none, all;
+  open_plain(&none, "nothing_saveable");
+  open_plain(&all, "everything_saveable");
+  int64_t lo = none.g->step->compiled.predicted.peak;
+  int64_t hi = all.g->step->compiled.predicted.peak;
+  fixture_close(&all);
+  assert_true(hi > lo && lo > 0);
+  int64_t budget = lo + (hi - lo) / 5;
+  char plan[4096], roofline[4096];
+  cost_rule norm_costly = {1e-3, 1e-9, 1e-10};
+  cost_rule dots_costly = {1e-9, 1e-3, 1e-10};
+  plan_with(none.rt, budget, roofline, sizeof roofline);
+  fill_table(none.rt, none.g, &norm_costly);
+  plan_with(none.rt, budget, plan, sizeof plan);
+  assert_string_equal(plan, norm_costly_plan);
+  fill_table(none.rt, none.g, &dots_costly);
+  plan_with(none.rt, budget, plan, sizeof plan);
+  assert_string_equal(plan, dots_costly_plan);
+  cost_table_clear(&none.rt->costs);
+  plan_with(none.rt, budget, plan, sizeof plan);
+  assert_string_equal(plan, roofline);
+  assert_string_not_equal(roofline, norm_costly_plan);
+  assert_string_not_equal(roofline, dots_costly_plan);
+  fixture_close(&none);
+}
+
+/* The time the table gives all kernel nodes of g's compiled step, in
+ * seconds, or -1 when one is missing. */
+static double table_seconds(remat_runtime *rt, const remat_graph *g) {
+  const plan_lowering *l = &g->step->compiled.low;
+  double total = 0;
+  for (int32_t i = 0; i < l->nknodes; i++) {
+    const plan_knode *kn = &l->knodes[i];
+    if (kn->inst == NULL || kn->kernel == NULL)
+      continue;
+    double s = cost_table_tile_seconds(&rt->costs, &kn->inst->desc,
+                                       kn->kernel);
+    if (s <= 0)
+      return -1;
+    total += s * (double)kn->tiles;
+  }
+  return total;
+}
+
+/* A graph's first COST_STEPS steps measure every op kernel it runs (the
+ * least time per tile of the steps: on one worker, their sum is at most
+ * the quickest step's wall time), later steps measure nothing, the
+ * planner reads the measured time in place of the roofline, and a graph
+ * planned from the measured table trains bitwise as before. */
+static void test_steps_fill_table(void **state) {
+  (void)state;
+  fixture f;
+  open_plain(&f, "nothing_saveable");
+  assert_int_equal(f.rt->costs.n, 0);
+  assert_true(table_seconds(f.rt, f.g) < 0);
+  double quickest = 1e30;
+  uint32_t loss_bits;
+  for (int step = 0; step < COST_STEPS; step++) {
+    remat_step_stats st = {.size = sizeof st};
+    assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+    if (st.seconds < quickest)
+      quickest = st.seconds;
+    if (step == 0)
+      memcpy(&loss_bits, &st.loss, sizeof loss_bits);
+    double measured = table_seconds(f.rt, f.g);
+    assert_true(measured > 0 && measured <= quickest);
+  }
+  assert_null(f.g->step->state.cost_records);
+  int32_t entries = f.rt->costs.n;
+  double measured = table_seconds(f.rt, f.g);
+  remat_step_stats st = {.size = sizeof st};
+  assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+  assert_int_equal(f.rt->costs.n, entries);
+  assert_true(table_seconds(f.rt, f.g) == measured);
+
+  int checked = 0;
+  for (int32_t o = 0; o < f.g->nops; o++) {
+    const op_instance *inst = &f.g->ops[o].inst;
+    if (inst->desc.type != OP_LAYERNORM)
+      continue;
+    double want = 0;
+    for (int k = 0; k < inst->nfwd; k++)
+      want += cost_table_tile_seconds(&f.rt->costs, &inst->desc,
+                                      &inst->fwd[k]) *
+              (double)inst->fwd[k].tiles * COST_FLOPS_PER_SECOND;
+    assert_true(want > 0);
+    assert_true(plan_op_time(f.g, o, &f.rt->costs) == want);
+    assert_true(plan_op_time(f.g, o, NULL) == plan_op_cost(f.g, o));
+    checked++;
+  }
+  assert_int_equal(checked, 2 * four.layers + 1);
+
+  /* a graph planned under a budget from the measured table: the same
+   * loss, bit for bit, as nothing_saveable's first step */
+  fixture all;
+  open_plain(&all, "everything_saveable");
+  int64_t lo = f.g->step->compiled.predicted.peak;
+  int64_t budget = lo + (all.g->step->compiled.predicted.peak - lo) / 2;
+  fixture_close(&all);
+  remat_graph *g;
+  remat_gpt m;
+  assert_int_equal(remat_graph_create(f.rt, &g), REMAT_OK);
+  assert_int_equal(remat_graph_seed(g, 7), REMAT_OK);
+  assert_int_equal(remat_graph_set_memory_budget(g, budget), REMAT_OK);
+  assert_int_equal(remat_gpt_build(g, &four, &m), REMAT_OK);
+  assert_int_equal(remat_compile(g, m.loss, NULL), REMAT_OK);
+  size_t n = (size_t)four.batch * four.seq;
+  assert_int_equal(remat_feed(g, m.tokens, f.tokens, n * sizeof(int32_t)),
+                   REMAT_OK);
+  assert_int_equal(remat_feed(g, m.targets, f.targets, n * sizeof(int32_t)),
+                   REMAT_OK);
+  assert_int_equal(remat_step(g, &st), REMAT_OK);
+  uint32_t bits;
+  memcpy(&bits, &st.loss, sizeof bits);
+  assert_int_equal(bits, loss_bits);
+  assert_true(st.peak_bytes <= budget);
+  remat_graph_destroy(g);
+  fixture_close(&f);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_table_turns_the_plan),
+      cmocka_unit_test(test_steps_fill_table),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
