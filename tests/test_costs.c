@@ -14,7 +14,10 @@
 
 #include "gpt_fixture.h"
 #include "runtime/compile/planner.h"
+#include "runtime/exec/step_costs.h"
 #include "runtime/exec/step_state.h"
+#include "runtime/exec/tasks.h"
+#include "sched/sched_internal.h"
 
 static const remat_gpt_config four = {
     .layers = 4, .d_model = 32, .heads = 4, .seq = 16, .batch = 2, .vocab = 13};
@@ -227,8 +230,115 @@ static void test_steps_fill_table(void **state) {
   fixture_close(&f);
 }
 
+/* The table: an entry per kernel and shapes, keeping the least time; a
+ * kernel of other shapes, or of another name, is not measured; cleared, it
+ * holds nothing; cost_of_kernel scales the time by the tiles. */
+static void test_table_entries(void **state) {
+  (void)state;
+  cost_table t;
+  cost_table_init(&t);
+  op_desc d = {.type = OP_LAYERNORM, .nin = 3};
+  d.in[0] = d.out = (op_shape){2, {32, 64}};
+  d.in[1] = d.in[2] = (op_shape){1, {64}};
+  op_kernel k = {.name = "layernorm.fwd", .tiles = 4, .flops = 1e4};
+  assert_true(cost_table_tile_seconds(&t, &d, &k) == -1.0);
+  assert_true(cost_of_kernel(&t, &d, &k, 4, 123.0) == 123.0);
+  assert_true(cost_table_note(&t, &d, &k, 2e-6));
+  assert_true(cost_table_note(&t, &d, &k, 1e-6));
+  assert_true(cost_table_note(&t, &d, &k, 3e-6));
+  assert_true(cost_table_tile_seconds(&t, &d, &k) == 1e-6);
+  assert_true(cost_of_kernel(&t, &d, &k, 4, 123.0) ==
+              1e-6 * 4 * COST_FLOPS_PER_SECOND);
+  assert_true(cost_of_kernel(NULL, &d, &k, 4, 123.0) == 123.0);
+  op_desc wider = d;
+  wider.in[0].dim[1] = wider.out.dim[1] = 128;
+  op_kernel other = k;
+  other.name = "layernorm.bwd";
+  assert_true(cost_table_tile_seconds(&t, &wider, &k) == -1.0);
+  assert_true(cost_table_tile_seconds(&t, &d, &other) == -1.0);
+  assert_int_equal(t.n, 1);
+  cost_table_clear(&t);
+  assert_true(cost_table_tile_seconds(&t, &d, &k) == -1.0);
+  cost_table_free(&t);
+}
+
+static bool same_shape(const op_shape *a, const op_shape *b) {
+  if (a->ndim != b->ndim)
+    return false;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->dim[i] != b->dim[i])
+      return false;
+  return true;
+}
+
+/* Whether two kernel nodes share a table entry: the same kernel name,
+ * tiles, FLOPs, output type and shapes. */
+static bool same_entry(const plan_knode *a, const plan_knode *b) {
+  const op_desc *x = &a->inst->desc, *y = &b->inst->desc;
+  bool same = strcmp(a->kernel->name, b->kernel->name) == 0 &&
+              a->kernel->tiles == b->kernel->tiles &&
+              a->kernel->flops == b->kernel->flops &&
+              x->out_dtype == y->out_dtype && x->nin == y->nin &&
+              same_shape(&x->out, &y->out);
+  for (int i = 0; same && i < x->nin; i++)
+    same = same_shape(&x->in[i], &y->in[i]);
+  return same;
+}
+
+/* A run's records into the table: every tile task of kernel node i lasts
+ * 1000 + 10 i + its tile index nanoseconds, every other task no time, so
+ * each entry gets the least over its nodes of their mean tile time. The
+ * tile tasks are found by their argument (a plan_tile), not by position. */
+static void test_records_into_table(void **state) {
+  (void)state;
+  fixture f;
+  open_plain(&f, "nothing_saveable");
+  const compiled_step *c = &f.g->step->compiled;
+  const sched_dag *dag = c->tasks.dag;
+  sched_trace_record *rec = calloc((size_t)dag->ntasks, sizeof *rec);
+  assert_non_null(rec);
+  double *want = calloc((size_t)c->low.nknodes, sizeof *want);
+  for (int32_t t = 0; t < dag->ntasks; t++) {
+    const plan_tile *tile = dag->tasks[t].arg;
+    if (dag->tasks[t].fn != remat__task_bodies.tile)
+      continue;
+    rec[t].end_ns = 1000 + 10 * tile->knode + tile->tile;
+    want[tile->knode] += 1e-9 * (double)rec[t].end_ns;
+  }
+  step_state *st = &f.g->step->state;
+  assert_int_equal(st->cost_runs, 0);
+  step_costs_note(c, st, rec);
+  assert_int_equal(st->cost_runs, 1);
+  int checked = 0;
+  for (int32_t i = 0; i < c->low.nknodes; i++) {
+    const plan_knode *kn = &c->low.knodes[i];
+    if (kn->inst == NULL || kn->kernel == NULL || kn->tiles <= 0)
+      continue;
+    double least = 1e30;
+    for (int32_t j = 0; j < c->low.nknodes; j++) {
+      const plan_knode *o = &c->low.knodes[j];
+      if (o->inst != NULL && o->kernel != NULL && o->tiles > 0 &&
+          same_entry(o, kn) &&
+          want[j] / (double)o->tiles < least)
+        least = want[j] / (double)o->tiles;
+    }
+    double got = cost_table_tile_seconds(&f.rt->costs, &kn->inst->desc,
+                                         kn->kernel);
+    if (got > least * (1 + 1e-12) || got < least * (1 - 1e-12))
+      fail_msg("node %d (%s): %g seconds per tile, expected %g", (int)i,
+               kn->kernel->name, got, least);
+    checked++;
+  }
+  assert_true(checked > 20);
+  free(want);
+  free(rec);
+  fixture_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_table_entries),
+      cmocka_unit_test(test_records_into_table),
       cmocka_unit_test(test_table_turns_the_plan),
       cmocka_unit_test(test_steps_fill_table),
   };
