@@ -8,7 +8,7 @@
 
 #include "base/alloc.h"
 #include "sched/replay.h"
-#include "sched/sched.h"
+#include "sched/sched_internal.h"
 #include "sched/sched_pick.h"
 
 enum { IDLE, LOOKING, STARTING, RUNNING };
@@ -500,4 +500,50 @@ double sched_replay_fixed(const sched_replay_dag *d, int nworkers, int nnodes,
   int ok = sched_replay(d, nworkers, nnodes, tm, &r, &makespan);
   free(f.ends);
   return ok ? makespan : -1.0;
+}
+
+/* ---- the view of a scheduler DAG ---- */
+
+void sched_replay_owned_free(sched_replay_owned *o) {
+  free(o->prio);
+  free(o->npred);
+  free(o->succ);
+  free(o->roots);
+  free(o->succ_first);
+  free(o->node);
+  memset(o, 0, sizeof *o);
+}
+
+int sched_replay_dag_of(const sched_dag *dag, sched_replay_dag *out,
+                        sched_replay_owned *o) {
+  size_t n = (size_t)dag->ntasks + 1;
+  int64_t nsucc = dag->ntasks > 0
+                      ? dag->tasks[dag->ntasks - 1].succ_end
+                      : 0;
+  int32_t nroots = dag->nroots + dag->naffine_roots;
+  o->prio = remat__malloc(n * sizeof *o->prio);
+  o->npred = remat__malloc(n * sizeof *o->npred);
+  o->succ = remat__malloc(((size_t)nsucc + 1) * sizeof *o->succ);
+  o->roots = remat__malloc(((size_t)nroots + 1) * sizeof *o->roots);
+  o->succ_first = remat__malloc(n * sizeof *o->succ_first);
+  o->node = remat__malloc(n * sizeof *o->node);
+  if (!o->prio || !o->npred || !o->succ || !o->roots || !o->succ_first ||
+      !o->node) {
+    sched_replay_owned_free(o);
+    return 0;
+  }
+  for (int32_t t = 0; t < dag->ntasks; t++) {
+    o->prio[t] = dag->info[t].priority;
+    o->npred[t] = dag->tasks[t].npred;
+    o->succ_first[t] = dag->tasks[t].succ_begin;
+    o->node[t] = (int8_t)dag->tasks[t].numa_node;
+  }
+  o->succ_first[dag->ntasks] = nsucc;
+  if (nsucc > 0)
+    memcpy(o->succ, dag->succ, (size_t)nsucc * sizeof *o->succ);
+  if (nroots > 0)
+    memcpy(o->roots, dag->roots, (size_t)nroots * sizeof *o->roots);
+  *out = (sched_replay_dag){dag->ntasks, o->prio, o->npred, o->succ_first,
+                            o->succ,     o->roots, nroots,  o->node};
+  return 1;
 }

@@ -54,6 +54,20 @@ typedef struct sched_replay_runner {
   void (*end)(void *ctx, int32_t task, int worker);
 } sched_replay_runner;
 
+/* The replay view of a finalized sched_dag (sched.h): its priorities,
+ * successor lists, roots (all of them, in the DAG's order; a root with an
+ * affinity is replayed as one without) and affinities, in arrays that
+ * `owned` holds. Returns 1, or 0 when memory runs out (nothing held). */
+typedef struct sched_replay_owned {
+  int32_t *prio, *npred, *succ, *roots;
+  int64_t *succ_first;
+  int8_t *node;
+} sched_replay_owned;
+struct sched_dag;
+int sched_replay_dag_of(const struct sched_dag *dag, sched_replay_dag *out,
+                        sched_replay_owned *owned);
+void sched_replay_owned_free(sched_replay_owned *owned);
+
 /* Replays d; *makespan gets the last task's end (the first starts at 0).
  * Returns 1, or 0 when memory runs out, a task is left that can never run
  * (a cycle), or nnodes is not in 1..nworkers. */

@@ -1,7 +1,10 @@
 /* The runtime's table of measured kernel times (costs.h): entries keyed
  * by a kernel's name, tile count, FLOPs, output type and its op's shapes,
  * found by a hash of the key, under the table's lock (a graph's steps fill
- * it while another graph of the runtime may compile). */
+ * it while another graph of the runtime may compile). Entries live in
+ * blocks that graphs' step states make at their creation (one allocation
+ * each, so that a step allocates nothing) and hand to the table, and in
+ * the table's own array for keys noted without a block (tests). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +17,13 @@
 struct cost_entry {
   uint64_t hash;
   char key[COST_KEY_MAX];
-  double tile_seconds; /* the least seen */
+  double tile_seconds; /* the least seen, -1 before any */
+};
+
+struct cost_block {
+  cost_block *next;
+  int32_t n, cap;
+  cost_entry entries[];
 };
 
 void cost_table_init(cost_table *t) {
@@ -23,15 +32,14 @@ void cost_table_init(cost_table *t) {
 }
 
 void cost_table_free(cost_table *t) {
-  free(t->entries);
+  while (t->blocks != NULL) {
+    cost_block *next = t->blocks->next;
+    free(t->blocks);
+    t->blocks = next;
+  }
+  free(t->loose);
   pthread_mutex_destroy(&t->lock);
   memset(t, 0, sizeof *t);
-}
-
-void cost_table_clear(cost_table *t) {
-  pthread_mutex_lock(&t->lock);
-  t->n = 0;
-  pthread_mutex_unlock(&t->lock);
 }
 
 static void append_shape(char *key, size_t *len, const op_shape *s) {
@@ -57,11 +65,22 @@ static uint64_t make_key(const op_desc *d, const op_kernel *k,
   return h;
 }
 
-static cost_entry *find(cost_table *t, uint64_t hash, const char *key) {
-  for (int32_t i = 0; i < t->n; i++)
-    if (t->entries[i].hash == hash && strcmp(t->entries[i].key, key) == 0)
-      return &t->entries[i];
+static cost_entry *find_in(cost_entry *e, int32_t n, uint64_t hash,
+                           const char *key) {
+  for (int32_t i = 0; i < n; i++)
+    if (e[i].hash == hash && strcmp(e[i].key, key) == 0)
+      return &e[i];
   return NULL;
+}
+
+/* The first entry of the key: in the blocks, newest first, then loose. */
+static cost_entry *find(cost_table *t, uint64_t hash, const char *key) {
+  for (cost_block *b = t->blocks; b != NULL; b = b->next) {
+    cost_entry *e = find_in(b->entries, b->n, hash, key);
+    if (e != NULL)
+      return e;
+  }
+  return find_in(t->loose, t->nloose, hash, key);
 }
 
 double cost_table_tile_seconds(cost_table *t, const op_desc *d,
@@ -75,32 +94,95 @@ double cost_table_tile_seconds(cost_table *t, const op_desc *d,
   return seconds;
 }
 
+/* Lowers every entry of the key to `seconds` where it is higher or
+ * unmeasured; returns how many it found. */
+static int lower_all(cost_entry *e, int32_t n, uint64_t hash, const char *key,
+                     double seconds) {
+  int found = 0;
+  for (int32_t i = 0; i < n; i++)
+    if (e[i].hash == hash && strcmp(e[i].key, key) == 0) {
+      if (e[i].tile_seconds < 0 || seconds < e[i].tile_seconds)
+        e[i].tile_seconds = seconds;
+      found++;
+    }
+  return found;
+}
+
+static bool add_loose(cost_table *t, uint64_t hash, const char *key,
+                      double seconds) {
+  if (t->nloose == t->cap) {
+    int32_t cap = t->cap ? 2 * t->cap : 16;
+    cost_entry *grown = remat__realloc(t->loose, (size_t)cap * sizeof *grown);
+    if (grown == NULL)
+      return false;
+    t->loose = grown;
+    t->cap = cap;
+  }
+  cost_entry *e = &t->loose[t->nloose++];
+  e->hash = hash;
+  memcpy(e->key, key, sizeof e->key);
+  e->tile_seconds = seconds;
+  return true;
+}
+
 bool cost_table_note(cost_table *t, const op_desc *d, const op_kernel *k,
                      double tile_seconds) {
   char key[COST_KEY_MAX];
   uint64_t hash = make_key(d, k, key);
-  bool ok = true;
   pthread_mutex_lock(&t->lock);
-  cost_entry *e = find(t, hash, key);
-  if (e == NULL && t->n == t->cap) {
-    int32_t cap = t->cap ? 2 * t->cap : 64;
-    cost_entry *grown = remat__realloc(t->entries, (size_t)cap * sizeof *grown);
-    ok = grown != NULL;
-    if (ok) {
-      t->entries = grown;
-      t->cap = cap;
-    }
-  }
-  if (ok && e == NULL) {
-    e = &t->entries[t->n++];
-    e->hash = hash;
-    memcpy(e->key, key, sizeof e->key);
-    e->tile_seconds = tile_seconds;
-  }
-  if (ok && tile_seconds < e->tile_seconds)
-    e->tile_seconds = tile_seconds;
+  int found = lower_all(t->loose, t->nloose, hash, key, tile_seconds);
+  for (cost_block *b = t->blocks; b != NULL; b = b->next)
+    found += lower_all(b->entries, b->n, hash, key, tile_seconds);
+  bool ok = found > 0 || add_loose(t, hash, key, tile_seconds);
   pthread_mutex_unlock(&t->lock);
   return ok;
+}
+
+int32_t cost_table_count(cost_table *t) {
+  int32_t n = 0;
+  pthread_mutex_lock(&t->lock);
+  for (int32_t i = 0; i < t->nloose; i++)
+    n += t->loose[i].tile_seconds >= 0;
+  for (cost_block *b = t->blocks; b != NULL; b = b->next)
+    for (int32_t i = 0; i < b->n; i++)
+      n += b->entries[i].tile_seconds >= 0 &&
+           find(t, b->entries[i].hash, b->entries[i].key) == &b->entries[i];
+  pthread_mutex_unlock(&t->lock);
+  return n;
+}
+
+void cost_table_clear(cost_table *t) {
+  pthread_mutex_lock(&t->lock);
+  t->nloose = 0;
+  for (cost_block *b = t->blocks; b != NULL; b = b->next)
+    for (int32_t i = 0; i < b->n; i++)
+      b->entries[i].tile_seconds = -1.0;
+  pthread_mutex_unlock(&t->lock);
+}
+
+cost_block *cost_block_new(int32_t cap) {
+  cost_block *b = remat__malloc(sizeof *b + (size_t)cap * sizeof(cost_entry));
+  if (b != NULL)
+    *b = (cost_block){NULL, 0, cap};
+  return b;
+}
+
+void cost_block_add(cost_block *b, const op_desc *d, const op_kernel *k) {
+  char key[COST_KEY_MAX];
+  uint64_t hash = make_key(d, k, key);
+  if (b->n == b->cap || find_in(b->entries, b->n, hash, key) != NULL)
+    return;
+  cost_entry *e = &b->entries[b->n++];
+  e->hash = hash;
+  memcpy(e->key, key, sizeof e->key);
+  e->tile_seconds = -1.0;
+}
+
+void cost_table_adopt(cost_table *t, cost_block *b) {
+  pthread_mutex_lock(&t->lock);
+  b->next = t->blocks;
+  t->blocks = b;
+  pthread_mutex_unlock(&t->lock);
 }
 
 double cost_of_kernel(cost_table *t, const op_desc *d, const op_kernel *k,

@@ -22,11 +22,13 @@
 #define COST_STEPS 3
 
 typedef struct cost_entry cost_entry;
+typedef struct cost_block cost_block;
 
 typedef struct cost_table {
   pthread_mutex_t lock;
-  cost_entry *entries;
-  int32_t n, cap;
+  cost_block *blocks;  /* graphs' blocks, newest first (owned) */
+  cost_entry *loose;   /* entries noted without a block */
+  int32_t nloose, cap;
 } cost_table;
 
 void cost_table_init(cost_table *t);
@@ -36,12 +38,24 @@ void cost_table_free(cost_table *t);
  * (the op it belongs to), or -1 when it was never measured. */
 double cost_table_tile_seconds(cost_table *t, const op_desc *d,
                                const op_kernel *k);
-/* Records one tile time of kernel k: the entry keeps the least seen.
- * Returns false when out of memory (the table is unchanged). */
+/* Records one tile time of kernel k: every entry of its key keeps the
+ * least seen. A key that no block holds gets an entry of the table's own,
+ * which may allocate: false when out of memory (the table unchanged). */
 bool cost_table_note(cost_table *t, const op_desc *d, const op_kernel *k,
                      double tile_seconds);
-/* Forgets every entry. */
+/* Kernels with a measured time. */
+int32_t cost_table_count(cost_table *t);
+/* Forgets every time. */
 void cost_table_clear(cost_table *t);
+
+/* A block of room for `cap` keys (one allocation; NULL when out of
+ * memory), filled with cost_block_add (a key it holds already, or past
+ * its room, is left out) and handed to the table, which owns it from
+ * then on: a graph's kernels get their entries before any step, so that
+ * noting their times allocates nothing. */
+cost_block *cost_block_new(int32_t cap);
+void cost_block_add(cost_block *b, const op_desc *d, const op_kernel *k);
+void cost_table_adopt(cost_table *t, cost_block *b);
 
 /* The cost of running kernel k over `tiles` tiles, in FLOP units: the
  * measured time x COST_FLOPS_PER_SECOND when `t` has it, else `roofline`

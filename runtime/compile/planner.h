@@ -75,6 +75,15 @@ int64_t chain_peak(const chain_region *r, int n, int64_t tail,
 int chain_plan(const chain_region *r, int n, int64_t tail, int64_t budget,
                int *choice);
 
+/* Fills choices[k * n .. k * n + n) for k < the returned count (at most
+ * `max`) with assignments that fit `budget`, from the dynamic program's
+ * last frontier: the first is chain_plan's; the others spread evenly over
+ * the rest in order of recompute (each more recompute and fewer saved
+ * bytes than the one before). Returns the count, or -1 when none fits,
+ * or -2 when out of memory. */
+int chain_plans(const chain_region *r, int n, int64_t tail, int64_t budget,
+                int max, int *choices);
+
 /* Why a region got its policy. */
 typedef enum region_source {
   REGION_OWN,     /* the policy given to remat_region_begin */
@@ -104,7 +113,20 @@ typedef struct plan_target {
   int nnodes;       /* parameters have a copy on each (numa_place.c) */
   cost_table *costs; /* measured kernel times (the runtime's), NULL: the
                         roofline alone */
+  int lookahead;     /* the runtime's (taskgraph.h), for the replay */
+  bool replay;       /* score the budget's candidates by predicted step
+                        time (predict.h), not by recompute */
+  int replay_workers, replay_nodes; /* the machine replayed; 0: nworkers,
+                                       nnodes (tests and the simulator
+                                       plan for machines they are not) */
 } plan_target;
+
+/* Candidates the replay scores under a budget: the least recompute's and
+ * others along the chain's last frontier (chain_plans). A candidate
+ * replaces the one of less recompute only when its predicted step is
+ * shorter by more than PLANNER_REPLAY_MARGIN of it. */
+#define PLANNER_REPLAY_CANDIDATES 8
+#define PLANNER_REPLAY_MARGIN 0.01
 
 remat_status plan_remat(const plan_target *t, remat_decision *out);
 void decision_free(remat_decision *d);

@@ -444,12 +444,15 @@ static remat_status run_step(graph_step *gs, run_mode mode,
   reset_counters(c, st);
   sched_run_opts opts = {.context = &run};
   double t0 = now_seconds();
+  sched_trace_record *timed = step_costs_records(c, st);
   remat_status s = prepare_run(c, st, &opts, what);
   if (s != REMAT_OK)
     return s;
   char err[SCHED_ERRMSG_MAX] = "";
-  sched_trace_record *timed = step_costs_records(c, st, opts.records);
-  opts.records = timed;
+  if (opts.records != NULL) /* traced: the trace's times serve */
+    timed = timed != NULL ? opts.records : NULL;
+  else
+    opts.records = timed;
   opts.admit_bound = admit_bound(c, st);
   opts.priority_class = sched_class(atomic_load(&c->g->priority));
   opts.progress =

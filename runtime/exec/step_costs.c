@@ -6,16 +6,32 @@
 
 #include "runtime/exec/step_costs.h"
 
-sched_trace_record *step_costs_records(const compiled_step *c, step_state *st,
-                                       sched_trace_record *traced) {
+static bool measured(const plan_knode *kn) {
+  return kn->inst != NULL && kn->kernel != NULL && kn->tiles > 0;
+}
+
+remat_status step_costs_create(const compiled_step *c, step_state *st) {
+  if (c->g->rt->roofline_costs)
+    return REMAT_OK;
+  size_t n = (size_t)sched_dag_num_tasks(c->tasks.dag) + 1;
+  st->cost_records = remat__calloc(n, sizeof *st->cost_records);
+  cost_block *b = cost_block_new(c->low.nknodes);
+  if (st->cost_records == NULL || b == NULL) {
+    free(b);
+    return REMAT_ERR_OUT_OF_MEMORY;
+  }
+  for (int32_t i = 0; i < c->low.nknodes; i++)
+    if (measured(&c->low.knodes[i]))
+      cost_block_add(b, &c->low.knodes[i].inst->desc,
+                     c->low.knodes[i].kernel);
+  cost_table_adopt(&c->g->rt->costs, b);
+  return REMAT_OK;
+}
+
+sched_trace_record *step_costs_records(const compiled_step *c,
+                                       step_state *st) {
   if (c->g->rt->roofline_costs || st->cost_runs >= COST_STEPS)
     return NULL;
-  if (traced != NULL)
-    return traced;
-  if (st->cost_records == NULL) {
-    size_t n = (size_t)sched_dag_num_tasks(c->tasks.dag) + 1;
-    st->cost_records = remat__calloc(n, sizeof *st->cost_records);
-  }
   return st->cost_records;
 }
 
@@ -25,7 +41,7 @@ void step_costs_note(const compiled_step *c, step_state *st,
     return;
   for (int32_t i = 0; i < c->low.nknodes; i++) {
     const plan_knode *kn = &c->low.knodes[i];
-    if (kn->inst == NULL || kn->kernel == NULL || kn->tiles <= 0)
+    if (!measured(kn))
       continue;
     int64_t ns = 0;
     for (int64_t k = 1; k <= kn->tiles; k++) {
