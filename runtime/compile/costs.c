@@ -11,6 +11,8 @@
 
 #include "base/alloc.h"
 #include "runtime/compile/costs.h"
+#include "runtime/compile/lowering.h"
+#include "runtime/compile/task_names.h"
 
 #define COST_KEY_MAX 320
 
@@ -183,6 +185,21 @@ void cost_table_adopt(cost_table *t, cost_block *b) {
   b->next = t->blocks;
   t->blocks = b;
   pthread_mutex_unlock(&t->lock);
+}
+
+void cost_key_of(const plan_lowering *l, const plan_knode *kn, op_desc *d,
+                 op_kernel *k) {
+  if (kn->inst != NULL && kn->kernel != NULL) {
+    *d = kn->inst->desc;
+    *k = *kn->kernel;
+    return;
+  }
+  int64_t bytes = 0;
+  for (int i = 0; i < kn->ntouch; i++)
+    bytes += l->bufs[kn->touch[i]].bytes;
+  memset(d, 0, sizeof *d);
+  d->out = (op_shape){1, {bytes}};
+  *k = (op_kernel){.name = task_names_kernel(kn), .tiles = kn->tiles};
 }
 
 double cost_of_kernel(cost_table *t, const op_desc *d, const op_kernel *k,

@@ -57,6 +57,15 @@ cost_block *cost_block_new(int32_t cap);
 void cost_block_add(cost_block *b, const op_desc *d, const op_kernel *k);
 void cost_table_adopt(cost_table *t, cost_block *b);
 
+/* The description and kernel by which the table keys kernel node kn of
+ * l: its op's, or for a node of no op (seed, check, gate, update) one
+ * named by its kind ("optimizer.update") with its tiles and the bytes of
+ * the buffers it touches. */
+struct plan_lowering;
+struct plan_knode;
+void cost_key_of(const struct plan_lowering *l, const struct plan_knode *kn,
+                 op_desc *d, op_kernel *k);
+
 /* The cost of running kernel k over `tiles` tiles, in FLOP units: the
  * measured time x COST_FLOPS_PER_SECOND when `t` has it, else `roofline`
  * (the caller's roofline cost). `t` may be NULL. */

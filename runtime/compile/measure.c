@@ -48,10 +48,12 @@ double plan_node_cost(const plan_lowering *l, const plan_knode *kn,
     bytes += (double)l->bufs[kn->touch[k]].bytes;
   double moved = PLANNER_FLOPS_PER_BYTE * bytes;
   double roofline = kn->flops > moved ? kn->flops : moved;
-  if (kn->inst == NULL || kn->kernel == NULL)
+  if (costs == NULL)
     return roofline;
-  return cost_of_kernel(costs, &kn->inst->desc, kn->kernel, kn->tiles,
-                        roofline);
+  op_desc d;
+  op_kernel k;
+  cost_key_of(l, kn, &d, &k);
+  return cost_of_kernel(costs, &d, &k, kn->tiles, roofline);
 }
 
 static void region_figures(const plan_lowering *l, const int64_t *live,
@@ -65,8 +67,10 @@ static void region_figures(const plan_lowering *l, const int64_t *live,
     }
     if (live[i] > m->region_live_peak[kn->region])
       m->region_live_peak[kn->region] = live[i];
-    if (kn->kind == KNODE_RECOMPUTE)
-      m->region_recompute[kn->region] += plan_node_cost(l, kn, costs);
+    if (kn->kind != KNODE_RECOMPUTE)
+      continue;
+    m->region_recompute[kn->region] += plan_node_cost(l, kn, costs);
+    m->region_roofline[kn->region] += plan_node_cost(l, kn, NULL);
   }
 }
 
@@ -97,10 +101,12 @@ remat_status measure_decision(const lower_request *req, int nworkers,
   out->region_saved = remat__calloc(n, sizeof *out->region_saved);
   out->region_live_peak = remat__calloc(n, sizeof *out->region_live_peak);
   out->region_recompute = remat__calloc(n, sizeof *out->region_recompute);
+  out->region_roofline = remat__calloc(n, sizeof *out->region_roofline);
   out->recomputed = remat__calloc((size_t)req->g->ntensors + 1,
                                   sizeof *out->recomputed);
   remat_status s = REMAT_ERR_OUT_OF_MEMORY;
   if (out->region_saved && out->region_live_peak && out->region_recompute &&
+      out->region_roofline &&
       out->recomputed) {
     plan_lowering l;
     s = lower_graph(req, &l); /* on failure l is empty */
@@ -121,6 +127,7 @@ void measures_free(plan_measures *m) {
   free(m->region_saved);
   free(m->region_live_peak);
   free(m->region_recompute);
+  free(m->region_roofline);
   free(m->recomputed);
   memset(m, 0, sizeof *m);
 }

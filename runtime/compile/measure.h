@@ -19,6 +19,7 @@ typedef struct plan_measures {
                                 runs */
   double *region_recompute; /* cost of r's recompute nodes (plan_node_cost,
                                measured where the cost table has them) */
+  double *region_roofline;  /* the same by the roofline alone */
   int64_t outside_live_peak; /* the most transient bytes alive while a node
                                 outside every region runs */
   bool *recomputed;          /* [ntensors]: freed after forward and

@@ -231,6 +231,8 @@ typedef struct planner {
   int32_t *tops;                      /* top-level regions in order */
   int ntops;
   chain_region *chain;                /* [ntops] */
+  chain_region *roofline_chain;       /* [ntops]: recompute by the
+                                         roofline alone */
   int64_t tail;
   int64_t persistent;
   int nsets;                          /* per-tensor candidates */
@@ -331,6 +333,8 @@ static remat_status measure_candidate(planner *pl, int c) {
     cr->saved[k] = m.region_saved[r];
     cr->working[k] = m.region_live_peak[r] - before;
     cr->recompute[k] = m.region_recompute[r];
+    pl->roofline_chain[t] = *cr;
+    pl->roofline_chain[t].recompute[k] = m.region_roofline[r];
     before += m.region_saved[r];
   }
   if (m.outside_live_peak - total > pl->tail)
@@ -417,7 +421,9 @@ static remat_status predicted_seconds(planner *pl, const int *choice,
 /* Of the chain's candidates that fit (their measured peak), the one of
  * least predicted step time, candidates of less recompute first: one of
  * more recompute is chosen only when it is quicker by more than the
- * margin (recompute that runs on otherwise idle workers). */
+ * margin (recompute that runs on otherwise idle workers). The plan of
+ * least roofline recompute is a candidate too (last): measured costs
+ * that rank a plan first do not make it the quickest. */
 static remat_status choose_by_replay(planner *pl, int64_t model_budget,
                                      int64_t budget) {
   int n = pl->ntops;
@@ -426,7 +432,10 @@ static remat_status choose_by_replay(planner *pl, int64_t model_budget,
   if (choices == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
   int m = chain_plans(pl->chain, n, pl->tail, model_budget,
-                      PLANNER_REPLAY_CANDIDATES, choices);
+                      PLANNER_REPLAY_CANDIDATES - 1, choices);
+  if (m >= 0 && chain_plan(pl->roofline_chain, n, pl->tail, model_budget,
+                           choices + (size_t)m * (size_t)n) == 0)
+    m++; /* the least roofline recompute's plan, last */
   remat_status s = m == -2 ? REMAT_ERR_OUT_OF_MEMORY : REMAT_OK;
   double best = -1.0;
   for (int k = 0; s == REMAT_OK && k < m; k++) {
@@ -633,9 +642,10 @@ static remat_status setup(planner *pl) {
   pl->free_region = remat__calloc(n, sizeof *pl->free_region);
   pl->tops = remat__calloc(n, sizeof *pl->tops);
   pl->chain = remat__calloc(n, sizeof *pl->chain);
+  pl->roofline_chain = remat__calloc(n, sizeof *pl->roofline_chain);
   pl->chosen = remat__calloc(n, sizeof *pl->chosen);
   if (!pl->region_policy || !pl->free_region || !pl->tops || !pl->chain ||
-      !pl->chosen)
+      !pl->roofline_chain || !pl->chosen)
     return REMAT_ERR_OUT_OF_MEMORY;
   bool budget = pl->t->budget > 0, fallback_checked = false;
   for (int32_t r = 0; r < g->nregions; r++) {
@@ -666,6 +676,7 @@ static void teardown(planner *pl) {
   free(pl->free_region);
   free(pl->tops);
   free(pl->chain);
+  free(pl->roofline_chain);
   free(pl->chosen);
   decision_free(&pl->scratch);
 }

@@ -121,8 +121,9 @@ typedef struct plan_target {
                                        plan for machines they are not) */
 } plan_target;
 
-/* Candidates the replay scores under a budget: the least recompute's and
- * others along the chain's last frontier (chain_plans). A candidate
+/* Candidates the replay scores under a budget: the least recompute's,
+ * others along the chain's last frontier (chain_plans) and the least
+ * roofline recompute's. A candidate
  * replaces the one of less recompute only when its predicted step is
  * shorter by more than PLANNER_REPLAY_MARGIN of it. */
 #define PLANNER_REPLAY_CANDIDATES 8

@@ -1,4 +1,5 @@
-/* Measuring kernels in a graph's first runs (step_costs.h): the
+/* Measuring kernels in a graph's first runs (step_costs.h), op kernels
+ * and the nodes of no op alike (cost_key_of): the
  * scheduler's task records give each tile's start and end; a kernel
  * node's tiles are the tasks after its done task (taskgraph.c adds a
  * node's start, done, then tile tasks). */
@@ -6,9 +7,7 @@
 
 #include "runtime/exec/step_costs.h"
 
-static bool measured(const plan_knode *kn) {
-  return kn->inst != NULL && kn->kernel != NULL && kn->tiles > 0;
-}
+static bool measured(const plan_knode *kn) { return kn->tiles > 0; }
 
 remat_status step_costs_create(const compiled_step *c, step_state *st) {
   if (c->g->rt->roofline_costs)
@@ -21,9 +20,12 @@ remat_status step_costs_create(const compiled_step *c, step_state *st) {
     return REMAT_ERR_OUT_OF_MEMORY;
   }
   for (int32_t i = 0; i < c->low.nknodes; i++)
-    if (measured(&c->low.knodes[i]))
-      cost_block_add(b, &c->low.knodes[i].inst->desc,
-                     c->low.knodes[i].kernel);
+    if (measured(&c->low.knodes[i])) {
+      op_desc d;
+      op_kernel k;
+      cost_key_of(&c->low, &c->low.knodes[i], &d, &k);
+      cost_block_add(b, &d, &k);
+    }
   cost_table_adopt(&c->g->rt->costs, b);
   return REMAT_OK;
 }
@@ -48,7 +50,10 @@ void step_costs_note(const compiled_step *c, step_state *st,
       const sched_trace_record *r = &records[c->tasks.done_task[i] + k];
       ns += r->end_ns - r->start_ns;
     }
-    cost_table_note(&c->g->rt->costs, &kn->inst->desc, kn->kernel,
+    op_desc d;
+    op_kernel k;
+    cost_key_of(&c->low, kn, &d, &k);
+    cost_table_note(&c->g->rt->costs, &d, &k,
                     1e-9 * (double)ns / (double)kn->tiles);
   }
   if (++st->cost_runs >= COST_STEPS) {
