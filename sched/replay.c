@@ -475,7 +475,9 @@ static double fixed_next_end(void *ctx, int *worker) {
   return first;
 }
 
-static void fixed_advance(void *ctx, double t) { ((fixed_runner *)ctx)->now = t; }
+static void fixed_advance(void *ctx, double t) {
+  ((fixed_runner *)ctx)->now = t;
+}
 
 static void fixed_end(void *ctx, int32_t task, int worker) {
   (void)task;

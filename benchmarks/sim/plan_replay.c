@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "remat_gpt.h"
 #include "runtime/compile/lifetimes.h"
@@ -58,16 +59,31 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* The median of `steps` steps after COST_STEPS (which fill the table). */
-static double median_step(model *md, int steps) {
-  double t[32];
+static double cpu_seconds(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+         (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+/* The median of `steps` steps after COST_STEPS (which fill the table);
+ * *share (if not NULL) gets the CPU time of those steps over their wall
+ * time x threads: below 1 when other processes took the cores. */
+static double median_step(model *md, int steps, int threads, double *share) {
+  double t[32], cpu = 0, wall = 0;
   remat_step_stats st = {.size = sizeof st};
   for (int i = 0; i < COST_STEPS + steps; i++) {
+    double cpu0 = cpu_seconds();
     if (remat_step(md->g, &st) != REMAT_OK)
       return -1;
-    if (i >= COST_STEPS)
-      t[i - COST_STEPS] = st.seconds;
+    if (i < COST_STEPS)
+      continue;
+    t[i - COST_STEPS] = st.seconds;
+    cpu += cpu_seconds() - cpu0;
+    wall += st.seconds;
   }
+  if (share != NULL)
+    *share = cpu / (wall * threads);
   qsort(t, (size_t)steps, sizeof *t, cmp_double);
   return t[steps / 2];
 }
@@ -123,7 +139,7 @@ int main(int argc, char **argv) {
   model all;
   if (!open_model(&all, NULL, 1, "everything_saveable", 0))
     return 1;
-  double t1_all = median_step(&all, 3);
+  double t1_all = median_step(&all, 3, 1, NULL);
   printf("{\"measured_1thread_everything_s\": %.4f}\n", t1_all);
   const int cores[] = {32, 64, 128}, nodes[] = {1, 2};
   for (int c = 0; c < 3; c++)
@@ -142,18 +158,19 @@ int main(int argc, char **argv) {
   for (int threads = 1; threads <= 2; threads++) {
     model warm, md;
     if (!open_model(&warm, NULL, threads, "nothing_saveable", 0) ||
-        median_step(&warm, 1) < 0)
+        median_step(&warm, 1, threads, NULL) < 0)
       return 1;
     int64_t budget = half_budget(&all, threads, 1);
     if (!open_model(&md, warm.rt, threads, "nothing_saveable", budget))
       return 1;
-    double measured = median_step(&md, 5);
+    double share;
+    double measured = median_step(&md, 5, threads, &share);
     double predicted =
         predict(&md, md.g->step->compiled.decision.saved, threads, 1);
     printf("{\"threads\": %d, \"budget\": %lld, \"predicted_s\": %.4f, "
-           "\"measured_s\": %.4f, \"ratio\": %.3f}\n",
+           "\"measured_s\": %.4f, \"ratio\": %.3f, \"cpu_share\": %.3f}\n",
            threads, (long long)budget, predicted, measured,
-           predicted / measured);
+           predicted / measured, share);
     remat_graph_destroy(md.g);
     remat_graph_destroy(warm.g);
     remat_runtime_destroy(warm.rt);

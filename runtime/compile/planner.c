@@ -140,7 +140,8 @@ static int levels_build(const chain_region *r, int n, int64_t budget,
   sizes[0] = 1;
   for (int i = 0; i < n; i++) {
     int cap = sizes[i] * r[i].nchoices;
-    levels[i + 1] = remat__malloc((size_t)(cap > 0 ? cap : 1) * sizeof **levels);
+    levels[i + 1] =
+        remat__malloc((size_t)(cap > 0 ? cap : 1) * sizeof **levels);
     if (levels[i + 1] == NULL)
       return -2;
     int m = extend(levels[i], sizes[i], &r[i], budget, levels[i + 1]);
