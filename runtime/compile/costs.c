@@ -14,11 +14,19 @@
 #include "runtime/compile/lowering.h"
 #include "runtime/compile/task_names.h"
 
-#define COST_KEY_MAX 320
+/* What a time is kept for: a kernel of an op of given shapes. Zeroed
+ * whole before it is filled, so that keys compare and hash as bytes. */
+typedef struct cost_key {
+  char name[48];
+  int64_t tiles;
+  double flops;
+  int32_t dtype, nin;
+  op_shape out, in[OP_MAX_IN];
+} cost_key;
 
 struct cost_entry {
   uint64_t hash;
-  char key[COST_KEY_MAX];
+  cost_key key;
   double tile_seconds; /* the least seen, -1 before any */
 };
 
@@ -44,39 +52,45 @@ void cost_table_free(cost_table *t) {
   memset(t, 0, sizeof *t);
 }
 
-static void append_shape(char *key, size_t *len, const op_shape *s) {
-  for (int i = 0; i < s->ndim && *len < COST_KEY_MAX; i++)
-    *len += (size_t)snprintf(key + *len, COST_KEY_MAX - *len, "%s%lld",
-                             i ? "x" : "", (long long)s->dim[i]);
-  if (*len < COST_KEY_MAX)
-    *len += (size_t)snprintf(key + *len, COST_KEY_MAX - *len, ";");
+/* Field by field: a struct copy may carry the source's padding bytes. */
+static void copy_shape(op_shape *to, const op_shape *from) {
+  to->ndim = from->ndim;
+  for (int i = 0; i < from->ndim && i < OP_MAX_DIMS; i++)
+    to->dim[i] = from->dim[i];
 }
 
 /* The key of kernel k of an op of description d, and its FNV-1a hash. */
-static uint64_t make_key(const op_desc *d, const op_kernel *k,
-                         char key[COST_KEY_MAX]) {
-  size_t len = (size_t)snprintf(key, COST_KEY_MAX, "%s/%lld/%.17g/%s/",
-                                k->name, (long long)k->tiles, k->flops,
-                                op_dtype_name(d->out_dtype));
-  append_shape(key, &len, &d->out);
-  for (int i = 0; i < d->nin; i++)
-    append_shape(key, &len, &d->in[i]);
+static uint64_t make_key(const op_desc *d, const op_kernel *k, cost_key *key) {
+  memset(key, 0, sizeof *key);
+  snprintf(key->name, sizeof key->name, "%s", k->name);
+  key->tiles = k->tiles;
+  key->flops = k->flops;
+  key->dtype = (int32_t)d->out_dtype;
+  key->nin = d->nin;
+  copy_shape(&key->out, &d->out);
+  for (int i = 0; i < d->nin && i < OP_MAX_IN; i++)
+    copy_shape(&key->in[i], &d->in[i]);
   uint64_t h = 1469598103934665603ull;
-  for (const char *c = key; *c; c++)
-    h = (h ^ (uint8_t)*c) * 1099511628211ull;
+  const unsigned char *p = (const unsigned char *)key;
+  for (size_t i = 0; i < sizeof *key; i++)
+    h = (h ^ p[i]) * 1099511628211ull;
   return h;
 }
 
+static bool same(const cost_entry *e, uint64_t hash, const cost_key *key) {
+  return e->hash == hash && memcmp(&e->key, key, sizeof *key) == 0;
+}
+
 static cost_entry *find_in(cost_entry *e, int32_t n, uint64_t hash,
-                           const char *key) {
+                           const cost_key *key) {
   for (int32_t i = 0; i < n; i++)
-    if (e[i].hash == hash && strcmp(e[i].key, key) == 0)
+    if (same(&e[i], hash, key))
       return &e[i];
   return NULL;
 }
 
 /* The first entry of the key: in the blocks, newest first, then loose. */
-static cost_entry *find(cost_table *t, uint64_t hash, const char *key) {
+static cost_entry *find(cost_table *t, uint64_t hash, const cost_key *key) {
   for (cost_block *b = t->blocks; b != NULL; b = b->next) {
     cost_entry *e = find_in(b->entries, b->n, hash, key);
     if (e != NULL)
@@ -87,10 +101,10 @@ static cost_entry *find(cost_table *t, uint64_t hash, const char *key) {
 
 double cost_table_tile_seconds(cost_table *t, const op_desc *d,
                                const op_kernel *k) {
-  char key[COST_KEY_MAX];
-  uint64_t hash = make_key(d, k, key);
+  cost_key key;
+  uint64_t hash = make_key(d, k, &key);
   pthread_mutex_lock(&t->lock);
-  const cost_entry *e = find(t, hash, key);
+  const cost_entry *e = find(t, hash, &key);
   double seconds = e != NULL ? e->tile_seconds : -1.0;
   pthread_mutex_unlock(&t->lock);
   return seconds;
@@ -98,11 +112,11 @@ double cost_table_tile_seconds(cost_table *t, const op_desc *d,
 
 /* Lowers every entry of the key to `seconds` where it is higher or
  * unmeasured; returns how many it found. */
-static int lower_all(cost_entry *e, int32_t n, uint64_t hash, const char *key,
-                     double seconds) {
+static int lower_all(cost_entry *e, int32_t n, uint64_t hash,
+                     const cost_key *key, double seconds) {
   int found = 0;
   for (int32_t i = 0; i < n; i++)
-    if (e[i].hash == hash && strcmp(e[i].key, key) == 0) {
+    if (same(&e[i], hash, key)) {
       if (e[i].tile_seconds < 0 || seconds < e[i].tile_seconds)
         e[i].tile_seconds = seconds;
       found++;
@@ -110,7 +124,7 @@ static int lower_all(cost_entry *e, int32_t n, uint64_t hash, const char *key,
   return found;
 }
 
-static bool add_loose(cost_table *t, uint64_t hash, const char *key,
+static bool add_loose(cost_table *t, uint64_t hash, const cost_key *key,
                       double seconds) {
   if (t->nloose == t->cap) {
     int32_t cap = t->cap ? 2 * t->cap : 16;
@@ -122,20 +136,20 @@ static bool add_loose(cost_table *t, uint64_t hash, const char *key,
   }
   cost_entry *e = &t->loose[t->nloose++];
   e->hash = hash;
-  memcpy(e->key, key, sizeof e->key);
+  e->key = *key;
   e->tile_seconds = seconds;
   return true;
 }
 
 bool cost_table_note(cost_table *t, const op_desc *d, const op_kernel *k,
                      double tile_seconds) {
-  char key[COST_KEY_MAX];
-  uint64_t hash = make_key(d, k, key);
+  cost_key key;
+  uint64_t hash = make_key(d, k, &key);
   pthread_mutex_lock(&t->lock);
-  int found = lower_all(t->loose, t->nloose, hash, key, tile_seconds);
+  int found = lower_all(t->loose, t->nloose, hash, &key, tile_seconds);
   for (cost_block *b = t->blocks; b != NULL; b = b->next)
-    found += lower_all(b->entries, b->n, hash, key, tile_seconds);
-  bool ok = found > 0 || add_loose(t, hash, key, tile_seconds);
+    found += lower_all(b->entries, b->n, hash, &key, tile_seconds);
+  bool ok = found > 0 || add_loose(t, hash, &key, tile_seconds);
   pthread_mutex_unlock(&t->lock);
   return ok;
 }
@@ -148,7 +162,7 @@ int32_t cost_table_count(cost_table *t) {
   for (cost_block *b = t->blocks; b != NULL; b = b->next)
     for (int32_t i = 0; i < b->n; i++)
       n += b->entries[i].tile_seconds >= 0 &&
-           find(t, b->entries[i].hash, b->entries[i].key) == &b->entries[i];
+           find(t, b->entries[i].hash, &b->entries[i].key) == &b->entries[i];
   pthread_mutex_unlock(&t->lock);
   return n;
 }
@@ -170,13 +184,13 @@ cost_block *cost_block_new(int32_t cap) {
 }
 
 void cost_block_add(cost_block *b, const op_desc *d, const op_kernel *k) {
-  char key[COST_KEY_MAX];
-  uint64_t hash = make_key(d, k, key);
-  if (b->n == b->cap || find_in(b->entries, b->n, hash, key) != NULL)
+  cost_key key;
+  uint64_t hash = make_key(d, k, &key);
+  if (b->n == b->cap || find_in(b->entries, b->n, hash, &key) != NULL)
     return;
   cost_entry *e = &b->entries[b->n++];
   e->hash = hash;
-  memcpy(e->key, key, sizeof e->key);
+  e->key = key;
   e->tile_seconds = -1.0;
 }
 
