@@ -15,6 +15,7 @@
 #include "base/name_index.h"
 #include "ops/op.h"
 #include "remat.h"
+#include "runtime/compile/costs.h"
 #include "sched/sched.h"
 
 #define REMAT__MAX_TENSORS (1 << 20)
@@ -120,6 +121,12 @@ struct remat_runtime {
                          benchmarks that measure its cost; not public) */
   bool no_fuse;       /* REMAT_FUSE=0 at creation: no fused epilogues */
   bool fuse_bf16;     /* REMAT_FUSE=bf16: bf16 residual adds fuse too */
+  cost_table costs;   /* measured kernel times: the first steps of each
+                         graph fill it, compiles read it (costs.h) */
+  bool roofline_costs; /* REMAT_BENCH_ROOFLINE_COSTS was set at creation:
+                          the planner costs recompute by the roofline alone
+                          and steps measure nothing (for benchmarks that
+                          compare the FLOP-minimizing plan; not public) */
   bool split_update;  /* REMAT_BENCH_SPLIT_UPDATE was set at creation: the
                          update, the bf16 weight refresh and the node
                          copies as separate passes over each tile (the

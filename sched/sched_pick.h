@@ -1,8 +1,9 @@
 /* The rule by which a worker chooses its next task, as pure functions of
  * what it sees (priorities, sizes, nodes): no threads, no atomics, no
- * queues. sched/run.c applies it to the live queues and the scaling
- * simulator (benchmarks/sim/sim_engine.c) to its simulated ones, so the two
- * cannot drift apart. The victims' order is sched_steal_order (sched.h). */
+ * queues. sched/run.c applies it to the live queues and the replay
+ * (sched/replay.c: the planner's predicted step time and the scaling
+ * simulator, benchmarks/sim) to its simulated ones, so they cannot drift
+ * apart. The victims' order is sched_steal_order (sched.h). */
 #ifndef REMAT_SCHED_PICK_H
 #define REMAT_SCHED_PICK_H
 

@@ -1,12 +1,10 @@
 /* The scaling simulator's replay of one step: the layout's task DAG run by
- * `cores` simulated workers split evenly over `nodes` nodes, each worker
- * picking its next task by the rule of sched/run.c (continuation, own
- * heap by priority, node inbox for tasks with an affinity, roots in
- * batches, stealing near before far) by calling that rule's own code,
- * sched/sched_pick.h and sched_steal_order. It models task durations
- * measured here, a per-task scheduling overhead, queue locks held for a fixed time,
- * sleeping and waking of idle workers, and memory bandwidth shared as in
- * sim_fluid.h. */
+ * `cores` simulated workers split evenly over `nodes` nodes by the
+ * scheduler's own replay engine (sched/replay.h: the pick rule of
+ * sched/run.c through sched/sched_pick.h and sched_steal_order, a per-task
+ * overhead, queue locks held for a fixed time, sleeping and waking of idle
+ * workers), with task durations measured here and memory bandwidth shared
+ * as in sim_fluid.h. */
 #ifndef REMAT_SIM_ENGINE_H
 #define REMAT_SIM_ENGINE_H
 

@@ -40,7 +40,10 @@ static remat_status run_stages(const compile_request *req, compiled_step *c) {
   if (s == REMAT_OK) {
     plan_target target = {g, c->loss, c->has_opt, c->opt.kind,
                           graph_default_policy(g), graph_memory_budget(g),
-                          c->nworkers, pl->nnodes < 1 ? 1 : pl->nnodes};
+                          c->nworkers, pl->nnodes < 1 ? 1 : pl->nnodes,
+                          g->rt->roofline_costs ? NULL : &g->rt->costs,
+                          g->rt->config.lookahead,
+                          !g->rt->roofline_costs && c->nworkers > 1, 0, 0};
     s = plan_remat(&target, &c->decision);
   }
   if (s == REMAT_OK) {

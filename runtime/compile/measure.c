@@ -43,16 +43,23 @@ static remat_status saved_at_seed(const plan_lowering *l, int64_t *saved) {
   return REMAT_OK;
 }
 
-double plan_node_cost(const plan_lowering *l, const plan_knode *kn) {
+double plan_node_cost(const plan_lowering *l, const plan_knode *kn,
+                      cost_table *costs) {
   double bytes = 0;
   for (int k = 0; k < kn->ntouch; k++)
     bytes += (double)l->bufs[kn->touch[k]].bytes;
   double moved = PLANNER_FLOPS_PER_BYTE * bytes;
-  return kn->flops > moved ? kn->flops : moved;
+  double roofline = kn->flops > moved ? kn->flops : moved;
+  if (costs == NULL)
+    return roofline;
+  op_desc d;
+  op_kernel k;
+  cost_key_of(l, kn, &d, &k);
+  return cost_of_kernel(costs, &d, &k, kn->tiles, roofline);
 }
 
 static void region_figures(const plan_lowering *l, const int64_t *live,
-                           plan_measures *m) {
+                           cost_table *costs, plan_measures *m) {
   for (int32_t i = 0; i < l->nknodes; i++) {
     const plan_knode *kn = &l->knodes[i];
     if (kn->region < 0) {
@@ -62,14 +69,17 @@ static void region_figures(const plan_lowering *l, const int64_t *live,
     }
     if (live[i] > m->region_live_peak[kn->region])
       m->region_live_peak[kn->region] = live[i];
-    if (kn->kind == KNODE_RECOMPUTE)
-      m->region_recompute[kn->region] += plan_node_cost(l, kn);
+    if (kn->kind != KNODE_RECOMPUTE)
+      continue;
+    m->region_recompute[kn->region] += plan_node_cost(l, kn, costs);
+    m->region_roofline[kn->region] += plan_node_cost(l, kn, NULL);
   }
 }
 
 static remat_status measure_lowering(const remat_graph *g,
                                      const plan_lowering *l, int nworkers,
-                                     int nnodes, plan_measures *m) {
+                                     int nnodes, cost_table *costs,
+                                     plan_measures *m) {
   int64_t *live = remat__malloc(((size_t)l->nknodes + 1) * sizeof *live);
   if (live == NULL)
     return REMAT_ERR_OUT_OF_MEMORY;
@@ -80,7 +90,7 @@ static remat_status measure_lowering(const remat_graph *g,
     if (dp_bucket_bytes(g) > 0) /* data parallel: the buckets, at most */
       m->persistent += dp_layout_bound(l);
     m->peak = m->persistent + transient;
-    region_figures(l, live, m);
+    region_figures(l, live, costs, m);
     s = saved_at_seed(l, m->region_saved);
   }
   free(live);
@@ -88,23 +98,26 @@ static remat_status measure_lowering(const remat_graph *g,
 }
 
 remat_status measure_decision(const lower_request *req, int nworkers,
-                              int nnodes, plan_measures *out) {
+                              int nnodes, cost_table *costs,
+                              plan_measures *out) {
   memset(out, 0, sizeof *out);
   size_t n = (size_t)req->g->nregions + 1;
   out->region_saved = remat__calloc(n, sizeof *out->region_saved);
   out->region_live_peak = remat__calloc(n, sizeof *out->region_live_peak);
   out->region_recompute = remat__calloc(n, sizeof *out->region_recompute);
+  out->region_roofline = remat__calloc(n, sizeof *out->region_roofline);
   out->recomputed = remat__calloc((size_t)req->g->ntensors + 1,
                                   sizeof *out->recomputed);
   remat_status s = REMAT_ERR_OUT_OF_MEMORY;
   if (out->region_saved && out->region_live_peak && out->region_recompute &&
+      out->region_roofline &&
       out->recomputed) {
     plan_lowering l;
     s = lower_graph(req, &l); /* on failure l is empty */
     if (s == REMAT_OK)
       s = lifetimes_assign(&l);
     if (s == REMAT_OK)
-      s = measure_lowering(req->g, &l, nworkers, nnodes, out);
+      s = measure_lowering(req->g, &l, nworkers, nnodes, costs, out);
     for (int32_t t = 0; s == REMAT_OK && t < req->g->ntensors; t++)
       out->recomputed[t] = l.recomp_buf[t] >= 0;
     lowering_free(&l);
@@ -118,6 +131,7 @@ void measures_free(plan_measures *m) {
   free(m->region_saved);
   free(m->region_live_peak);
   free(m->region_recompute);
+  free(m->region_roofline);
   free(m->recomputed);
   memset(m, 0, sizeof *m);
 }

@@ -5,6 +5,7 @@
 #ifndef REMAT_RUNTIME_MEASURE_H
 #define REMAT_RUNTIME_MEASURE_H
 
+#include "runtime/compile/costs.h"
 #include "runtime/compile/lowering.h"
 
 typedef struct plan_measures {
@@ -16,7 +17,9 @@ typedef struct plan_measures {
   int64_t *region_live_peak; /* the most transient bytes alive while one of
                                 r's nodes (forward, recompute or backward)
                                 runs */
-  double *region_recompute; /* cost of r's recompute nodes (plan_node_cost) */
+  double *region_recompute; /* cost of r's recompute nodes (plan_node_cost,
+                               measured where the cost table has them) */
+  double *region_roofline;  /* the same by the roofline alone */
   int64_t outside_live_peak; /* the most transient bytes alive while a node
                                 outside every region runs */
   bool *recomputed;          /* [ntensors]: freed after forward and
@@ -24,12 +27,17 @@ typedef struct plan_measures {
 } plan_measures;
 
 /* Lowers `req`, measures it into `out` (arrays allocated here, free with
- * measures_free) and frees the lowering. */
+ * measures_free) and frees the lowering. `costs` (NULL: none) gives
+ * measured kernel times. */
 remat_status measure_decision(const lower_request *req, int nworkers,
-                              int nnodes, plan_measures *out);
+                              int nnodes, cost_table *costs,
+                              plan_measures *out);
 void measures_free(plan_measures *m);
-/* The roofline cost of one kernel node of an assigned lowering: max(its
- * FLOPs, PLANNER_FLOPS_PER_BYTE x the bytes of the buffers it touches). */
-double plan_node_cost(const plan_lowering *l, const plan_knode *kn);
+/* The cost of one kernel node of an assigned lowering: its measured time
+ * in FLOP units when `costs` has its kernel (costs.h), else the roofline,
+ * max(its FLOPs, PLANNER_FLOPS_PER_BYTE x the bytes of the buffers it
+ * touches). `costs` may be NULL. */
+double plan_node_cost(const plan_lowering *l, const plan_knode *kn,
+                      cost_table *costs);
 
 #endif

@@ -16,6 +16,8 @@
 #include "base/alloc.h"
 #include "runtime/compile/measure.h"
 #include "runtime/compile/planner.h"
+#include "runtime/compile/predict.h"
+#include "runtime/compile/lifetimes.h"
 #include "runtime/policy/policy.h"
 
 /* ---- the chain optimizer ---- */
@@ -107,23 +109,41 @@ static int prune(frontier_entry *f, int n) {
   return thin;
 }
 
-int chain_plan(const chain_region *r, int n, int64_t tail, int64_t budget,
-               int *choice) {
-  frontier_entry **levels = remat__calloc((size_t)n + 1, sizeof *levels);
-  int *sizes = remat__calloc((size_t)n + 1, sizeof *sizes);
-  int result = -2;
-  if (levels == NULL || sizes == NULL)
-    goto out;
+/* The frontiers of every level of the chain's dynamic program. */
+typedef struct chain_levels {
+  frontier_entry **levels; /* [n + 1] */
+  int *sizes;              /* [n + 1] */
+  int n;
+} chain_levels;
+
+static void levels_free(chain_levels *lv) {
+  for (int i = 0; lv->levels != NULL && i <= lv->n; i++)
+    free(lv->levels[i]);
+  free(lv->levels);
+  free(lv->sizes);
+}
+
+/* Builds every level; returns 0, or -2 when out of memory. */
+static int levels_build(const chain_region *r, int n, int64_t budget,
+                        chain_levels *lv) {
+  lv->n = n;
+  lv->levels = remat__calloc((size_t)n + 1, sizeof *lv->levels);
+  lv->sizes = remat__calloc((size_t)n + 1, sizeof *lv->sizes);
+  if (lv->levels == NULL || lv->sizes == NULL)
+    return -2;
+  frontier_entry **levels = lv->levels;
+  int *sizes = lv->sizes;
   levels[0] = remat__calloc(1, sizeof **levels);
   if (levels[0] == NULL)
-    goto out;
+    return -2;
   levels[0][0] = (frontier_entry){0, 0, 0.0, -1, 0};
   sizes[0] = 1;
   for (int i = 0; i < n; i++) {
     int cap = sizes[i] * r[i].nchoices;
-    levels[i + 1] = remat__malloc((size_t)(cap > 0 ? cap : 1) * sizeof **levels);
+    levels[i + 1] =
+        remat__malloc((size_t)(cap > 0 ? cap : 1) * sizeof **levels);
     if (levels[i + 1] == NULL)
-      goto out;
+      return -2;
     int m = extend(levels[i], sizes[i], &r[i], budget, levels[i + 1]);
     sizes[i + 1] = prune(levels[i + 1], m);
     frontier_entry *fit = remat__realloc(
@@ -132,30 +152,64 @@ int chain_plan(const chain_region *r, int n, int64_t tail, int64_t budget,
     if (fit != NULL) /* kept to the frontier's size: memory O(regions) */
       levels[i + 1] = fit;
   }
-  int best = -1;
-  for (int e = 0; e < sizes[n]; e++) {
-    frontier_entry *f = &levels[n][e];
+  return 0;
+}
+
+/* The final entries whose peak (with the tail) fits, into `fits` in order
+ * of cost, then peak; returns how many, or -2 when out of memory. */
+static int final_fits(chain_levels *lv, int64_t tail, int64_t budget,
+                      int **fits) {
+  int n = lv->n, m = 0;
+  *fits = remat__malloc(((size_t)lv->sizes[n] + 1) * sizeof **fits);
+  if (*fits == NULL)
+    return -2;
+  for (int e = 0; e < lv->sizes[n]; e++) {
+    frontier_entry *f = &lv->levels[n][e];
     int64_t peak = f->saved + tail > f->peak ? f->saved + tail : f->peak;
     if (peak > budget)
       continue;
     f->peak = peak;
-    if (best < 0 || f->cost < levels[n][best].cost ||
-        (f->cost == levels[n][best].cost && peak < levels[n][best].peak))
-      best = e;
+    int at = m++;
+    for (; at > 0; at--) { /* insertion: frontiers are short */
+      const frontier_entry *g = &lv->levels[n][(*fits)[at - 1]];
+      if (g->cost < f->cost || (g->cost == f->cost && g->peak <= f->peak))
+        break;
+      (*fits)[at] = (*fits)[at - 1];
+    }
+    (*fits)[at] = e;
   }
-  result = -1;
-  for (int i = n, e = best; best >= 0 && i > 0; i--) {
-    choice[i - 1] = levels[i][e].choice;
-    e = levels[i][e].parent;
+  return m;
+}
+
+static void backtrack(const chain_levels *lv, int e, int *choice) {
+  for (int i = lv->n; i > 0; i--) {
+    choice[i - 1] = lv->levels[i][e].choice;
+    e = lv->levels[i][e].parent;
   }
-  if (best >= 0)
-    result = 0;
-out:
-  for (int i = 0; levels != NULL && i <= n; i++)
-    free(levels[i]);
-  free(levels);
-  free(sizes);
-  return result;
+}
+
+int chain_plans(const chain_region *r, int n, int64_t tail, int64_t budget,
+                int max, int *choices) {
+  chain_levels lv = {0};
+  int *fits = NULL;
+  int m = levels_build(r, n, budget, &lv);
+  if (m == 0)
+    m = final_fits(&lv, tail, budget, &fits);
+  int taken = m < 0 ? m : m < max ? m : max;
+  for (int k = 0; k < taken; k++) {
+    /* the cheapest, then evenly along the rest up to the last */
+    int e = taken == 1 ? 0 : (int)((int64_t)k * (m - 1) / (taken - 1));
+    backtrack(&lv, fits[e], choices + (size_t)k * (size_t)n);
+  }
+  free(fits);
+  levels_free(&lv);
+  return m == 0 ? -1 : taken;
+}
+
+int chain_plan(const chain_region *r, int n, int64_t tail, int64_t budget,
+               int *choice) {
+  int got = chain_plans(r, n, tail, budget, 1, choice);
+  return got < 0 ? got : 0;
 }
 
 /* ---- planning the graph ---- */
@@ -178,6 +232,8 @@ typedef struct planner {
   int32_t *tops;                      /* top-level regions in order */
   int ntops;
   chain_region *chain;                /* [ntops] */
+  chain_region *roofline_chain;       /* [ntops]: recompute by the
+                                         roofline alone */
   int64_t tail;
   int64_t persistent;
   int nsets;                          /* per-tensor candidates */
@@ -251,7 +307,8 @@ static remat_status measure(planner *pl, const int *choice, plan_measures *m) {
     return s;
   lower_request req = {pl->g, pl->scratch.saved, pl->t->loss, pl->t->has_opt,
                        pl->t->opt_kind};
-  return measure_decision(&req, pl->t->nworkers, pl->t->nnodes, m);
+  return measure_decision(&req, pl->t->nworkers, pl->t->nnodes, pl->t->costs,
+                          m);
 }
 
 /* Measures every planned region on candidate c (the others on their own
@@ -277,6 +334,8 @@ static remat_status measure_candidate(planner *pl, int c) {
     cr->saved[k] = m.region_saved[r];
     cr->working[k] = m.region_live_peak[r] - before;
     cr->recompute[k] = m.region_recompute[r];
+    pl->roofline_chain[t] = *cr;
+    pl->roofline_chain[t].recompute[k] = m.region_roofline[r];
     before += m.region_saved[r];
   }
   if (m.outside_live_peak - total > pl->tail)
@@ -336,10 +395,72 @@ static remat_status infeasible(planner *pl, int64_t budget, int64_t smallest) {
                     (long long)smallest, (double)smallest / 1048576.0);
 }
 
+/* The predicted step time of an assignment at the target's workers. */
+static remat_status predicted_seconds(planner *pl, const int *choice,
+                                      double *seconds) {
+  remat_status s = decide(pl, choice, &pl->scratch);
+  if (s != REMAT_OK)
+    return s;
+  lower_request req = {pl->g, pl->scratch.saved, pl->t->loss, pl->t->has_opt,
+                       pl->t->opt_kind};
+  plan_lowering l;
+  s = lower_graph(&req, &l); /* on failure l is empty */
+  if (s == REMAT_OK)
+    s = lifetimes_assign(&l);
+  if (s == REMAT_OK) {
+    const plan_target *t = pl->t;
+    predict_request pr = {
+        pl->g, &l, t->replay_workers > 0 ? t->replay_workers : t->nworkers,
+        t->replay_nodes > 0 ? t->replay_nodes : t->nnodes, t->lookahead,
+        t->costs};
+    s = predict_step_seconds(&pr, seconds);
+  }
+  lowering_free(&l);
+  return s;
+}
+
+/* Of the chain's candidates that fit (their measured peak), the one of
+ * least predicted step time, candidates of less recompute first: one of
+ * more recompute is chosen only when it is quicker by more than the
+ * margin (recompute that runs on otherwise idle workers). The plan of
+ * least roofline recompute is a candidate too (last): measured costs
+ * that rank a plan first do not make it the quickest. */
+static remat_status choose_by_replay(planner *pl, int64_t model_budget,
+                                     int64_t budget) {
+  int n = pl->ntops;
+  int *choices = remat__malloc((size_t)PLANNER_REPLAY_CANDIDATES *
+                               ((size_t)n + 1) * sizeof *choices);
+  if (choices == NULL)
+    return REMAT_ERR_OUT_OF_MEMORY;
+  int m = chain_plans(pl->chain, n, pl->tail, model_budget,
+                      PLANNER_REPLAY_CANDIDATES - 1, choices);
+  if (m >= 0 && chain_plan(pl->roofline_chain, n, pl->tail, model_budget,
+                           choices + (size_t)m * (size_t)n) == 0)
+    m++; /* the least roofline recompute's plan, last */
+  remat_status s = m == -2 ? REMAT_ERR_OUT_OF_MEMORY : REMAT_OK;
+  double best = -1.0;
+  for (int k = 0; s == REMAT_OK && k < m; k++) {
+    const int *choice = choices + (size_t)k * (size_t)n;
+    int64_t peak = k == 0 ? 0 : peak_of(pl, choice, &s);
+    double seconds = 0;
+    if (s == REMAT_OK && peak <= budget)
+      s = predicted_seconds(pl, choice, &seconds);
+    if (s == REMAT_OK && peak <= budget &&
+        (best < 0 || seconds < best * (1.0 - PLANNER_REPLAY_MARGIN))) {
+      best = seconds;
+      choose(pl, choice);
+    }
+  }
+  free(choices);
+  return s;
+}
+
 /* The chain's dynamic program, checked by measurement: a plan whose
  * measured peak exceeds the budget tightens the model budget by the excess
- * and plans again (at most 16 times). Returns REMAT_ERR_BUDGET when no
- * attempt fits. */
+ * and plans again (at most 16 times). With the replay, the plan that fits
+ * and the chain's other candidates under the same model budget are scored
+ * by predicted step time. Returns REMAT_ERR_BUDGET when no attempt
+ * fits. */
 static remat_status plan_chain(planner *pl, int64_t budget) {
   int *choice = remat__calloc((size_t)pl->ntops + 1, sizeof *choice);
   if (choice == NULL)
@@ -358,6 +479,8 @@ static remat_status plan_chain(planner *pl, int64_t budget) {
       s = ms;
       if (s == REMAT_OK)
         choose(pl, choice);
+      if (s == REMAT_OK && pl->t->replay)
+        s = choose_by_replay(pl, model_budget, budget);
       break;
     }
     model_budget -= peak - budget;
@@ -377,6 +500,21 @@ double plan_op_cost(const remat_graph *g, int32_t o) {
     bytes += (double)tensor_store_bytes(g->tensors[op->in[i]]);
   double moved = PLANNER_FLOPS_PER_BYTE * bytes;
   return flops > moved ? flops : moved;
+}
+
+double plan_op_time(const remat_graph *g, int32_t o, cost_table *costs) {
+  const op_instance *inst = &g->ops[o].inst;
+  double measured = 0;
+  for (int k = 0; k < inst->nfwd; k++) {
+    double seconds = costs != NULL
+                         ? cost_table_tile_seconds(costs, &inst->desc,
+                                                   &inst->fwd[k])
+                         : -1.0;
+    if (seconds < 0)
+      return plan_op_cost(g, o);
+    measured += seconds * (double)inst->fwd[k].tiles * COST_FLOPS_PER_SECOND;
+  }
+  return inst->nfwd > 0 ? measured : plan_op_cost(g, o);
 }
 
 typedef struct ranked_tensor {
@@ -436,7 +574,7 @@ static remat_status rank_tensors(planner *pl) {
     const remat_tensor *t = g->tensors[x];
     double bytes = (double)tensor_store_bytes(t);
     list[n++] = (ranked_tensor){top_index[g->regions[d].top], x,
-                                plan_op_cost(g, t->producer) /
+                                plan_op_time(g, t->producer, pl->t->costs) /
                                     (bytes > 0 ? bytes : 1.0)};
   }
   qsort(list, (size_t)n, sizeof *list, cmp_ranked);
@@ -505,9 +643,10 @@ static remat_status setup(planner *pl) {
   pl->free_region = remat__calloc(n, sizeof *pl->free_region);
   pl->tops = remat__calloc(n, sizeof *pl->tops);
   pl->chain = remat__calloc(n, sizeof *pl->chain);
+  pl->roofline_chain = remat__calloc(n, sizeof *pl->roofline_chain);
   pl->chosen = remat__calloc(n, sizeof *pl->chosen);
   if (!pl->region_policy || !pl->free_region || !pl->tops || !pl->chain ||
-      !pl->chosen)
+      !pl->roofline_chain || !pl->chosen)
     return REMAT_ERR_OUT_OF_MEMORY;
   bool budget = pl->t->budget > 0, fallback_checked = false;
   for (int32_t r = 0; r < g->nregions; r++) {
@@ -538,6 +677,7 @@ static void teardown(planner *pl) {
   free(pl->free_region);
   free(pl->tops);
   free(pl->chain);
+  free(pl->roofline_chain);
   free(pl->chosen);
   decision_free(&pl->scratch);
 }

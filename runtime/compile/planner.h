@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "runtime/compile/costs.h"
 #include "runtime/internal.h"
 
 /* Candidates per region: the four built-in policies that order the
@@ -27,10 +28,14 @@
 #define PLANNER_FLOPS_PER_BYTE 8.0
 
 /* The roofline cost of running graph op o's forward once: max(its FLOPs,
- * PLANNER_FLOPS_PER_BYTE x the bytes of its inputs and output). The
- * per-tensor sets rank a tensor by this cost of its producer per byte of
- * the tensor. */
+ * PLANNER_FLOPS_PER_BYTE x the bytes of its inputs and output). */
 double plan_op_cost(const remat_graph *g, int32_t o);
+/* The cost of running graph op o's forward once as the planner counts
+ * it: the measured time of its forward kernels in FLOP units
+ * (COST_FLOPS_PER_SECOND) when `costs` has every one of them, else
+ * plan_op_cost. The per-tensor sets rank a tensor by this cost of its
+ * producer per byte of the tensor. `costs` may be NULL. */
+double plan_op_time(const remat_graph *g, int32_t o, cost_table *costs);
 
 /* One region of the chain: for each candidate policy,
  * - saved: the bytes the region keeps alive from its forward to its
@@ -40,7 +45,8 @@ double plan_op_cost(const remat_graph *g, int32_t o);
  *   as working = live - before, where live is the most transient bytes
  *   alive while one of its nodes runs and before is the sum of the saved
  *   bytes of the regions before it in the chain;
- * - recompute: the cost of what it recomputes (PLANNER_FLOPS_PER_BYTE). */
+ * - recompute: the cost of what it recomputes (measured time where the
+ *   cost table has it, else the roofline: plan_node_cost). */
 typedef struct chain_region {
   int nchoices;
   int64_t saved[PLANNER_MAX_CHOICES];
@@ -69,6 +75,15 @@ int64_t chain_peak(const chain_region *r, int n, int64_t tail,
 int chain_plan(const chain_region *r, int n, int64_t tail, int64_t budget,
                int *choice);
 
+/* Fills choices[k * n .. k * n + n) for k < the returned count (at most
+ * `max`) with assignments that fit `budget`, from the dynamic program's
+ * last frontier: the first is chain_plan's; the others spread evenly over
+ * the rest in order of recompute (each more recompute and fewer saved
+ * bytes than the one before). Returns the count, or -1 when none fits,
+ * or -2 when out of memory. */
+int chain_plans(const chain_region *r, int n, int64_t tail, int64_t budget,
+                int max, int *choices);
+
 /* Why a region got its policy. */
 typedef enum region_source {
   REGION_OWN,     /* the policy given to remat_region_begin */
@@ -96,7 +111,23 @@ typedef struct plan_target {
   int64_t budget;   /* 0: none */
   int nworkers;
   int nnodes;       /* parameters have a copy on each (numa_place.c) */
+  cost_table *costs; /* measured kernel times (the runtime's), NULL: the
+                        roofline alone */
+  int lookahead;     /* the runtime's (taskgraph.h), for the replay */
+  bool replay;       /* score the budget's candidates by predicted step
+                        time (predict.h), not by recompute */
+  int replay_workers, replay_nodes; /* the machine replayed; 0: nworkers,
+                                       nnodes (tests and the simulator
+                                       plan for machines they are not) */
 } plan_target;
+
+/* Candidates the replay scores under a budget: the least recompute's,
+ * others along the chain's last frontier (chain_plans) and the least
+ * roofline recompute's. A candidate
+ * replaces the one of less recompute only when its predicted step is
+ * shorter by more than PLANNER_REPLAY_MARGIN of it. */
+#define PLANNER_REPLAY_CANDIDATES 8
+#define PLANNER_REPLAY_MARGIN 0.01
 
 remat_status plan_remat(const plan_target *t, remat_decision *out);
 void decision_free(remat_decision *d);

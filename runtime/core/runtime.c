@@ -191,12 +191,14 @@ remat_status remat_runtime_create(const remat_config *config,
     return remat__fail(REMAT_ERR_OUT_OF_MEMORY,
                        "out of memory creating a runtime");
   atomic_init(&rt->refs, 1);
+  cost_table_init(&rt->costs);
   rt->pid = getpid();
   rt->no_admission = getenv("REMAT_BENCH_NO_ADMISSION") != NULL;
   bool env = config == NULL || !(config->set & REMAT_SET_NO_ENV);
   const char *fuse = env ? getenv("REMAT_FUSE") : NULL;
   if (fuse != NULL && strcmp(fuse, "0") != 0 && strcmp(fuse, "1") != 0 &&
       strcmp(fuse, "bf16") != 0) {
+    cost_table_free(&rt->costs);
     free(rt);
     return remat__fail(REMAT_ERR_CONFIG,
                        "REMAT_FUSE='%s' is not valid: expected 0 (no fused "
@@ -207,6 +209,7 @@ remat_status remat_runtime_create(const remat_config *config,
   rt->no_fuse = fuse != NULL && strcmp(fuse, "0") == 0;
   rt->fuse_bf16 = fuse != NULL && strcmp(fuse, "bf16") == 0;
   rt->split_update = getenv("REMAT_BENCH_SPLIT_UPDATE") != NULL;
+  rt->roofline_costs = getenv("REMAT_BENCH_ROOFLINE_COSTS") != NULL;
   /* The environment first: a bad value fails before any thread starts. */
   remat_status s = remat__config_load(config, 0, &rt->config, &rt->strings);
   if (s == REMAT_OK)
@@ -258,6 +261,7 @@ static void free_runtime(remat_runtime *rt) {
     dnnl_engine_destroy(rt->engine);
   if (rt->topo != NULL)
     hwloc_topology_destroy(rt->topo);
+  cost_table_free(&rt->costs);
   free(rt);
 }
 

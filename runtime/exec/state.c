@@ -12,6 +12,7 @@
 #include "base/alloc.h"
 #include "base/bf16.h"
 #include "runtime/exec/optim.h"
+#include "runtime/exec/step_costs.h"
 #include "runtime/exec/step_state.h"
 
 static uint64_t splitmix64(uint64_t *state) {
@@ -193,6 +194,8 @@ remat_status step_state_create(const compiled_step *c, step_state *out) {
     s = alloc_scratch(c, out);
   if (s == REMAT_OK)
     s = expect_blocks(c, out);
+  if (s == REMAT_OK)
+    s = step_costs_create(c, out);
   if (s != REMAT_OK)
     step_state_free(c, out);
   return s;
@@ -221,6 +224,7 @@ void step_state_free(const compiled_step *c, step_state *s) {
              s->workers[0].scratch_bytes * (size_t)c->nworkers,
              REMAT_MEM_WORKSPACE, 0, false);
   step_trace_free(&s->trace);
+  free(s->cost_records);
   mem_arena_destroy(&s->arena);
   free(s->accum);
   free(s->copies);

@@ -19,6 +19,7 @@
 #include "runtime/exec/node_copies.h"
 #include "runtime/exec/precision.h"
 #include "runtime/exec/progress.h"
+#include "runtime/exec/step_costs.h"
 #include "runtime/exec/step_stats.h"
 #include "runtime/exec/tasks.h"
 
@@ -443,10 +444,15 @@ static remat_status run_step(graph_step *gs, run_mode mode,
   reset_counters(c, st);
   sched_run_opts opts = {.context = &run};
   double t0 = now_seconds();
+  sched_trace_record *timed = step_costs_records(c, st);
   remat_status s = prepare_run(c, st, &opts, what);
   if (s != REMAT_OK)
     return s;
   char err[SCHED_ERRMSG_MAX] = "";
+  if (opts.records != NULL) /* traced: the trace's times serve */
+    timed = timed != NULL ? opts.records : NULL;
+  else
+    opts.records = timed;
   opts.admit_bound = admit_bound(c, st);
   opts.priority_class = sched_class(atomic_load(&c->g->priority));
   opts.progress =
@@ -484,6 +490,7 @@ static remat_status run_step(graph_step *gs, run_mode mode,
       st->accum_count = 0;
   }
   if (s == REMAT_OK) {
+    step_costs_note(c, st, timed);
     note_trace(c, st, &st->last, what);
     if (!st->reported_run) {
       report_first_run(c, &st->last, what);

@@ -65,6 +65,10 @@ typedef struct step_state {
                                   from the masters before the next run
                                   (precision.h) */
   step_trace trace;            /* step_trace.h */
+  int cost_runs;               /* runs whose task times went into the
+                                  runtime's cost table (step_costs.h) */
+  sched_trace_record *cost_records; /* [ntasks]: their times, while
+                                       cost_runs < COST_STEPS */
   struct dp_plan *dp;          /* data parallel (dp.h), NULL when not */
 } step_state;
 
