@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The load test of issue 28 as a benchmark (not a CI test: it takes about
-3 minutes; the CI test is tests/serve_test.py's short `load` mode, whose
-client code this script imports).
+"""The load test of issue 28: a benchmark, and with --job-steps 20000 the
+test test_serve_load_full of release builds (about 2.5 minutes; the
+sanitizer runs have tests/serve_test.py's short `load` mode, whose client
+code this script imports).
 
   benchmarks/serve_load.py build/tools/remat-serve build/tools/remat-train
       [--clients 32] [--seconds 60] [--job-steps 50000]
