@@ -135,6 +135,23 @@ def refused(srv, method, path, body, status, message, raw=None):
     return headers
 
 
+def kill_mid_job(srv, job):
+    """Starts `job` on `srv` and kills the server (-9) once the job has a
+    whole checkpoint (every 50 steps) and is more than 10 steps past one;
+    returns the job's id and the step it was killed at."""
+    doc = srv.request("POST", "/v1/jobs", job)[1]
+    jid = doc["id"]
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        doc = srv.request("GET", "/v1/jobs/" + jid)[1]
+        if doc["checkpoint_step"] >= 50 and doc["step"] % 50 > 10:
+            break
+        time.sleep(0.002)
+    srv.p.kill()
+    srv.p.wait()
+    return jid, doc["step"]
+
+
 def wait_job(srv, jid, states=("done",), timeout=120):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -623,17 +640,7 @@ def test_faults(tmp):
     # kill -9 during a job: the restart resumes from the last whole
     # checkpoint (every 50 steps), bitwise
     srv = Server(tmp, model)
-    st, doc, _ = srv.request("POST", "/v1/jobs", dict(JOB, data=data))
-    jid = doc["id"]
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        doc = srv.request("GET", "/v1/jobs/" + jid)[1]
-        if doc["checkpoint_step"] >= 50 and doc["step"] % 50 > 10:
-            break
-        time.sleep(0.002)
-    killed_at = doc["step"]
-    srv.p.kill()
-    srv.p.wait()
+    jid, killed_at = kill_mid_job(srv, dict(JOB, data=data))
     check(0 < killed_at < 3000, "killed during the job (step %d)" % killed_at)
     srv = Server(tmp, model)
     doc = wait_job(srv, jid)
@@ -852,17 +859,7 @@ def test_init(tmp):
           "the tuned model differs from DIR's")
     expect(srv.stop()[0], 0, "exit after SIGTERM")
     srv = Server(tmp, llama, *INIT_MODEL, source="--init")
-    st, doc, _ = srv.request("POST", "/v1/jobs", dict(INIT_JOB, data=data))
-    jid = doc["id"]
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        doc = srv.request("GET", "/v1/jobs/" + jid)[1]
-        if doc["checkpoint_step"] >= 50 and doc["step"] % 50 > 10:
-            break
-        time.sleep(0.002)
-    killed_at = doc["step"]
-    srv.p.kill()
-    srv.p.wait()
+    jid, killed_at = kill_mid_job(srv, dict(INIT_JOB, data=data))
     check(0 < killed_at < 400, "killed during the job (step %d)" % killed_at)
     srv = Server(tmp, llama, *INIT_MODEL, source="--init")
     doc = wait_job(srv, jid)
