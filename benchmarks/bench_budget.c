@@ -6,7 +6,12 @@
  * median step time, the recompute FLOPs the plan scheduled and the plan
  * (what each region saves). A last line sums up: whether every measured
  * peak stayed within its budget, and how often a larger budget's step was
- * slower than the smaller one's by more than the noise allowance. */
+ * slower than the smaller one's by more than the noise allowance. With
+ * --compare-replan each budget also runs on a runtime created with
+ * REMAT_BENCH_NO_REPLAN (the plan of its compile kept), interleaved, after
+ * a warm-up of the measured steps and one more, so that every timed step
+ * of the main run is of the plan its first steps' times chose; each line
+ * then says whether that plan differs and the ratio of the medians. */
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -20,6 +25,7 @@
 typedef struct options {
   remat_gpt_config cfg;
   int threads, budgets, steps;
+  int compare_replan; /* --compare-replan */
   double noise; /* a slower step within this fraction is noise */
 } options;
 
@@ -90,12 +96,12 @@ static void run_close(run *r) {
   free(r->times);
 }
 
-/* Step k of a run (0: the warm-up, untimed). */
-static int run_step(run *r, int k) {
+/* Step k of a run (k < warm: the warm-up, untimed). */
+static int run_step(run *r, int k, int warm) {
   if (remat_step(r->g, &r->st) != REMAT_OK)
     return fail("step", r->budget);
-  if (k > 0)
-    r->times[k - 1] = r->st.seconds;
+  if (k >= warm)
+    r->times[k - warm] = r->st.seconds;
   if (r->st.peak_bytes > r->peak)
     r->peak = r->st.peak_bytes;
   return 0;
@@ -105,10 +111,27 @@ static int run_step(run *r, int k) {
 static int64_t policy_peak(const options *o, const char *policy) {
   run r;
   int64_t peak = -1;
-  if (run_open(&r, o, policy, 0) == 0 && run_step(&r, 0) == 0)
+  if (run_open(&r, o, policy, 0) == 0 && run_step(&r, 0, 1) == 0)
     peak = r.st.predicted_peak_bytes;
   run_close(&r);
   return peak;
+}
+
+/* Whether two graphs of the same model save the same tensors. */
+static bool same_plan(remat_graph *a, remat_graph *b) {
+  for (int i = 0; i < remat_num_tensors(a); i++) {
+    remat_tensor_plan pa, pb;
+    if (remat_tensor_plan_of(a, remat_tensor_at(a, i), &pa) != REMAT_OK ||
+        remat_tensor_plan_of(b, remat_tensor_at(b, i), &pb) != REMAT_OK ||
+        pa.saved != pb.saved || pa.recomputed != pb.recomputed)
+      return false;
+  }
+  return true;
+}
+
+static double median(run *r, int steps) {
+  qsort(r->times, (size_t)steps, sizeof *r->times, cmp_double);
+  return r->times[steps / 2];
 }
 
 /* The plan as one JSON string: region by region, the policy it got. */
@@ -134,7 +157,8 @@ static int parse(int argc, char **argv, options *o) {
       {"layers", 1, 0, 'L'},  {"d-model", 1, 0, 'D'}, {"heads", 1, 0, 'H'},
       {"seq", 1, 0, 'T'},     {"batch", 1, 0, 'B'},   {"vocab", 1, 0, 'V'},
       {"threads", 1, 0, 'N'}, {"budgets", 1, 0, 'K'}, {"steps", 1, 0, 'S'},
-      {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
+      {"compare-replan", 0, 0, 'R'}, {"help", 0, 0, 'h'},
+      {0, 0, 0, 0}};
   *o = (options){.cfg = {.layers = 4, .d_model = 256, .heads = 4,
                          .seq = 128, .batch = 4, .vocab = 256},
                  .threads = 2, .budgets = 20, .steps = 3, .noise = 0.05};
@@ -146,11 +170,19 @@ static int parse(int argc, char **argv, options *o) {
               "[--seq T]\n"
               "                    [--batch B] [--vocab V] [--threads N] "
               "[--budgets K] [--steps S]\n"
+              "                    [--compare-replan]\n"
               "defaults: L=4 D=256 H=4 T=128 B=4 V=256 N=2 K=20 S=3: K "
               "budgets from\nthe peak of nothing_saveable to that of "
               "everything_saveable, S timed\nsteps each after a warm-up, in "
-              "interleaved rounds\n");
+              "interleaved rounds\n"
+              "--compare-replan: each budget also on a runtime that keeps "
+              "its compiled\nplan (REMAT_BENCH_NO_REPLAN), interleaved; "
+              "the warm-up is the 3\nmeasured steps and one more\n");
       return c == 'h' ? -1 : 1;
+    }
+    if (c == 'R') {
+      o->compare_replan = 1;
+      continue;
     }
     const char *name = "";
     for (int k = 0; longopts[k].name != NULL; k++)
@@ -189,22 +221,28 @@ int main(int argc, char **argv) {
   int64_t hi = policy_peak(&o, "everything_saveable");
   if (lo < 0 || hi < 0)
     return 1;
-  run *runs = calloc((size_t)o.budgets, sizeof *runs);
+  int nruns = o.compare_replan ? 2 * o.budgets : o.budgets;
+  int warm = o.compare_replan ? 4 : 1; /* the measured steps, then one */
+  run *runs = calloc((size_t)nruns, sizeof *runs);
   if (runs == NULL)
     return 1;
   int opened = 0;
-  for (; opened < o.budgets && rc == 0; opened++)
+  for (; opened < nruns && rc == 0; opened++) {
+    int i = opened % o.budgets;
+    if (opened >= o.budgets) /* read when the runtime is created */
+      setenv("REMAT_BENCH_NO_REPLAN", "1", 1);
     rc = run_open(&runs[opened], &o, "auto",
-                  lo + (hi - lo) * opened / (o.budgets - 1));
-  for (int k = 0; k <= o.steps && rc == 0; k++) /* interleaved rounds */
-    for (int i = 0; i < o.budgets && rc == 0; i++)
-      rc = run_step(&runs[i], k);
+                  lo + (hi - lo) * i / (o.budgets - 1));
+    unsetenv("REMAT_BENCH_NO_REPLAN");
+  }
+  for (int k = 0; k < warm + o.steps && rc == 0; k++) /* interleaved */
+    for (int i = 0; i < nruns && rc == 0; i++)
+      rc = run_step(&runs[i], k, warm);
   int within = 1, slower = 0;
   double prev = 0;
   for (int i = 0; i < o.budgets && rc == 0; i++) {
     run *r = &runs[i];
-    qsort(r->times, (size_t)o.steps, sizeof *r->times, cmp_double);
-    double med = r->times[o.steps / 2];
+    double med = median(r, o.steps);
     within &= r->peak <= r->budget;
     slower += i > 0 && med > prev * (1.0 + o.noise);
     prev = med;
@@ -213,6 +251,14 @@ int main(int argc, char **argv) {
            "\"recompute_flops\":%.6g,\"threads\":%d,",
            (long long)r->budget, (long long)r->st.predicted_peak_bytes,
            (long long)r->peak, med, r->st.recompute_flops, o.threads);
+    if (o.compare_replan) {
+      run *k = &runs[o.budgets + i];
+      double kept = median(k, o.steps);
+      within &= k->peak <= k->budget;
+      printf("\"replanned\":%s,\"compiled_plan_step_s_median\":%.6f,"
+             "\"step_ratio_to_compiled_plan\":%.4f,",
+             same_plan(r->g, k->g) ? "false" : "true", kept, med / kept);
+    }
     print_plan(r->g);
     printf("}\n");
   }

@@ -127,6 +127,10 @@ struct remat_runtime {
                           the planner costs recompute by the roofline alone
                           and steps measure nothing (for benchmarks that
                           compare the FLOP-minimizing plan; not public) */
+  bool no_replan;     /* REMAT_BENCH_NO_REPLAN was set at creation: a graph
+                         keeps the plan of its compile after its first
+                         steps measured its kernels (replan.h; for
+                         benchmarks that compare; not public) */
   bool split_update;  /* REMAT_BENCH_SPLIT_UPDATE was set at creation: the
                          update, the bf16 weight refresh and the node
                          copies as separate passes over each tile (the

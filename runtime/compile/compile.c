@@ -31,26 +31,32 @@ static void set_target(compiled_step *c, const compile_request *req) {
     c->opt.eps = 1e-8f;
 }
 
-static remat_status run_stages(const compile_request *req, compiled_step *c) {
+/* Stage "plan remat" for the step c is compiled for, under the graph's
+ * budget less `held` bytes (when it has one). */
+static remat_status plan_stage(const compile_request *req,
+                               const compiled_step *c, int64_t held,
+                               remat_decision *out) {
   remat_graph *g = req->g;
   const sched_placement *pl = sched_pool_placement(g->rt->pool);
-  remat_status s = plan_ops(g);
-  if (s == REMAT_OK)
-    s = plan_fusions(g, c->loss);
-  if (s == REMAT_OK) {
-    plan_target target = {g, c->loss, c->has_opt, c->opt.kind,
-                          graph_default_policy(g), graph_memory_budget(g),
-                          c->nworkers, pl->nnodes < 1 ? 1 : pl->nnodes,
-                          g->rt->roofline_costs ? NULL : &g->rt->costs,
-                          g->rt->config.lookahead,
-                          !g->rt->roofline_costs && c->nworkers > 1, 0, 0};
-    s = plan_remat(&target, &c->decision);
-  }
-  if (s == REMAT_OK) {
-    lower_request lr = {g, c->decision.saved, c->loss, c->has_opt,
-                        c->opt.kind};
-    s = lower_graph(&lr, &c->low);
-  }
+  plan_target target = {g, c->loss, c->has_opt, c->opt.kind,
+                        graph_default_policy(g),
+                        graph_memory_budget(g) > 0
+                            ? graph_memory_budget(g) - held : 0,
+                        c->nworkers, pl->nnodes < 1 ? 1 : pl->nnodes,
+                        g->rt->roofline_costs ? NULL : &g->rt->costs,
+                        g->rt->config.lookahead,
+                        !g->rt->roofline_costs && c->nworkers > 1, 0, 0};
+  return plan_remat(&target, out);
+}
+
+/* The stages after "plan remat", from c->decision on. */
+static remat_status build_stages(const compile_request *req,
+                                 compiled_step *c) {
+  remat_graph *g = req->g;
+  const sched_placement *pl = sched_pool_placement(g->rt->pool);
+  lower_request lr = {g, c->decision.saved, c->loss, c->has_opt,
+                      c->opt.kind};
+  remat_status s = lower_graph(&lr, &c->low);
   if (s == REMAT_OK)
     s = lifetimes_assign(&c->low);
   if (s == REMAT_OK)
@@ -80,6 +86,15 @@ static remat_status run_stages(const compile_request *req, compiled_step *c) {
   return s;
 }
 
+static remat_status run_stages(const compile_request *req, compiled_step *c) {
+  remat_status s = plan_ops(req->g);
+  if (s == REMAT_OK)
+    s = plan_fusions(req->g, c->loss);
+  if (s == REMAT_OK)
+    s = plan_stage(req, c, 0, &c->decision);
+  return s == REMAT_OK ? build_stages(req, c) : s;
+}
+
 remat_status compile_step(const compile_request *req, compiled_step *out) {
   remat_graph *g = req->g;
   memset(out, 0, sizeof *out);
@@ -104,4 +119,32 @@ void compiled_step_free(compiled_step *c) {
   lowering_free(&c->low);
   decision_free(&c->decision);
   memset(c, 0, sizeof *c);
+}
+
+static bool same_saved(const remat_graph *g, const remat_decision *a,
+                       const remat_decision *b) {
+  for (int32_t t = 0; t < g->ntensors; t++)
+    if (a->saved[t] != b->saved[t])
+      return false;
+  return true;
+}
+
+remat_status compile_replan(const compile_request *req,
+                            const compiled_step *current, int64_t held,
+                            compiled_step *out) {
+  memset(out, 0, sizeof *out);
+  out->dp.agree_task = -1;
+  set_target(out, req);
+  out->opt = current->opt; /* its defaults are filled in already */
+  remat_status s = graph_memory_budget(req->g) > 0 &&
+                           graph_memory_budget(req->g) <= held
+                       ? remat__fail(REMAT_ERR_BUDGET, "no budget is left")
+                       : plan_stage(req, out, held, &out->decision);
+  if (s == REMAT_OK && same_saved(req->g, &out->decision, &current->decision))
+    s = REMAT_ERR_STATE; /* nothing changes: not an error to report */
+  else if (s == REMAT_OK)
+    s = build_stages(req, out);
+  if (s != REMAT_OK)
+    compiled_step_free(out);
+  return s;
 }

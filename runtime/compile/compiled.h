@@ -64,6 +64,18 @@ typedef struct compile_request {
  * Fills `out` (zeroed first); on failure `out` holds nothing and the error
  * is on the graph and in the thread's last error. */
 remat_status compile_step(const compile_request *req, compiled_step *out);
+/* Plans the graph of `current` again (stage "plan remat" on, the ops and
+ * fusions as they are), with the runtime's cost table as it is now, for
+ * req (the request `current` was compiled for), leaving `held` bytes of
+ * the graph's budget (if it has one) to memory the step does not count,
+ * such as remat_accumulate's sums. When the decision saves
+ * what `current`'s does, returns REMAT_ERR_STATE and `out` holds nothing;
+ * otherwise fills `out` with the new step (REMAT_OK) or holds nothing
+ * (another status; the thread's last error has the words). Nothing on
+ * the graph changes either way. */
+remat_status compile_replan(const compile_request *req,
+                            const compiled_step *current, int64_t held,
+                            compiled_step *out);
 void compiled_step_free(compiled_step *c);
 
 #endif

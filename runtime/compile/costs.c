@@ -196,6 +196,12 @@ void cost_block_add(cost_block *b, const op_desc *d, const op_kernel *k) {
 
 void cost_table_adopt(cost_table *t, cost_block *b) {
   pthread_mutex_lock(&t->lock);
+  for (int32_t i = 0; i < b->n; i++) { /* what is known of its keys */
+    cost_entry *e = &b->entries[i];
+    const cost_entry *known = find(t, e->hash, &e->key);
+    if (known != NULL)
+      e->tile_seconds = known->tile_seconds;
+  }
   b->next = t->blocks;
   t->blocks = b;
   pthread_mutex_unlock(&t->lock);

@@ -52,7 +52,9 @@ void cost_table_clear(cost_table *t);
  * memory), filled with cost_block_add (a key it holds already, or past
  * its room, is left out) and handed to the table, which owns it from
  * then on: a graph's kernels get their entries before any step, so that
- * noting their times allocates nothing. */
+ * noting their times allocates nothing. An adopted block's entries start
+ * with the times the table has for their keys (lookups read the newest
+ * block first, so an unmeasured entry must not hide a measured one). */
 cost_block *cost_block_new(int32_t cap);
 void cost_block_add(cost_block *b, const op_desc *d, const op_kernel *k);
 void cost_table_adopt(cost_table *t, cost_block *b);

@@ -266,3 +266,21 @@ void report_first_run(const compiled_step *c, const remat_step_stats *st,
           what, mib(st->peak_bytes), mib(st->activation_peak_bytes),
           mib(st->predicted_peak_bytes), mib(c->predicted.transient_peak));
 }
+
+void report_replan(const compiled_step *c, remat_status status,
+                   const char *error) {
+  if (c->g->rt->config.verbose < 1)
+    return;
+  if (status == REMAT_OK)
+    fprintf(stderr, "remat: planned again with the kernel times its first "
+            "%d steps measured: the plan above runs from the next step on\n",
+            COST_STEPS);
+  else if (status == REMAT_ERR_STATE)
+    fprintf(stderr, "remat: planned again with the kernel times its first "
+            "%d steps measured: the same tensors are saved, the compiled "
+            "plan stays\n", COST_STEPS);
+  else
+    fprintf(stderr, "remat: planning again with the kernel times its first "
+            "%d steps measured failed (%s): the compiled plan stays\n",
+            COST_STEPS, error);
+}

@@ -13,4 +13,12 @@ remat_status report_plan(const compiled_step *c);
 void report_first_run(const compiled_step *c, const remat_step_stats *st,
                       const char *what);
 
+/* After a graph was planned again with its measured kernel times
+ * (exec/replan.h; REMAT_VERBOSE >= 1): one line of stderr saying that
+ * the plan printed just before replaces the compiled one (status
+ * REMAT_OK), that the same tensors stay saved (REMAT_ERR_STATE), or why
+ * the compiled plan stays (another status, with `error`). */
+void report_replan(const compiled_step *c, remat_status status,
+                   const char *error);
+
 #endif

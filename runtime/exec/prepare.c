@@ -110,6 +110,7 @@ void graph_step_destroy(remat_graph *g) {
   dp_plan_free(gs->state.dp);
   step_state_free(&gs->compiled, &gs->state);
   compiled_step_free(&gs->compiled);
+  decision_free(&gs->retired);
   free(gs);
   g->step = NULL;
 }

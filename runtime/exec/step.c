@@ -19,6 +19,7 @@
 #include "runtime/exec/node_copies.h"
 #include "runtime/exec/precision.h"
 #include "runtime/exec/progress.h"
+#include "runtime/exec/replan.h"
 #include "runtime/exec/step_costs.h"
 #include "runtime/exec/step_stats.h"
 #include "runtime/exec/tasks.h"
@@ -575,6 +576,8 @@ remat_status remat_step(remat_graph *g, remat_step_stats *stats) {
                     "remat_forward");
   else
     s = run_step(g->step, RUN_STEP, stats, "remat_step");
+  if (s == REMAT_OK) /* once its kernels are measured (replan.h) */
+    step_replan(g);
   graph_leave(g);
   return s;
 }

@@ -69,6 +69,8 @@ typedef struct step_state {
                                   runtime's cost table (step_costs.h) */
   sched_trace_record *cost_records; /* [ntasks]: their times, while
                                        cost_runs < COST_STEPS */
+  bool replanned;              /* planned again with the measured times,
+                                  or found nothing to gain (replan.h) */
   struct dp_plan *dp;          /* data parallel (dp.h), NULL when not */
 } step_state;
 
@@ -76,6 +78,9 @@ typedef struct step_state {
 typedef struct graph_step {
   compiled_step compiled;
   step_state state;
+  remat_decision retired; /* the decision a re-plan replaced (replan.h),
+                             kept so that the policy names that
+                             remat_tensor_plan_of gave stay valid */
 } graph_step;
 
 /* The run in progress: the scheduler's context for every task body. */

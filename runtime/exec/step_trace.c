@@ -371,3 +371,13 @@ void step_trace_free(step_trace *t) {
   free(t->events);
   memset(t, 0, sizeof *t);
 }
+
+void step_trace_move(step_trace *to, step_trace *from) {
+  step_trace_free(to);
+  memcpy(to->path, from->path, sizeof to->path);
+  to->steps_left = from->steps_left;
+  to->nsteps = from->nsteps;
+  to->file_bytes = from->file_bytes;
+  to->origin_ns = from->origin_ns;
+  step_trace_free(from);
+}

@@ -50,5 +50,9 @@ remat_status step_trace_end(const compiled_step *c, step_trace *t, char *err,
 /* After a run that failed: forgets its records. */
 void step_trace_cancel(step_trace *t);
 void step_trace_free(step_trace *t);
+/* Between runs, to the trace of a new step state (replan.h): the file
+ * and the steps still to trace move from `from` to `to` (zeroed, made
+ * for the new compiled step); `from` keeps nothing. */
+void step_trace_move(step_trace *to, step_trace *from);
 
 #endif
