@@ -235,9 +235,11 @@ int main(int argc, char **argv) {
                   lo + (hi - lo) * i / (o.budgets - 1));
     unsetenv("REMAT_BENCH_NO_REPLAN");
   }
-  for (int k = 0; k < warm + o.steps && rc == 0; k++) /* interleaved */
-    for (int i = 0; i < nruns && rc == 0; i++)
-      rc = run_step(&runs[i], k, warm);
+  /* interleaved rounds, every other one in reverse order, so that no run
+   * always follows the same one */
+  for (int k = 0; k < warm + o.steps && rc == 0; k++)
+    for (int j = 0; j < nruns && rc == 0; j++)
+      rc = run_step(&runs[k % 2 ? nruns - 1 - j : j], k, warm);
   int within = 1, slower = 0;
   double prev = 0;
   for (int i = 0; i < o.budgets && rc == 0; i++) {
