@@ -754,7 +754,11 @@ typedef struct remat_tensor_plan {
   remat_policy_source source;
 } remat_tensor_plan;
 
-/* The plan's decision for tensor t of a compiled graph. */
+/* The plan's decision for tensor t of a compiled graph. Under a memory
+ * budget a graph is planned again after its first three steps, with the
+ * kernel times they measured (docs/policies.md): from then on this is the
+ * new plan's decision. Like other calls on g, not while another thread is
+ * inside g (REMAT_ERR_STATE). */
 REMAT_API remat_status remat_tensor_plan_of(const remat_graph *g,
                                             const remat_tensor *t,
                                             remat_tensor_plan *out);

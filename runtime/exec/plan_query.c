@@ -32,6 +32,11 @@ remat_status remat_tensor_plan_of(const remat_graph *g, const remat_tensor *t,
     return remat__fail(REMAT_ERR_STATE,
                        "remat_tensor_plan_of: the graph is not compiled: "
                        "call remat_compile first");
+  /* one call at a time: a step's re-plan (replan.h) replaces the plan */
+  remat_graph *busy = (remat_graph *)g;
+  remat_status s = graph_enter(busy, "remat_tensor_plan_of");
+  if (s != REMAT_OK)
+    return s;
   const compiled_step *c = &g->step->compiled;
   int32_t r = c->decision.deciding_region[t->id];
   /* an activation that no node touches is a linear's output that a fused
@@ -43,5 +48,6 @@ remat_status remat_tensor_plan_of(const remat_graph *g, const remat_tensor *t,
   out->region = r;
   out->policy = r >= 0 ? c->decision.region_policy[r] : "";
   out->source = r >= 0 ? sources[c->decision.source[r]] : REMAT_POLICY_NONE;
+  graph_leave(busy);
   return REMAT_OK;
 }
