@@ -534,6 +534,13 @@ typedef enum remat_mem_category {
  * from REMAT_MEM_NUM_CATEGORIES on hold 0. */
 #define REMAT_MEM_CATEGORY_SLOTS 16
 
+/* Without a memory budget, a step's peak_bytes is at most its
+ * predicted_peak_bytes plus 1/REMAT_UNBUDGETED_SLACK of the predicted
+ * activation peak at every thread count: a node whose allocations would
+ * pass that waits until frees make room (memory admission, which a budget
+ * sets to the budget instead). */
+#define REMAT_UNBUDGETED_SLACK 16
+
 /* What a step did. The struct grows at its end only: set `size` to
  * sizeof(remat_step_stats) before the call (remat_step_stats st =
  * {.size = sizeof st}), and the library writes only the fields that lie

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
+#include "runtime/exec/step_state.h"
 #include "sched/sched_internal.h"
 
 /* The tutorial's budget model (docs/tutorial.md, step 3): 4 blocks, so
@@ -103,6 +104,48 @@ static void test_budget_holds_at_every_thread_count(void **state) {
     assert_true(none < all);
     for (int k = 1; k < 8; k += 2)
       hash = run_under(p, none + (all - none) * k / 8, hash);
+  }
+}
+
+/* Without a budget, the measured peak at every placement and policy is at
+ * most the predicted peak plus REMAT_UNBUDGETED_SLACK of the predicted
+ * activation peak (admission at that bound), with the gradients of 1
+ * thread. */
+static void test_unbudgeted_bound(void **state) {
+  (void)state;
+  static const char *const policies[] = {"nothing_saveable", "dots_saveable",
+                                         "everything_saveable"};
+  for (int k = 0; k < 3; k++) {
+    uint64_t hash = 0;
+    for (int i = 0; i < NPLACEMENTS; i++) {
+      const placement *p = &placements[i];
+      fixture f;
+      if (open_at(&f, p, policies[k], 0) != REMAT_OK)
+        fail_msg("%s: %s", policies[k], remat_last_error());
+      int64_t transient = f.g->step->compiled.predicted.transient_peak;
+      int64_t most = 0;
+      for (int s = 0; s < STEPS; s++) {
+        remat_step_stats st = {.size = sizeof st};
+        assert_int_equal(remat_step(f.g, &st), REMAT_OK);
+        int64_t over = st.peak_bytes - st.predicted_peak_bytes;
+        most = over > most ? over : most;
+        if (over > transient / REMAT_UNBUDGETED_SLACK)
+          fail_msg("%s, %d workers, step %d: measured peak %lld bytes, "
+                   "%lld over the predicted %lld, more than 1/%d of the "
+                   "predicted activation peak %lld",
+                   policies[k], p->threads, s, (long long)st.peak_bytes,
+                   (long long)over, (long long)st.predicted_peak_bytes,
+                   REMAT_UNBUDGETED_SLACK, (long long)transient);
+        uint64_t h = fixture_grad_hash(&f);
+        hash = hash == 0 ? h : hash;
+        assert_true(h == hash);
+      }
+      if (getenv("REMAT_TEST_VERBOSE"))
+        printf("%s, %d workers: most over the prediction %lld bytes (%.4f "
+               "of the activation peak)\n", policies[k], p->threads,
+               (long long)most, (double)most / (double)transient);
+      fixture_close(&f);
+    }
   }
 }
 
@@ -291,6 +334,7 @@ int main(void) {
       cmocka_unit_test(test_sched_admission),
       cmocka_unit_test(test_sched_admission_failure),
       cmocka_unit_test(test_budget_holds_at_every_thread_count),
+      cmocka_unit_test(test_unbudgeted_bound),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -403,12 +403,17 @@ static remat_status numeric_failure(const compiled_step *c,
  * admission, taskgraph.c): what the memory budget leaves beside what is
  * held before the run (parameters, gradients, optimizer state, scratch,
  * gradient sums), never below the predicted transient peak, which program
- * order needs and the budget's plan fits; 0 (no admission) without a
- * budget. So a run under a budget never holds more than it. */
+ * order needs and the budget's plan fits. So a run under a budget never
+ * holds more than it. Without a budget, the predicted transient peak and
+ * 1/REMAT_UNBUDGETED_SLACK of it (remat.h): a step never holds more than
+ * its prediction and that, and program order never waits. */
 static int64_t admit_bound(const compiled_step *c, const step_state *st) {
   int64_t budget = graph_memory_budget(c->g);
-  if (budget <= 0 || c->g->rt->no_admission)
+  if (c->g->rt->no_admission)
     return 0;
+  if (budget <= 0)
+    return c->predicted.transient_peak +
+           c->predicted.transient_peak / REMAT_UNBUDGETED_SLACK;
   int64_t held = atomic_load(&st->arena.total_current) -
                  atomic_load(&st->arena.transient_current);
   int64_t bound = budget - held;
