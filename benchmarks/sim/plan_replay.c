@@ -7,7 +7,13 @@
  * of the plan the planner makes scoring by replayed time, and of the plan
  * of least roofline recompute, each over everything_saveable's predicted
  * step; then, at 1 and 2 threads here, a budget's plan's predicted step
- * against the median of measured steps. Prints JSON lines. */
+ * against the median of measured steps. Prints JSON lines. With each
+ * simulated figure goes a lower bound of the same plan's replayed step:
+ * no task of the backward, recompute, checks or updates can start before
+ * the seed (each follows it in the DAG), so the step is at least the
+ * seed's start in the replay plus their work spread evenly over every
+ * worker. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +23,8 @@
 #include "runtime/compile/lifetimes.h"
 #include "runtime/compile/measure.h"
 #include "runtime/compile/predict.h"
+#include "runtime/compile/taskgraph.h"
+#include "sched/replay.h"
 #include "runtime/exec/step_state.h"
 
 typedef struct model {
@@ -102,10 +110,140 @@ static double predict(model *md, const bool *saved, int workers, int nodes) {
   return s;
 }
 
+/* A replay that records when each task starts (durations fixed). */
+typedef struct timed_runner {
+  const double *seconds;
+  double now, *ends, *started;
+  int nworkers;
+} timed_runner;
+
+static int timed_start(void *ctx, int32_t task, int worker, int node) {
+  (void)node;
+  timed_runner *f = ctx;
+  f->ends[worker] = f->now + f->seconds[task];
+  f->started[task] = f->now;
+  return 1;
+}
+
+static double timed_next_end(void *ctx, int *worker) {
+  const timed_runner *f = ctx;
+  double first = INFINITY;
+  for (int v = 0; v < f->nworkers; v++)
+    if (f->ends[v] < first) {
+      first = f->ends[v];
+      *worker = v;
+    }
+  return first;
+}
+
+static void timed_advance(void *ctx, double t) { ((timed_runner *)ctx)->now = t; }
+
+static void timed_end(void *ctx, int32_t task, int worker) {
+  (void)task;
+  ((timed_runner *)ctx)->ends[worker] = INFINITY;
+}
+
+static int no_body(void *run, void *arg, int worker) {
+  (void)run;
+  (void)arg;
+  (void)worker;
+  return 0;
+}
+
+/* What the replay of a decision spends after the seed. */
+typedef struct after_seed {
+  double makespan;  /* as predict_step_seconds */
+  double seed;      /* when the seed's start task starts */
+  double work;      /* seconds of every task of the seed and after */
+  double recompute; /* of them, recompute tasks */
+  double bound;     /* seed + work / workers */
+} after_seed;
+
+/* The replay of decision `saved` as predict_step_seconds makes it (the
+ * same placement, DAG and timing), with each task's start recorded.
+ * Returns 0 on failure. */
+static int replay_after_seed(model *md, const bool *saved, int workers,
+                             int nodes, after_seed *out) {
+  lower_request lr = {md->g, saved, md->m.loss->id, true, REMAT_OPT_ADAMW};
+  plan_lowering l;
+  numa_plan numa;
+  plan_tasks tasks;
+  memset(&numa, 0, sizeof numa);
+  memset(&tasks, 0, sizeof tasks);
+  int ok = 0, *worker_node = malloc((size_t)workers * sizeof(int));
+  int node_first[3];
+  for (int k = 0; k <= nodes; k++)
+    node_first[k] = k * workers / nodes;
+  for (int k = 0; k < nodes; k++)
+    for (int v = node_first[k]; v < node_first[k + 1]; v++)
+      worker_node[v] = k;
+  sched_placement place = {.nworkers = workers, .nnodes = nodes,
+                           .worker_node = worker_node,
+                           .node_first = node_first};
+  task_bodies bodies = {no_body, no_body, no_body, NULL, NULL};
+  if (lower_graph(&lr, &l) != REMAT_OK)
+    return 0;
+  taskgraph_request tr = {md->g, &l, &numa, 1, &bodies};
+  if (lifetimes_assign(&l) == REMAT_OK &&
+      numa_place(md->g, &l, &place, &numa) == REMAT_OK &&
+      taskgraph_build(&tr, &tasks) == REMAT_OK &&
+      taskgraph_finalize(&tasks) == REMAT_OK) {
+    int32_t n = sched_dag_num_tasks(tasks.dag);
+    double *seconds = calloc((size_t)n, sizeof *seconds);
+    double *started = calloc((size_t)n, sizeof *started);
+    double *ends = malloc((size_t)workers * sizeof *ends);
+    int8_t *kind = calloc((size_t)n, 1);
+    int32_t seed = -1;
+    for (int32_t i = 0; i < l.nknodes; i++) {
+      const plan_knode *kn = &l.knodes[i];
+      double tile = predict_tile_seconds(&l, kn, &md->rt->costs);
+      if (kn->kind == KNODE_SEED)
+        seed = tasks.start_task[i];
+      for (int64_t k = 1; k <= kn->tiles; k++) {
+        seconds[tasks.done_task[i] + k] = tile;
+        kind[tasks.done_task[i] + k] = (int8_t)kn->kind;
+      }
+    }
+    for (int v = 0; v < workers; v++)
+      ends[v] = INFINITY;
+    timed_runner f = {seconds, 0.0, ends, started, workers};
+    sched_replay_runner r = {&f, timed_start, timed_next_end, timed_advance,
+                             timed_end};
+    sched_replay_timing tm = {.overhead_s = PREDICT_TASK_OVERHEAD_S,
+                              .lock_s = PREDICT_LOCK_S,
+                              .lock_remote = 1.0,
+                              .wake_s = PREDICT_WAKE_S};
+    sched_replay_dag d;
+    sched_replay_owned owned;
+    if (seed >= 0 && sched_replay_dag_of(tasks.dag, &d, &owned)) {
+      ok = sched_replay(&d, workers, nodes, &tm, &r, &out->makespan);
+      sched_replay_owned_free(&owned);
+    }
+    out->seed = seed >= 0 ? started[seed] : 0;
+    out->work = out->recompute = 0;
+    for (int32_t t = 0; ok && t < n; t++)
+      if (kind[t] != KNODE_FORWARD && seconds[t] > 0) {
+        out->work += seconds[t];
+        if (kind[t] == KNODE_RECOMPUTE)
+          out->recompute += seconds[t];
+      }
+    out->bound = out->seed + out->work / workers;
+    free(seconds);
+    free(started);
+    free(ends);
+    free(kind);
+  }
+  plan_tasks_free(&tasks);
+  numa_plan_free(&numa);
+  lowering_free(&l);
+  free(worker_node);
+  return ok;
+}
+
 /* The planner's decision for md's graph on a machine of `workers`:
  * by replayed time (time) or by least roofline recompute. */
 static double plan_and_predict(model *md, int64_t budget, int workers,
-                               int nodes, bool time) {
+                               int nodes, bool time, after_seed *as) {
   plan_target t = {md->g, md->m.loss->id, true, REMAT_OPT_ADAMW,
                    "nothing_saveable", budget, workers, nodes,
                    time ? &md->rt->costs : NULL, 1, time, workers, nodes};
@@ -115,6 +253,8 @@ static double plan_and_predict(model *md, int64_t budget, int workers,
     return -1;
   }
   double s = predict(md, d.saved, workers, nodes);
+  if (!replay_after_seed(md, d.saved, workers, nodes, as))
+    s = -1;
   decision_free(&d);
   return s;
 }
@@ -147,13 +287,31 @@ int main(int argc, char **argv) {
       int64_t budget = half_budget(&all, cores[c], nodes[n]);
       double base = predict(&all, all.g->step->compiled.decision.saved,
                             cores[c], nodes[n]);
-      double timed = plan_and_predict(&all, budget, cores[c], nodes[n], 1);
-      double flops = plan_and_predict(&all, budget, cores[c], nodes[n], 0);
+      after_seed ae, at, af;
+      double timed =
+          plan_and_predict(&all, budget, cores[c], nodes[n], 1, &at);
+      double flops =
+          plan_and_predict(&all, budget, cores[c], nodes[n], 0, &af);
+      if (base < 0 || timed < 0 || flops < 0 ||
+          !replay_after_seed(&all, all.g->step->compiled.decision.saved,
+                             cores[c], nodes[n], &ae))
+        return 1;
+      /* busy: the share of the workers' time after the seed that
+         everything_saveable's replay fills; recompute at 1.05: the most
+         recompute work a plan can add for its bound to stay at 1.05x
+         everything_saveable's step */
       printf("{\"cores\": %d, \"nodes\": %d, \"budget\": %lld, "
-             "\"everything_s\": %.5f, \"time_aware\": %.4f, "
-             "\"flop_min\": %.4f}\n",
-             cores[c], nodes[n], (long long)budget, base, timed / base,
-             flops / base);
+             "\"everything_s\": %.5f, \"seed_s\": %.5f, "
+             "\"busy_after_seed\": %.3f, \"recompute_s_at_1.05\": %.4f, "
+             "\"time_aware\": %.4f, "
+             "\"time_aware_recompute_s\": %.4f, \"time_aware_bound\": "
+             "%.4f, \"flop_min\": %.4f, \"flop_min_recompute_s\": %.4f, "
+             "\"flop_min_bound\": %.4f}\n",
+             cores[c], nodes[n], (long long)budget, base, ae.seed,
+             ae.work / (cores[c] * (ae.makespan - ae.seed)),
+             cores[c] * (1.05 * base - ae.seed) - ae.work, timed / base,
+             at.recompute, at.bound / base, flops / base, af.recompute,
+             af.bound / base);
     }
   for (int threads = 1; threads <= 2; threads++) {
     model warm, md;
