@@ -15,8 +15,10 @@
  * --compare-per-region each budget also runs on a runtime created with
  * REMAT_BENCH_PER_REGION (the planner choosing among the four built-in
  * policies per region, no per-tensor save sets), interleaved, after the
- * same warm-up (both re-plan after their measured steps); each line then
- * gives both medians, their ratio, both plans and both peaks.
+ * same warm-up (both re-plan after their measured steps), a budget's two
+ * runs stepping one after the other (in turns first); each line then
+ * gives both runs' step times, medians and peaks, the ratio of the
+ * medians, the median of the rounds' ratios and both plans.
  * --lo-policy/--hi-policy set the policies whose peaks bound the budgets
  * (nothing_saveable and everything_saveable by default), --interior
  * leaves the two ends out (K budgets evenly inside the span). */
@@ -140,9 +142,25 @@ static bool same_plan(remat_graph *a, remat_graph *b) {
   return true;
 }
 
-static double median(run *r, int steps) {
-  qsort(r->times, (size_t)steps, sizeof *r->times, cmp_double);
-  return r->times[steps / 2];
+/* The median of n times (n > 0), left in their order; -1 if out of
+ * memory. */
+static double median(const double *times, int n) {
+  double *v = malloc((size_t)n * sizeof *v), m = -1;
+  if (v != NULL) {
+    memcpy(v, times, (size_t)n * sizeof *v);
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    m = v[n / 2];
+  }
+  free(v);
+  return m;
+}
+
+/* n times as a JSON array, in the order they were taken. */
+static void print_times(const double *times, int n) {
+  printf("[");
+  for (int k = 0; k < n; k++)
+    printf("%s%.4f", k ? "," : "", times[k]);
+  printf("]");
 }
 
 /* The plan as a JSON member named `key`: region by region, the policy it
@@ -286,14 +304,21 @@ int main(int argc, char **argv) {
     rc = run_open(&runs[opened], &o, "auto", budget_at(&o, lo, hi, i));
     unsetenv(second_env);
   }
-  for (int k = 0; k < warm + o.steps && rc == 0; k++) /* interleaved */
-    for (int i = 0; i < nruns && rc == 0; i++)
+  /* Interleaved rounds. Comparing per-region plans, a budget's two runs
+   * step one after the other, in turns first, so that both see the same
+   * load and each round gives a ratio. */
+  for (int k = 0; k < warm + o.steps && rc == 0; k++)
+    for (int j = 0; j < nruns && rc == 0; j++) {
+      int i = j;
+      if (o.compare_per_region)
+        i = j / 2 + ((j + k) % 2 ? o.budgets : 0);
       rc = run_step(&runs[i], k, warm);
+    }
   int within = 1, slower = 0, faster = 0, not_slower = 0;
   double prev = 0;
   for (int i = 0; i < o.budgets && rc == 0; i++) {
     run *r = &runs[i];
-    double med = median(r, o.steps);
+    double med = median(r->times, o.steps);
     within &= r->peak <= r->budget;
     slower += i > 0 && med > prev * (1.0 + o.noise);
     prev = med;
@@ -304,7 +329,7 @@ int main(int argc, char **argv) {
            (long long)r->peak, med, r->st.recompute_flops, o.threads);
     if (o.compare_replan) {
       run *k = &runs[o.budgets + i];
-      double kept = median(k, o.steps);
+      double kept = median(k->times, o.steps);
       within &= k->peak <= k->budget;
       printf("\"replanned\":%s,\"compiled_plan_step_s_median\":%.6f,"
              "\"step_ratio_to_compiled_plan\":%.4f,",
@@ -312,15 +337,30 @@ int main(int argc, char **argv) {
     }
     if (o.compare_per_region) {
       run *p = &runs[o.budgets + i];
-      double per = median(p, o.steps);
+      double *pair = malloc((size_t)o.steps * sizeof *pair);
+      if (pair == NULL) {
+        rc = 1;
+        break;
+      }
+      printf("\"step_s\":");
+      print_times(r->times, o.steps);
+      printf(",\"per_region_step_s\":");
+      print_times(p->times, o.steps);
+      for (int k = 0; k < o.steps; k++) /* the same round's two steps */
+        pair[k] = r->times[k] / p->times[k];
+      printf(",\"round_ratio_median\":%.4f,", median(pair, o.steps));
+      free(pair);
+      double per = median(p->times, o.steps);
       within &= p->peak <= p->budget;
       not_slower += med <= per;
       faster += med < per;
-      printf("\"per_region_predicted_peak_bytes\":%lld,"
+      printf("\"per_region_recompute_flops\":%.6g,"
+             "\"per_region_predicted_peak_bytes\":%lld,"
              "\"per_region_peak_bytes\":%lld,"
              "\"per_region_step_s_median\":%.6f,"
              "\"step_ratio_to_per_region\":%.4f,\"same_plan\":%s,",
-             (long long)p->st.predicted_peak_bytes, (long long)p->peak, per,
+             p->st.recompute_flops, (long long)p->st.predicted_peak_bytes,
+             (long long)p->peak, per,
              med / per, same_plan(r->g, p->g) ? "true" : "false");
     }
     print_plan("plan", r->g);
