@@ -216,8 +216,8 @@ static int parse(int argc, char **argv, options *o) {
               "the warm-up is the 3\nmeasured steps and one more\n"
               "--compare-per-region: each budget also on a runtime whose "
               "planner chooses\namong the four built-in policies per region "
-              "(REMAT_BENCH_PER_REGION),\ninterleaved, after the same "
-              "warm-up\n"
+              "(REMAT_BENCH_PER_REGION),\nthe two of a budget stepping in "
+              "turn, after the same warm-up\n"
               "--lo-policy, --hi-policy: the budgets span the peaks of these "
               "policies\n(default nothing_saveable, everything_saveable); "
               "--interior: K budgets\nevenly inside the span, its ends "
@@ -266,7 +266,8 @@ static int parse(int argc, char **argv, options *o) {
   return 0;
 }
 
-/* Budget i of k: from lo to hi, both included, or evenly inside. */
+/* Budget i of o->budgets: from lo to hi, both included, or (--interior)
+ * evenly inside. */
 static int64_t budget_at(const options *o, int64_t lo, int64_t hi, int i) {
   if (o->interior)
     return lo + (hi - lo) * (i + 1) / (o->budgets + 1);
