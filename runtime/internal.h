@@ -131,6 +131,10 @@ struct remat_runtime {
                          keeps the plan of its compile after its first
                          steps measured its kernels (replan.h; for
                          benchmarks that compare; not public) */
+  bool per_region;    /* REMAT_BENCH_PER_REGION was set at creation: under
+                         a budget the planner chooses per region among the
+                         four built-in policies only, no per-tensor save
+                         sets (for benchmarks that compare; not public) */
   bool split_update;  /* REMAT_BENCH_SPLIT_UPDATE was set at creation: the
                          update, the bf16 weight refresh and the node
                          copies as separate passes over each tile (the

@@ -587,6 +587,8 @@ static remat_status rank_tensors(planner *pl) {
   }
   pl->nsets = most - 1 < PLANNER_MAX_SETS ? (most > 1 ? most - 1 : 0)
                                           : PLANNER_MAX_SETS;
+  if (g->rt->per_region) /* REMAT_BENCH_PER_REGION: built-ins alone */
+    pl->nsets = 0;
   pl->ncand = PLANNER_POLICY_CHOICES + pl->nsets;
   measures_free(&m);
   s = REMAT_OK;

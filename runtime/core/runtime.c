@@ -211,6 +211,7 @@ remat_status remat_runtime_create(const remat_config *config,
   rt->split_update = getenv("REMAT_BENCH_SPLIT_UPDATE") != NULL;
   rt->roofline_costs = getenv("REMAT_BENCH_ROOFLINE_COSTS") != NULL;
   rt->no_replan = getenv("REMAT_BENCH_NO_REPLAN") != NULL;
+  rt->per_region = getenv("REMAT_BENCH_PER_REGION") != NULL;
   /* The environment first: a bad value fails before any thread starts. */
   remat_status s = remat__config_load(config, 0, &rt->config, &rt->strings);
   if (s == REMAT_OK)
