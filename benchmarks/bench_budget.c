@@ -1,16 +1,17 @@
 /* bench_budget: the memory budget's plan report. A GPT is compiled under
  * policy auto at budgets spread from the smallest feasible one (the peak of
  * saving nothing) to the peak of saving everything, each on its own
- * runtime; their steps run in interleaved rounds after a warm-up, and one
- * JSON line per budget reports the predicted and measured peaks, the
+ * runtime; their steps run in interleaved rounds after a warm-up (the 3
+ * steps that measure kernel times, after which the graph re-plans, and
+ * one more), and one JSON line per budget reports the predicted and measured peaks, the
  * median step time, the recompute FLOPs the plan scheduled and the plan
  * (what each region saves). A last line sums up: whether every measured
  * peak stayed within its budget, and how often a larger budget's step was
  * slower than the smaller one's by more than the noise allowance. With
  * --compare-replan each budget also runs on a runtime created with
- * REMAT_BENCH_NO_REPLAN (the plan of its compile kept), interleaved, after
- * a warm-up of the measured steps and one more, so that every timed step
- * of the main run is of the plan its first steps' times chose; each line
+ * REMAT_BENCH_NO_REPLAN (the plan of its compile kept), interleaved, so
+ * that every timed step of the main run is of the plan its first steps'
+ * times chose; each line
  * then says whether that plan differs and the ratio of the medians. With
  * --compare-per-region each budget also runs on a runtime created with
  * REMAT_BENCH_PER_REGION (the planner choosing among the four built-in
@@ -209,11 +210,11 @@ static int parse(int argc, char **argv, options *o) {
               "[--interior]\n"
               "defaults: L=4 D=256 H=4 T=128 B=4 V=256 N=2 K=20 S=3: K "
               "budgets from\nthe peak of nothing_saveable to that of "
-              "everything_saveable, S timed\nsteps each after a warm-up, in "
+              "everything_saveable, S timed\nsteps each after a warm-up of 4 (the 3 that measure "
+              "kernel times, then\none of the re-planned graph), in "
               "interleaved rounds\n"
               "--compare-replan: each budget also on a runtime that keeps "
-              "its compiled\nplan (REMAT_BENCH_NO_REPLAN), interleaved; "
-              "the warm-up is the 3\nmeasured steps and one more\n"
+              "its compiled\nplan (REMAT_BENCH_NO_REPLAN), interleaved\n"
               "--compare-per-region: each budget also on a runtime whose "
               "planner chooses\namong the four built-in policies per region "
               "(REMAT_BENCH_PER_REGION),\nthe two of a budget stepping in "
@@ -291,7 +292,9 @@ int main(int argc, char **argv) {
   }
   int compare = o.compare_replan || o.compare_per_region;
   int nruns = compare ? 2 * o.budgets : o.budgets;
-  int warm = compare ? 4 : 1; /* the measured steps, then one */
+  /* the steps that measure kernel times (after which a budget's graph
+   * re-plans), then one, so that every timed step runs the final plan */
+  int warm = 4;
   const char *second_env = o.compare_replan ? "REMAT_BENCH_NO_REPLAN"
                                             : "REMAT_BENCH_PER_REGION";
   run *runs = calloc((size_t)nruns, sizeof *runs);

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "gpt_fixture.h"
+#include "trace_read.h"
 #include "runtime/exec/step_costs.h"
 #include "runtime/exec/step_state.h"
 #include "runtime/exec/tasks.h"
@@ -86,15 +87,9 @@ static void plan_of(const remat_graph *g, char *out, size_t len) {
 
 /* The names of the steps in a trace file, "|"-joined. */
 static void trace_steps(const char *path, char *out, size_t len) {
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  static char text[1 << 22];
-  size_t n = fread(text, 1, sizeof text - 1, f);
-  fclose(f);
-  text[n] = '\0';
-  cJSON *doc = cJSON_Parse(text);
-  assert_non_null(doc);
-  const cJSON *e, *events = cJSON_GetObjectItemCaseSensitive(doc, "traceEvents");
+  cJSON *doc = read_trace(path);
+  const cJSON *e;
+  const cJSON *events = cJSON_GetObjectItemCaseSensitive(doc, "traceEvents");
   out[0] = '\0';
   cJSON_ArrayForEach(e, events) {
     const cJSON *cat = cJSON_GetObjectItemCaseSensitive(e, "cat");

@@ -24,22 +24,10 @@
 #include "fuse_env.h"
 #include "gpt_fixture.h"
 #include "tmpdir.h"
+#include "trace_read.h"
 
 static const remat_gpt_config tiny = {
     .layers = 2, .d_model = 16, .heads = 2, .seq = 5, .batch = 3, .vocab = 7};
-
-static cJSON *read_trace(const char *path) {
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  static char text[1 << 22];
-  size_t n = fread(text, 1, sizeof text - 1, f);
-  fclose(f);
-  assert_true(n > 0 && n < sizeof text - 1);
-  text[n] = '\0';
-  cJSON *doc = cJSON_Parse(text);
-  assert_non_null(doc);
-  return doc;
-}
 
 static const char *str(const cJSON *e, const char *key) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, key);

@@ -98,7 +98,8 @@ static void carry_state(step_state *from, step_state *to) {
 static bool due(const remat_graph *g) {
   const step_state *st = &g->step->state;
   return graph_memory_budget(g) > 0 &&
-         remat__fail_count() == g->enter_fails && !st->replanned && !g->rt->no_replan && !g->rt->roofline_costs &&
+         remat__fail_count() == g->enter_fails && !st->replanned &&
+         !g->rt->no_replan && !g->rt->roofline_costs &&
          st->cost_runs >= COST_STEPS &&
          st->dp == NULL && !g->step->compiled.forward_only;
 }
