@@ -9,10 +9,15 @@
  * time of each (the thread's CPU time, which other processes on a shared
  * machine do not inflate) printed as a JSON line with the ratios to the
  * first and how far the gradients differ (largest difference over the
- * largest magnitude).
+ * largest magnitude). With `cold`, every tile starts with its operands out
+ * of the caches (a 64 MiB buffer written before each tile, not timed): the
+ * kernel as it runs in a step, where a dw tile follows other tasks' work,
+ * against the warm figures of a plain run, where the same operands stay in
+ * the caches from one round to the next.
  *
- *   bench_dw [rounds]   (default 9; 1 thread) */
+ *   bench_dw [rounds] [cold]   (default 9, warm; 1 thread) */
 #include <math.h>
+#include <stdbool.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,12 +88,28 @@ static void release(variant *v) {
   op_instance_release(&v->inst);
 }
 
-/* Seconds for every tile of linear.dw, or -1 on a failure. */
+/* Written before each tile in the cold mode: larger than the last-level
+ * cache, so that the tile's operands come from memory. */
+#define FLUSH_BYTES ((size_t)64 << 20)
+static unsigned char *flush_buf; /* NULL: warm */
+
+static void flush_caches(void) {
+  static unsigned char pass;
+  pass++;
+  for (size_t i = 0; i < FLUSH_BYTES; i += 64) flush_buf[i] = pass;
+}
+
+/* Seconds for every tile of linear.dw (the tiles' time alone in the cold
+ * mode), or -1 on a failure. */
 static double run_dw(variant *v) {
-  double t0 = now();
-  for (int64_t t = 0; t < v->dw->tiles; t++)
+  double total = 0;
+  for (int64_t t = 0; t < v->dw->tiles; t++) {
+    if (flush_buf) flush_caches();
+    double t0 = now();
     if (v->dw->fn(&v->inst, &v->b, t, &v->worker) != REMAT_OK) return -1;
-  return now() - t0;
+    total += now() - t0;
+  }
+  return total;
 }
 
 /* What linear.dw wrote: the partials, or dw itself for one chunk. */
@@ -150,9 +171,11 @@ static int bench(dnnl_engine_t eng, dnnl_stream_t stream, const char *model,
     }
     int64_t n = v[0].inst.nws ? (int64_t)(v[0].inst.ws_bytes[0] / 4) : M * K;
     double flops = 2.0 * (double)rows * (double)K * (double)M;
-    printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"rows\": %lld, "
+    printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"caches\": \"%s\", "
+           "\"rows\": %lld, "
            "\"K\": %lld, \"M\": %lld, \"tiles\": [%lld, %lld, %lld]",
-           model, dt == OP_BF16 ? "bf16" : "f32", (long long)rows,
+           model, dt == OP_BF16 ? "bf16" : "f32",
+           flush_buf ? "cold" : "warm", (long long)rows,
            (long long)K, (long long)M, (long long)v[0].dw->tiles,
            (long long)v[1].dw->tiles, (long long)v[2].dw->tiles);
     for (int k = 0; k < NV; k++)
@@ -174,9 +197,14 @@ static int bench(dnnl_engine_t eng, dnnl_stream_t stream, const char *model,
 
 int main(int argc, char **argv) {
   int rounds = argc > 1 ? atoi(argv[1]) : 9;
-  if (rounds < 1) {
-    fprintf(stderr, "usage: bench_dw [rounds]\n");
+  bool cold = argc > 2 && strcmp(argv[2], "cold") == 0;
+  if (rounds < 1 || argc > 3 || (argc > 2 && !cold)) {
+    fprintf(stderr, "usage: bench_dw [rounds] [cold]\n");
     return 2;
+  }
+  if (cold && (flush_buf = calloc(FLUSH_BYTES, 1)) == NULL) {
+    fprintf(stderr, "bench_dw: out of memory\n");
+    return 1;
   }
   omp_set_num_threads(1); /* one worker, as the runtime runs a tile */
   dnnl_engine_t eng;
@@ -203,5 +231,6 @@ int main(int argc, char **argv) {
                  shapes[i].M, p ? OP_BF16 : OP_F32, rounds);
   dnnl_stream_destroy(stream);
   dnnl_engine_destroy(eng);
+  free(flush_buf);
   return rc;
 }

@@ -192,4 +192,10 @@ if len(sys.argv) > 2:
         assert r["transposed_max_rel_diff"] < 1e-5, r
         # the rule's blocks span all of K up to 2048
         assert (r["tiles"][1] < r["tiles"][0]) == (512 < r["K"] <= 2048), r
+        assert r["caches"] == "warm", r
+    # the cold mode is the second argument, and nothing else is
+    bad = subprocess.run([sys.argv[2], "1", "hot"], capture_output=True,
+                         text=True, timeout=100)
+    assert bad.returncode == 2 and bad.stdout == "", bad
+    assert bad.stderr == "usage: bench_dw [rounds] [cold]\n", bad.stderr
 print("check_bench: ok")
