@@ -3,16 +3,17 @@
  * saving nothing) to the peak of saving everything, each on its own
  * runtime; their steps run in interleaved rounds after a warm-up (the 3
  * steps that measure kernel times, after which the graph re-plans, and
- * one more), and one JSON line per budget reports the predicted and measured peaks, the
- * median step time, the recompute FLOPs the plan scheduled and the plan
- * (what each region saves). A last line sums up: whether every measured
- * peak stayed within its budget, and how often a larger budget's step was
- * slower than the smaller one's by more than the noise allowance. With
+ * one more), and one JSON line per budget reports the predicted and
+ * measured peaks, the median step time, the recompute FLOPs the plan
+ * scheduled and the plan (what each region saves). A last line sums up:
+ * whether every measured peak stayed within its budget, and how often a
+ * larger budget's step was slower than the smaller one's by more than the
+ * noise allowance. With
  * --compare-replan each budget also runs on a runtime created with
  * REMAT_BENCH_NO_REPLAN (the plan of its compile kept), interleaved, so
  * that every timed step of the main run is of the plan its first steps'
- * times chose; each line
- * then says whether that plan differs and the ratio of the medians. With
+ * times chose; each line then says whether that plan differs and the
+ * ratio of the medians. With
  * --compare-per-region each budget also runs on a runtime created with
  * REMAT_BENCH_PER_REGION (the planner choosing among the four built-in
  * policies per region, no per-tensor save sets), interleaved, after the
@@ -210,9 +211,9 @@ static int parse(int argc, char **argv, options *o) {
               "[--interior]\n"
               "defaults: L=4 D=256 H=4 T=128 B=4 V=256 N=2 K=20 S=3: K "
               "budgets from\nthe peak of nothing_saveable to that of "
-              "everything_saveable, S timed\nsteps each after a warm-up of 4 (the 3 that measure "
-              "kernel times, then\none of the re-planned graph), in "
-              "interleaved rounds\n"
+              "everything_saveable, S timed\nsteps each after a warm-up "
+              "of 4 (the 3 that measure kernel times, then\none of the "
+              "re-planned graph), in interleaved rounds\n"
               "--compare-replan: each budget also on a runtime that keeps "
               "its compiled\nplan (REMAT_BENCH_NO_REPLAN), interleaved\n"
               "--compare-per-region: each budget also on a runtime whose "
