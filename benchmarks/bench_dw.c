@@ -15,7 +15,14 @@
  * against the warm figures of a plain run, where the same operands stay in
  * the caches from one round to the next.
  *
- *   bench_dw [rounds] [cold]   (default 9, warm; 1 thread) */
+ * With `order`, the input-gradient kernel (linear.dx) runs beside the
+ * weight gradient's, both in the rule's form, in two orders after the
+ * caches are emptied once: every dx tile and then every dw tile (program
+ * order, as one worker runs them in a step), and chunk by chunk, each dw
+ * chunk right after the dx tiles that read the same rows of dy. Each
+ * line gives both kernels' times in both orders.
+ *
+ *   bench_dw [rounds] [cold | order]   (default 9, warm; 1 thread) */
 #include <math.h>
 #include <stdbool.h>
 #include <omp.h>
@@ -45,7 +52,7 @@ typedef struct variant {
   op_instance inst;
   op_worker worker;
   op_bufs b;
-  const op_kernel *dw;
+  const op_kernel *dw, *dx;
   int64_t ndw;
 } variant;
 
@@ -68,8 +75,10 @@ static int plan(variant *v, dnnl_engine_t eng, dnnl_stream_t stream,
     fprintf(stderr, "bench_dw: %s\n", err);
     return 1;
   }
-  for (int i = 0; i < v->inst.nbwd; i++)
+  for (int i = 0; i < v->inst.nbwd; i++) {
     if (strcmp(v->inst.bwd[i].name, "linear.dw") == 0) v->dw = &v->inst.bwd[i];
+    if (strcmp(v->inst.bwd[i].name, "linear.dx") == 0) v->dx = &v->inst.bwd[i];
+  }
   v->b.in[0] = x;
   v->b.dout = dy;
   v->b.din[1] = calloc((size_t)(M * K), sizeof(float));
@@ -126,6 +135,102 @@ static double rel_diff(const variant *a, const variant *b, int64_t n) {
     diff = fmax(diff, fabs((double)p[i] - q[i]));
   }
   return big > 0 ? diff / big : diff;
+}
+
+/* Runs tiles [from, to) of kernel k, adding their time to *sec. */
+static int run_tiles(variant *v, const op_kernel *k, int64_t from, int64_t to,
+                     double *sec) {
+  double t0 = now();
+  for (int64_t t = from; t < to; t++)
+    if (k->fn(&v->inst, &v->b, t, &v->worker) != REMAT_OK) return 1;
+  *sec += now() - t0;
+  return 0;
+}
+
+/* One round of the order mode: the dx and dw kernels' seconds (sec[0],
+ * sec[1]) with the caches emptied first, in program order (chunked ==
+ * false) or each dw chunk after the dx tiles of its rows. */
+static int run_order(variant *v, bool chunked, double sec[2]) {
+  const op_kernel *dx = v->dx, *dw = v->dw;
+  int64_t dx_rows = dx->span.row_block, chunk = dw->span.row_block;
+  int64_t per = dw->span.row_tiles > 0 ? dw->span.row_tiles : 1;
+  sec[0] = sec[1] = 0;
+  flush_caches();
+  if (!chunked)
+    return run_tiles(v, dx, 0, dx->tiles, &sec[0]) ||
+           run_tiles(v, dw, 0, dw->tiles, &sec[1]);
+  int64_t done = 0; /* dx tiles run so far */
+  for (int64_t c = 0; c * per < dw->tiles; c++) {
+    int64_t end = (c + 1) * chunk; /* the chunk's rows end here */
+    int64_t upto = (end + dx_rows - 1) / dx_rows;
+    if (upto > dx->tiles) upto = dx->tiles;
+    if (upto > done && run_tiles(v, dx, done, upto, &sec[0])) return 1;
+    if (upto > done) done = upto;
+    if (run_tiles(v, dw, c * per, (c + 1) * per, &sec[1])) return 1;
+  }
+  return run_tiles(v, dx, done, dx->tiles, &sec[0]);
+}
+
+/* The order mode for one shape: both orders in turns, medians. */
+static int bench_order(dnnl_engine_t eng, dnnl_stream_t stream,
+                       const char *model, int64_t rows, int64_t K, int64_t M,
+                       op_dtype dt, int rounds) {
+  size_t es = (size_t)op_dtype_size(dt);
+  void *x = calloc((size_t)(rows * K), es);
+  void *dy = calloc((size_t)(rows * M), es);
+  void *w = calloc((size_t)(M * K), es), *dxb = calloc((size_t)(rows * K), es);
+  double *sec = calloc(4 * (size_t)rounds, sizeof *sec);
+  variant v;
+  memset(&v, 0, sizeof v);
+  int rc = !x || !dy || !w || !dxb || !sec;
+  bool planned = false;
+  if (rc == 0) {
+    rc = plan(&v, eng, stream, rows, K, M, dt, x, dy, NULL);
+    planned = true;
+  }
+  if (rc == 0 && (v.dx == NULL || v.dx->span.row_block <= 0 ||
+                  v.dx->tiles != (rows + v.dx->span.row_block - 1) /
+                                     v.dx->span.row_block ||
+                  v.dw->span.row_block <= 0)) {
+    fprintf(stderr, "bench_dw: linear.dx or linear.dw is not in row "
+                    "blocks for %lldx%lldx%lld\n",
+            (long long)rows, (long long)K, (long long)M);
+    rc = 1;
+  }
+  if (rc == 0) {
+    v.b.in[1] = w;
+    v.b.din[0] = dxb;
+  }
+  for (int r = -1; rc == 0 && r < rounds; r++) /* -1: warm-up */
+    for (int k = 0; k < 2 && rc == 0; k++) {
+      bool chunked = (k + (r < 0 ? 0 : r)) % 2 == 1;
+      double t[2];
+      rc = run_order(&v, chunked, t);
+      if (r >= 0)
+        for (int j = 0; j < 2; j++) sec[(2 * chunked + j) * rounds + r] = t[j];
+    }
+  if (rc == 0) {
+    double med[4];
+    for (int j = 0; j < 4; j++) {
+      qsort(sec + j * rounds, (size_t)rounds, sizeof *sec, cmp_double);
+      med[j] = sec[j * rounds + rounds / 2];
+    }
+    printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"rows\": %lld, "
+           "\"K\": %lld, \"M\": %lld, \"dx_tiles\": %lld, "
+           "\"dw_tiles\": %lld, \"dw_chunk_rows\": %lld, "
+           "\"program_dx_ms\": %.3f, \"program_dw_ms\": %.3f, "
+           "\"chunked_dx_ms\": %.3f, \"chunked_dw_ms\": %.3f, "
+           "\"chunked_over_program\": %.4f, "
+           "\"chunked_over_program_dw\": %.4f}\n",
+           model, dt == OP_BF16 ? "bf16" : "f32", (long long)rows,
+           (long long)K, (long long)M, (long long)v.dx->tiles,
+           (long long)v.dw->tiles, (long long)v.dw->span.row_block,
+           med[0] * 1e3, med[1] * 1e3, med[2] * 1e3, med[3] * 1e3,
+           (med[2] + med[3]) / (med[0] + med[1]), med[3] / med[1]);
+  }
+  if (planned) release(&v);
+  free(x), free(dy), free(w), free(dxb), free(sec);
+  return rc;
 }
 
 static int bench(dnnl_engine_t eng, dnnl_stream_t stream, const char *model,
@@ -198,11 +303,12 @@ static int bench(dnnl_engine_t eng, dnnl_stream_t stream, const char *model,
 int main(int argc, char **argv) {
   int rounds = argc > 1 ? atoi(argv[1]) : 9;
   bool cold = argc > 2 && strcmp(argv[2], "cold") == 0;
-  if (rounds < 1 || argc > 3 || (argc > 2 && !cold)) {
-    fprintf(stderr, "usage: bench_dw [rounds] [cold]\n");
+  bool order = argc > 2 && strcmp(argv[2], "order") == 0;
+  if (rounds < 1 || argc > 3 || (argc > 2 && !cold && !order)) {
+    fprintf(stderr, "usage: bench_dw [rounds] [cold | order]\n");
     return 2;
   }
-  if (cold && (flush_buf = calloc(FLUSH_BYTES, 1)) == NULL) {
+  if ((cold || order) && (flush_buf = calloc(FLUSH_BYTES, 1)) == NULL) {
     fprintf(stderr, "bench_dw: out of memory\n");
     return 1;
   }
@@ -227,8 +333,10 @@ int main(int argc, char **argv) {
   int rc = 0;
   for (int p = 0; p < 2 && rc == 0; p++)
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes && rc == 0; i++)
-      rc = bench(eng, stream, shapes[i].model, shapes[i].rows, shapes[i].K,
-                 shapes[i].M, p ? OP_BF16 : OP_F32, rounds);
+      rc = (order ? bench_order : bench)(eng, stream, shapes[i].model,
+                                         shapes[i].rows, shapes[i].K,
+                                         shapes[i].M, p ? OP_BF16 : OP_F32,
+                                         rounds);
   dnnl_stream_destroy(stream);
   dnnl_engine_destroy(eng);
   free(flush_buf);

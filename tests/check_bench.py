@@ -197,5 +197,16 @@ if len(sys.argv) > 2:
     bad = subprocess.run([sys.argv[2], "1", "hot"], capture_output=True,
                          text=True, timeout=100)
     assert bad.returncode == 2 and bad.stdout == "", bad
-    assert bad.stderr == "usage: bench_dw [rounds] [cold]\n", bad.stderr
+    assert bad.stderr == "usage: bench_dw [rounds] [cold | order]\n", bad.stderr
+    # the order mode: dx and dw in program order and chunk by chunk
+    out = subprocess.run([sys.argv[2], "1", "order"], check=True,
+                         capture_output=True, text=True, timeout=100).stdout
+    rows = [json.loads(line) for line in out.strip().splitlines()]
+    assert len(rows) == 18, out
+    for r in rows:
+        for k in ("program_dx_ms", "program_dw_ms", "chunked_dx_ms",
+                  "chunked_dw_ms"):
+            assert r[k] > 0, r
+        chunks = -(-r["rows"] // r["dw_chunk_rows"])
+        assert r["dw_tiles"] % chunks == 0 and r["dx_tiles"] > 0, r
 print("check_bench: ok")
