@@ -137,6 +137,15 @@ static double rel_diff(const variant *a, const variant *b, int64_t n) {
   return big > 0 ? diff / big : diff;
 }
 
+/* med[k] = the median of sec[k * rounds .. (k + 1) * rounds), for k < n
+ * (each row sorted in place). */
+static void medians(double *sec, int n, int rounds, double *med) {
+  for (int k = 0; k < n; k++) {
+    qsort(sec + k * rounds, (size_t)rounds, sizeof *sec, cmp_double);
+    med[k] = sec[k * rounds + rounds / 2];
+  }
+}
+
 /* Runs tiles [from, to) of kernel k, adding their time to *sec. */
 static int run_tiles(variant *v, const op_kernel *k, int64_t from, int64_t to,
                      double *sec) {
@@ -211,10 +220,7 @@ static int bench_order(dnnl_engine_t eng, dnnl_stream_t stream,
     }
   if (rc == 0) {
     double med[4];
-    for (int j = 0; j < 4; j++) {
-      qsort(sec + j * rounds, (size_t)rounds, sizeof *sec, cmp_double);
-      med[j] = sec[j * rounds + rounds / 2];
-    }
+    medians(sec, 4, rounds, med);
     printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"rows\": %lld, "
            "\"K\": %lld, \"M\": %lld, \"dx_tiles\": %lld, "
            "\"dw_tiles\": %lld, \"dw_chunk_rows\": %lld, "
@@ -270,10 +276,7 @@ static int bench(dnnl_engine_t eng, dnnl_stream_t stream, const char *model,
     }
   if (rc == 0 && sec) {
     double med[NV];
-    for (int k = 0; k < NV; k++) {
-      qsort(sec + k * rounds, (size_t)rounds, sizeof *sec, cmp_double);
-      med[k] = sec[k * rounds + rounds / 2];
-    }
+    medians(sec, NV, rounds, med);
     int64_t n = v[0].inst.nws ? (int64_t)(v[0].inst.ws_bytes[0] / 4) : M * K;
     double flops = 2.0 * (double)rows * (double)K * (double)M;
     printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"caches\": \"%s\", "
