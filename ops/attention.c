@@ -7,7 +7,16 @@
  * in order, so no two tiles write the same rows. Every buffer is read and
  * written in its desc dtype (bf16 operands accumulate in f32 inside
  * oneDNN); the mask and the masked copy of the score gradient are written
- * in the scores' dtype. */
+ * in the scores' dtype.
+ *
+ * Causal self-attention (T == S, T >= 2 ATTN_BLOCK_MIN) runs each product
+ * of a tile in blocks of rows, each against only the part of the other
+ * operand its rows can see: query block i (rows r0..r1) against keys
+ * 0..r1, key block j (keys c0..c1) against queries c0..T. What is skipped
+ * is masked: scores there are -inf, probabilities and score gradients 0,
+ * so every value is the same sum less terms that are exactly zero. The
+ * blocks are a function of T only, so results stay the same at every
+ * thread count. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,10 +24,23 @@
 #include "base/bf16.h"
 #include "ops/attn_geom.h"
 
+/* Rows of a block are at least this many; at most ATTN_MAX_BLOCKS blocks. */
+#define ATTN_BLOCK_MIN 64
+#define ATTN_MAX_BLOCKS 8
+
+/* One product of a tile in blocks: g[i] is block i's gemm (one tile of its
+ * block's shape); blk rows per block, n blocks (1: the whole product). */
+typedef struct attn_blocks {
+  op_gemm g[ATTN_MAX_BLOCKS];
+  int64_t blk;
+  int n;
+} attn_blocks;
+
 typedef struct attn_state {
   op_base base;
   attn_geom a;
-  op_gemm fwd, dx, dy; /* scores: fwd, dq, dk; values: fwd, dp, dv */
+  /* scores: fwd, dq, dk; values: fwd, dp, dv */
+  attn_blocks fwd, dx, dy;
 } attn_state;
 
 static attn_state *attn_state_new(op_instance *inst, dnnl_engine_t engine,
@@ -28,6 +50,58 @@ static attn_state *attn_state_new(op_instance *inst, dnnl_engine_t engine,
   inst->state = s;
   s->a = *a;
   return s;
+}
+
+/* Rows per block of a geometry (T: one block, nothing skipped). */
+static int64_t attn_block_rows(const attn_geom *a) {
+  if (!a->causal || a->T != a->S || a->T < 2 * ATTN_BLOCK_MIN) return a->T;
+  int64_t n = op_min64(ATTN_MAX_BLOCKS, a->T / ATTN_BLOCK_MIN);
+  return op_div_up(op_div_up(a->T, n), 16) * 16;
+}
+
+/* Block i of a product: rows r0..r1 of its output, queries for a query
+ * block (scores, dq, values, dp), keys for a key block (dk, dv), and what
+ * those rows reach: keys 0..kend of a query block, queries q0..T of a key
+ * block. One block (blk >= T) is the whole product. */
+typedef struct attn_block {
+  int64_t r0, r1, kend, q0;
+} attn_block;
+
+static attn_block attn_block_at(const attn_geom *a, int64_t blk, int i,
+                                bool keys) {
+  if (blk >= a->T)
+    return (attn_block){0, keys ? a->S : a->T, a->S, 0};
+  /* blocked: causal with T == S, so query r sees keys 0..r */
+  attn_block b = {.r0 = i * blk, .r1 = op_min64(a->T, (i + 1) * blk)};
+  b.kend = b.r1;
+  b.q0 = b.r0;
+  return b;
+}
+
+/* Sets up the blocks of a product: init(g, block) sizes, lays out and
+ * types gemm g for block b; then plans each. */
+typedef void (*attn_block_init)(op_gemm *g, const attn_geom *a,
+                                const op_desc *d, attn_block b);
+
+static remat_status attn_blocks_plan(attn_blocks *p, attn_state *s,
+                                     const op_desc *d, attn_block_init init,
+                                     bool keys, char err[OP_ERRMSG_MAX]) {
+  p->blk = attn_block_rows(&s->a);
+  p->n = (int)op_div_up(s->a.T, p->blk);
+  for (int i = 0; i < p->n; i++) {
+    init(&p->g[i], &s->a, d, attn_block_at(&s->a, p->blk, i, keys));
+    remat_status rs = op_gemm_plan(&p->g[i], &s->base, err);
+    if (rs != REMAT_OK) return rs;
+  }
+  return REMAT_OK;
+}
+
+/* The FLOPs of a product's blocks over `heads` (batch, query head) pairs. */
+static double attn_blocks_flops(const attn_blocks *p, int64_t heads) {
+  double f = 0;
+  for (int i = 0; i < p->n; i++)
+    f += 2.0 * (double)p->g[i].m * (double)p->g[i].n * (double)p->g[i].k;
+  return f * (double)heads;
 }
 
 /* Tiles of `tiles` (batch, head) pairs each work on rows (b, h, 0..rows)
@@ -82,19 +156,26 @@ static void mask_scores(const attn_geom *a, void *sc, op_dtype st,
 
 // q is (B,T,H,hd), k is (B,S,KVH,hd), s is (B,H,T,S):
 // s[b,h,i,j] = scale q[b,i,h] . k[b,j,h/group] where query i sees key j,
-// -inf elsewhere
+// -inf elsewhere; query block i of rows r0..r1 against keys 0..kend
 static int scores_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
                       op_worker *w) {
   const attn_state *s = op->state;
   const attn_geom *a = &s->a;
-  const op_gemm *g = &s->fwd;
   int64_t bi = tile / a->H, h = tile % a->H;
   const float *kin = op->desc.attrs.attn_separate ? b->in[1] : b->in[0];
-  void *sc = op_at(b->out, tile * a->T * a->S, g->c_dt);
-  int rs = op_gemm_run(g, 0, op_at(b->in[0], attn_q_at(a, bi, h, 0), g->a_dt),
-                       op_at(kin, attn_k_at(a, bi, h / a->group, 0), g->b_dt),
-                       NULL, sc, false, w);
-  mask_scores(a, sc, g->c_dt, attn_len(a, key_lens(op, b), bi));
+  op_dtype st = s->fwd.g[0].c_dt;
+  void *sc = op_at(b->out, tile * a->T * a->S, st);
+  const void *kh =
+      op_at(kin, attn_k_at(a, bi, h / a->group, 0), s->fwd.g[0].b_dt);
+  int rs = REMAT_OK;
+  for (int i = 0; i < s->fwd.n && rs == REMAT_OK; i++) {
+    const op_gemm *g = &s->fwd.g[i];
+    attn_block k = attn_block_at(a, s->fwd.blk, i, false);
+    rs = op_gemm_run(g, 0, op_at(b->in[0], attn_q_at(a, bi, h, k.r0), g->a_dt),
+                     kh, NULL, op_at(sc, k.r0 * a->S, st), false, w);
+  }
+  /* -inf over every key a row may not see, computed or not */
+  mask_scores(a, sc, st, attn_len(a, key_lens(op, b), bi));
   return rs;
 }
 
@@ -105,7 +186,7 @@ static const void *masked_dscores(const op_instance *op, const op_bufs *b,
   const attn_state *s = op->state;
   const attn_geom *a = &s->a;
   int64_t T = a->T, S = a->S, len = attn_len(a, key_lens(op, b), bi);
-  op_dtype dt = s->dx.a_dt;
+  op_dtype dt = s->dx.g[0].a_dt;
   size_t es = (size_t)op_dtype_size(dt);
   const char *dout = op_at(b->dout, (bi * a->H + h) * T * S, dt);
   char *ds = (char *)op_temp(&s->base, w);
@@ -118,7 +199,7 @@ static const void *masked_dscores(const op_instance *op, const op_bufs *b,
 }
 
 // in the forward pass s = scale q . k^T (masked), so with ds the masked
-// dout: dq = scale ds . k
+// dout: dq = scale ds . k; query block r0..r1 against keys 0..kend
 static int scores_dq(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const attn_state *s = op->state;
@@ -127,31 +208,75 @@ static int scores_dq(const op_instance *op, const op_bufs *b, int64_t tile,
   int64_t bi = tile / a->H, h = tile % a->H;
   const float *kin = op->desc.attrs.attn_separate ? b->in[1] : b->in[0];
   const void *ds = masked_dscores(op, b, bi, h, w);
-  return op_gemm_run(&s->dx, 0, ds,
-                     op_at(kin, attn_k_at(a, bi, h / a->group, 0), s->dx.b_dt),
-                     NULL, op_at(b->din[0], attn_q_at(a, bi, h, 0), s->dx.c_dt),
+  int rs = REMAT_OK;
+  for (int i = 0; i < s->dx.n && rs == REMAT_OK; i++) {
+    const op_gemm *g = &s->dx.g[i];
+    attn_block k = attn_block_at(a, s->dx.blk, i, false);
+    rs = op_gemm_run(g, 0, op_at(ds, k.r0 * a->S, g->a_dt),
+                     op_at(kin, attn_k_at(a, bi, h / a->group, 0), g->b_dt),
+                     NULL, op_at(b->din[0], attn_q_at(a, bi, h, k.r0), g->c_dt),
                      b->din_accumulate[0], w);
+  }
+  return rs;
 }
 
 // and dk of kv head g = scale sum over its group's query heads h, in
-// order, of ds_h^T . q_h
+// order, of ds_h^T . q_h; key block r0..r1 against queries q0..T
 static int scores_dk(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const attn_state *s = op->state;
   const attn_geom *a = &s->a;
   int ki = op->desc.attrs.attn_separate ? 1 : 0;
   if (!b->din[ki]) return REMAT_OK;
-  int64_t bi = tile / a->KVH, g = tile % a->KVH;
-  void *dk = op_at(b->din[ki], attn_k_at(a, bi, g, 0), s->dy.c_dt);
+  int64_t bi = tile / a->KVH, kvh = tile % a->KVH;
   int rs = REMAT_OK;
   for (int64_t r = 0; r < a->group && rs == REMAT_OK; r++) {
-    int64_t h = g * a->group + r;
+    int64_t h = kvh * a->group + r;
     const void *ds = masked_dscores(op, b, bi, h, w);
-    rs = op_gemm_run(&s->dy, 0, ds,
-                     op_at(b->in[0], attn_q_at(a, bi, h, 0), s->dy.b_dt),
-                     NULL, dk, r > 0 || b->din_accumulate[ki], w);
+    for (int i = 0; i < s->dy.n && rs == REMAT_OK; i++) {
+      const op_gemm *g = &s->dy.g[i];
+      attn_block k = attn_block_at(a, s->dy.blk, i, true);
+      rs = op_gemm_run(
+          g, 0, op_at(ds, k.q0 * a->S + k.r0, g->a_dt),
+          op_at(b->in[0], attn_q_at(a, bi, h, k.q0), g->b_dt), NULL,
+          op_at(b->din[ki], attn_k_at(a, bi, kvh, k.r0), g->c_dt),
+          r > 0 || b->din_accumulate[ki], w);
+    }
   }
   return rs;
+}
+
+/* Block gemms of the scores: S = scale Q K^T, dQ = scale dS K,
+ * dK = scale dS^T Q. */
+static void scores_fwd_init(op_gemm *g, const attn_geom *a, const op_desc *d,
+                            attn_block k) {
+  int64_t m = k.r1 - k.r0;
+  op_gemm_init(g, m, k.kend, a->hd, m, k.kend);
+  op_gemm_layout(g, op_plain(a->q_ld), op_transposed(a->k_ld), a->S);
+  op_gemm_dtypes(g, d->in_dtype[0], d->in_dtype[d->attrs.attn_separate],
+                 d->out_dtype);
+  g->alpha = a->scale;
+  g->accumulate_too = false;
+}
+
+static void scores_dq_init(op_gemm *g, const attn_geom *a, const op_desc *d,
+                           attn_block k) {
+  int64_t m = k.r1 - k.r0;
+  op_gemm_init(g, m, a->hd, k.kend, m, a->hd);
+  op_gemm_layout(g, op_plain(a->S), op_plain(a->k_ld), a->q_ld);
+  op_gemm_dtypes(g, d->out_dtype, d->in_dtype[d->attrs.attn_separate],
+                 d->din_dtype[0]);
+  g->alpha = a->scale;
+}
+
+static void scores_dk_init(op_gemm *g, const attn_geom *a, const op_desc *d,
+                           attn_block k) {
+  int64_t m = k.r1 - k.r0;
+  int ki = d->attrs.attn_separate;
+  op_gemm_init(g, m, a->hd, a->T - k.q0, m, a->hd);
+  op_gemm_layout(g, op_transposed(a->S), op_plain(a->q_ld), a->k_ld);
+  op_gemm_dtypes(g, d->out_dtype, d->in_dtype[0], d->din_dtype[ki]);
+  g->alpha = a->scale; /* dK = scale dS^T Q */
 }
 
 remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
@@ -164,38 +289,29 @@ remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
   if (rs != REMAT_OK) return rs;
   attn_state *s = attn_state_new(inst, engine, &a);
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
-  int64_t T = a.T, S = a.S, hd = a.hd;
-  int ki = sep ? 1 : 0;
-  op_dtype qt = d->in_dtype[0], kt = d->in_dtype[ki], st = d->out_dtype;
-  op_gemm_init(&s->fwd, T, S, hd, T, S);
-  op_gemm_layout(&s->fwd, op_plain(a.q_ld), op_transposed(a.k_ld), S);
-  op_gemm_dtypes(&s->fwd, qt, kt, st); /* S = scale Q K^T */
-  s->fwd.alpha = a.scale;
-  s->fwd.accumulate_too = false;
-  op_gemm_init(&s->dx, T, hd, S, T, hd);
-  op_gemm_layout(&s->dx, op_plain(S), op_plain(a.k_ld), a.q_ld);
-  op_gemm_dtypes(&s->dx, st, kt, d->din_dtype[0]); /* dQ = scale dS K */
-  s->dx.alpha = a.scale;
-  op_gemm_init(&s->dy, S, hd, T, S, hd);
-  op_gemm_layout(&s->dy, op_transposed(S), op_plain(a.q_ld), a.k_ld);
-  op_gemm_dtypes(&s->dy, st, qt, d->din_dtype[ki]); /* dK = scale dS^T Q */
-  s->dy.alpha = a.scale;
-  rs = op_gemm_plan(&s->fwd, &s->base, err);
-  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dx, &s->base, err);
-  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dy, &s->base, err);
+  int64_t T = a.T, S = a.S;
+  rs = attn_blocks_plan(&s->fwd, s, d, scores_fwd_init, false,
+                          err);
+  if (rs == REMAT_OK) rs = attn_blocks_plan(&s->dx, s, d, scores_dq_init, false,
+                          err);
+  if (rs == REMAT_OK) rs = attn_blocks_plan(&s->dy, s, d, scores_dk_init, true,
+                          err);
   if (rs != REMAT_OK) return rs;
-  s->base.temp_bytes = (size_t)(T * S * op_dtype_size(st));
+  s->base.temp_bytes = (size_t)(T * S * op_dtype_size(d->out_dtype));
+  int ki = sep ? 1 : 0;
   int64_t tiles = a.B * a.H;
-  double flops = 2.0 * tiles * T * S * hd;
   uint32_t qk = OP_SLOT_IN(0) | (sep ? OP_SLOT_IN(1) : 0u);
   uint32_t lens = d->attrs.attn_lens ? OP_SLOT_IN(d->nin - 1) : 0u;
   inst->fwd[inst->nfwd++] = op_make_kernel(
-      "attn_scores.fwd", scores_fwd, tiles, flops, qk | lens, OP_SLOT_OUT);
+      "attn_scores.fwd", scores_fwd, tiles, attn_blocks_flops(&s->fwd, tiles),
+      qk | lens, OP_SLOT_OUT);
   inst->bwd[inst->nbwd++] =
-      op_make_kernel("attn_scores.dq", scores_dq, tiles, flops,
+      op_make_kernel("attn_scores.dq", scores_dq, tiles,
+                     attn_blocks_flops(&s->dx, tiles),
                      qk | lens | OP_SLOT_DOUT, OP_SLOT_DIN(0));
   inst->bwd[inst->nbwd++] =
-      op_make_kernel("attn_scores.dk", scores_dk, a.B * a.KVH, flops,
+      op_make_kernel("attn_scores.dk", scores_dk, a.B * a.KVH,
+                     attn_blocks_flops(&s->dy, tiles),
                      qk | lens | OP_SLOT_DOUT, OP_SLOT_DIN(ki));
   inst->fwd[0].span = attn_span(&inst->fwd[0], tiles, T);
   inst->bwd[0].span = attn_span(&inst->bwd[0], tiles, T);
@@ -248,52 +364,106 @@ remat_status op_attn_values_infer(op_desc *d, char err[OP_ERRMSG_MAX]) {
 }
 
 // p is (B,H,T,S), v is (B,S,KVH,hd), o is (B,T,H,hd):
-// o[b,:,h] = p[b,h] . v[b,:,h/group]
+// o[b,:,h] = p[b,h] . v[b,:,h/group]; with causal probabilities, query
+// block r0..r1 against keys 0..kend (p is 0 past them)
 static int values_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
                       op_worker *w) {
   const attn_state *s = op->state;
   const attn_geom *a = &s->a;
-  const op_gemm *g = &s->fwd;
   int64_t bi = tile / a->H, h = tile % a->H;
-  return op_gemm_run(
-      g, 0, op_at(b->in[0], tile * a->T * a->S, g->a_dt),
-      op_at(b->in[1], attn_v_at(a, bi, h / a->group, 0), g->b_dt), NULL,
-      op_at(b->out, attn_o_at(a, bi, h, 0), g->c_dt), false, w);
+  int rs = REMAT_OK;
+  for (int i = 0; i < s->fwd.n && rs == REMAT_OK; i++) {
+    const op_gemm *g = &s->fwd.g[i];
+    attn_block k = attn_block_at(a, s->fwd.blk, i, false);
+    rs = op_gemm_run(
+        g, 0, op_at(b->in[0], (tile * a->T + k.r0) * a->S, g->a_dt),
+        op_at(b->in[1], attn_v_at(a, bi, h / a->group, 0), g->b_dt), NULL,
+        op_at(b->out, attn_o_at(a, bi, h, k.r0), g->c_dt), false, w);
+  }
+  return rs;
 }
 
-// in the forward pass o = p . v, so dp (T,S) = do (T,hd) . v^T (hd,S)
+// in the forward pass o = p . v, so dp (T,S) = do (T,hd) . v^T (hd,S);
+// with causal probabilities only keys 0..kend of query block r0..r1, and
+// dp = 0 where the query cannot see the key (the softmax's backward
+// multiplies it by p = 0 there)
 static int values_dp(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const attn_state *s = op->state;
   const attn_geom *a = &s->a;
   if (!b->din[0]) return REMAT_OK;
-  const op_gemm *g = &s->dx;
   int64_t bi = tile / a->H, h = tile % a->H;
-  return op_gemm_run(
-      g, 0, op_at(b->dout, attn_o_at(a, bi, h, 0), g->a_dt),
-      op_at(b->in[1], attn_v_at(a, bi, h / a->group, 0), g->b_dt), NULL,
-      op_at(b->din[0], tile * a->T * a->S, g->c_dt), b->din_accumulate[0], w);
+  op_dtype pt = s->dx.g[0].c_dt;
+  size_t es = (size_t)op_dtype_size(pt);
+  char *dp = op_at(b->din[0], tile * a->T * a->S, pt);
+  int rs = REMAT_OK;
+  for (int i = 0; i < s->dx.n && rs == REMAT_OK; i++) {
+    const op_gemm *g = &s->dx.g[i];
+    attn_block k = attn_block_at(a, s->dx.blk, i, false);
+    rs = op_gemm_run(
+        g, 0, op_at(b->dout, attn_o_at(a, bi, h, k.r0), g->a_dt),
+        op_at(b->in[1], attn_v_at(a, bi, h / a->group, 0), g->b_dt), NULL,
+        dp + (size_t)(k.r0 * a->S) * es, b->din_accumulate[0], w);
+    /* blocked: 0 wherever the query cannot see the key (r < j) */
+    for (int64_t r = k.r0; s->dx.n > 1 && r < k.r1 && !b->din_accumulate[0];
+         r++)
+      memset(dp + (size_t)(r * a->S + r + 1) * es, 0,
+             (size_t)(a->S - r - 1) * es);
+  }
+  return rs;
 }
 
 // and dv of kv head g (S,hd) = the sum over its group's query heads h, in
-// order, of p_h^T (S,T) . do_h (T,hd), into the v columns
+// order, of p_h^T (S,T) . do_h (T,hd), into the v columns; with causal
+// probabilities key block r0..r1 against queries q0..T
 static int values_dv(const op_instance *op, const op_bufs *b, int64_t tile,
                      op_worker *w) {
   const attn_state *s = op->state;
   const attn_geom *a = &s->a;
   if (!b->din[1]) return REMAT_OK;
-  const op_gemm *g = &s->dy;
   int64_t bi = tile / a->KVH, kv = tile % a->KVH;
-  void *dv = op_at(b->din[1], attn_v_at(a, bi, kv, 0), g->c_dt);
   int rs = REMAT_OK;
   for (int64_t r = 0; r < a->group && rs == REMAT_OK; r++) {
     int64_t h = kv * a->group + r;
-    rs = op_gemm_run(g, 0,
-                     op_at(b->in[0], (bi * a->H + h) * a->T * a->S, g->a_dt),
-                     op_at(b->dout, attn_o_at(a, bi, h, 0), g->b_dt), NULL, dv,
-                     r > 0 || b->din_accumulate[1], w);
+    for (int i = 0; i < s->dy.n && rs == REMAT_OK; i++) {
+      const op_gemm *g = &s->dy.g[i];
+      attn_block k = attn_block_at(a, s->dy.blk, i, true);
+      rs = op_gemm_run(
+          g, 0,
+          op_at(b->in[0], ((bi * a->H + h) * a->T + k.q0) * a->S + k.r0,
+                g->a_dt),
+          op_at(b->dout, attn_o_at(a, bi, h, k.q0), g->b_dt), NULL,
+          op_at(b->din[1], attn_v_at(a, bi, kv, k.r0), g->c_dt),
+          r > 0 || b->din_accumulate[1], w);
+    }
   }
   return rs;
+}
+
+/* Block gemms of the values: O = P V, dP = dO V^T, dV = P^T dO. */
+static void values_fwd_init(op_gemm *g, const attn_geom *a, const op_desc *d,
+                            attn_block k) {
+  int64_t m = k.r1 - k.r0;
+  op_gemm_init(g, m, a->hd, k.kend, m, a->hd);
+  op_gemm_layout(g, op_plain(a->S), op_plain(a->v_ld), a->o_ld);
+  op_gemm_dtypes(g, d->in_dtype[0], d->in_dtype[1], d->out_dtype);
+  g->accumulate_too = false;
+}
+
+static void values_dp_init(op_gemm *g, const attn_geom *a, const op_desc *d,
+                           attn_block k) {
+  int64_t m = k.r1 - k.r0;
+  op_gemm_init(g, m, k.kend, a->hd, m, k.kend);
+  op_gemm_layout(g, op_plain(a->o_ld), op_transposed(a->v_ld), a->S);
+  op_gemm_dtypes(g, d->out_dtype, d->in_dtype[1], d->din_dtype[0]);
+}
+
+static void values_dv_init(op_gemm *g, const attn_geom *a, const op_desc *d,
+                           attn_block k) {
+  int64_t m = k.r1 - k.r0;
+  op_gemm_init(g, m, a->hd, a->T - k.q0, m, a->hd);
+  op_gemm_layout(g, op_transposed(a->S), op_plain(a->o_ld), a->v_ld);
+  op_gemm_dtypes(g, d->in_dtype[0], d->out_dtype, d->din_dtype[1]);
 }
 
 remat_status op_attn_values_plan(op_instance *inst, dnnl_engine_t engine,
@@ -302,35 +472,29 @@ remat_status op_attn_values_plan(op_instance *inst, dnnl_engine_t engine,
   attn_geom a;
   remat_status rs = values_geom(d, &a, err);
   if (rs != REMAT_OK) return rs;
+  /* blocks only where p is known to be causal: the values op has no mask
+   * of its own */
+  a.causal = d->attrs.probs_causal;
   attn_state *s = attn_state_new(inst, engine, &a);
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
-  int64_t T = a.T, S = a.S, hd = a.hd;
-  op_dtype pt = d->in_dtype[0], vt = d->in_dtype[1], ot = d->out_dtype;
-  op_gemm_init(&s->fwd, T, hd, S, T, hd);
-  op_gemm_layout(&s->fwd, op_plain(S), op_plain(a.v_ld), a.o_ld); /* O = P V */
-  op_gemm_dtypes(&s->fwd, pt, vt, ot);
-  s->fwd.accumulate_too = false;
-  op_gemm_init(&s->dx, T, S, hd, T, S);
-  op_gemm_layout(&s->dx, op_plain(a.o_ld), op_transposed(a.v_ld), S);
-  op_gemm_dtypes(&s->dx, ot, vt, d->din_dtype[0]); /* dP = dO V^T */
-  op_gemm_init(&s->dy, S, hd, T, S, hd);
-  op_gemm_layout(&s->dy, op_transposed(S), op_plain(a.o_ld), a.v_ld);
-  op_gemm_dtypes(&s->dy, pt, ot, d->din_dtype[1]); /* dV = P^T dO */
-  rs = op_gemm_plan(&s->fwd, &s->base, err);
-  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dx, &s->base, err);
-  if (rs == REMAT_OK) rs = op_gemm_plan(&s->dy, &s->base, err);
+  rs = attn_blocks_plan(&s->fwd, s, d, values_fwd_init, false,
+                          err);
+  if (rs == REMAT_OK) rs = attn_blocks_plan(&s->dx, s, d, values_dp_init, false,
+                          err);
+  if (rs == REMAT_OK) rs = attn_blocks_plan(&s->dy, s, d, values_dv_init, true,
+                          err);
   if (rs != REMAT_OK) return rs;
-  int64_t tiles = a.B * a.H;
-  double flops = 2.0 * tiles * T * S * hd;
-  inst->fwd[inst->nfwd++] =
-      op_make_kernel("attn_values.fwd", values_fwd, tiles, flops,
-                     OP_SLOT_IN(0) | OP_SLOT_IN(1), OP_SLOT_OUT);
-  inst->bwd[inst->nbwd++] =
-      op_make_kernel("attn_values.dp", values_dp, tiles, flops,
-                     OP_SLOT_IN(1) | OP_SLOT_DOUT, OP_SLOT_DIN(0));
-  inst->bwd[inst->nbwd++] =
-      op_make_kernel("attn_values.dv", values_dv, a.B * a.KVH, flops,
-                     OP_SLOT_IN(0) | OP_SLOT_DOUT, OP_SLOT_DIN(1));
+  int64_t tiles = a.B * a.H, T = a.T;
+  inst->fwd[inst->nfwd++] = op_make_kernel(
+      "attn_values.fwd", values_fwd, tiles, attn_blocks_flops(&s->fwd, tiles),
+      OP_SLOT_IN(0) | OP_SLOT_IN(1), OP_SLOT_OUT);
+  inst->bwd[inst->nbwd++] = op_make_kernel(
+      "attn_values.dp", values_dp, tiles, attn_blocks_flops(&s->dx, tiles),
+      OP_SLOT_IN(1) | OP_SLOT_DOUT, OP_SLOT_DIN(0));
+  inst->bwd[inst->nbwd++] = op_make_kernel(
+      "attn_values.dv", values_dv, a.B * a.KVH,
+      attn_blocks_flops(&s->dy, tiles), OP_SLOT_IN(0) | OP_SLOT_DOUT,
+      OP_SLOT_DIN(1));
   inst->fwd[0].span = attn_span(&inst->fwd[0], tiles, T);
   inst->bwd[0].span = attn_span(&inst->bwd[0], tiles, T);
   inst->bwd[1].span = attn_span(&inst->bwd[1], a.B * a.KVH, a.group * T);

@@ -77,6 +77,11 @@ typedef struct op_attrs {
   bool attn_separate; /* inputs q, k, v (scores: q, k; values: p, v)
                          instead of a packed qkv */
   bool attn_lens;     /* the last input is an int32 [B] of key lengths */
+  bool probs_causal;  /* OP_ATTN_VALUES: p is zero wherever the causal mask
+                         hides key j from query i (j > i): the
+                         probabilities of causal scores (the materialized
+                         attention builders set it), so the products may
+                         skip those keys (dp is written 0 there) */
   float attn_scale;   /* multiplies q.k; 0 means 1/sqrt(head dim) */
   /* dropout (OP_DROPOUT, OP_ATTENTION on its probabilities) */
   float dropout;      /* probability of dropping an element, [0,1) */

@@ -209,4 +209,35 @@ if len(sys.argv) > 2:
             assert r[k] > 0, r
         chunks = -(-r["rows"] // r["dw_chunk_rows"])
         assert r["dw_tiles"] % chunks == 0 and r["dx_tiles"] > 0, r
+
+# bench_kernels, one round of the d384 model in bf16: every kernel of the
+# step alone, and the MFUs of the step, of its kernels and of its dot
+# products (each bound above the one before it, in the same round)
+if len(sys.argv) > 3:
+    out = subprocess.run([sys.argv[3], "1", "bf16", "d384"], check=True,
+                         capture_output=True, text=True, timeout=200).stdout
+    rows = [json.loads(line) for line in out.strip().splitlines()]
+    kernels = {r["kernel"]: r for r in rows[:-1]}
+    s = rows[-1]
+    assert s["model"] == "6 layers d384 seq 192 batch 6", s
+    for k in ("linear.fwd", "linear.dx", "linear.dw", "attn_scores.fwd",
+              "attn_values.dv", "softmax.fwd", "layernorm.bwd"):
+        assert kernels[k]["warm_s"] > 0 and kernels[k]["nodes"] > 0, k
+    assert "warm_gflops" in kernels["linear.dw"], kernels["linear.dw"]
+    assert "warm_gflops" not in kernels["linear.dw_sum"], kernels
+    # causal attention skips the keys a query cannot see: query blocks of
+    # 64 rows against keys up to their last row, 6 x 6 heads of head dim
+    # 64 in each of 6 layers, so 6 x 2 x 36 x 64 x 64 x (64 + 128 + 192)
+    # FLOPs (0.679 G), not x 3 x 192 (1.019 G)
+    for k in ("attn_scores.fwd", "attn_scores.dq", "attn_scores.dk",
+              "attn_values.fwd", "attn_values.dp", "attn_values.dv"):
+        assert kernels[k]["gflop"] == 0.679, kernels[k]
+    assert s["dot_kernel_gflop"] < s["model_gflop"], s
+    assert 0 < s["mfu_step"] <= s["mfu_kernels_seq"] * 1.5, s
+    assert s["mfu_kernels_warm"] < s["mfu_ceiling_dots_warm"], s
+    bad = subprocess.run([sys.argv[3], "1", "f16"], capture_output=True,
+                         text=True, timeout=100)
+    assert bad.returncode == 2 and bad.stdout == "", bad
+    assert bad.stderr == ("usage: bench_kernels [rounds 1-64] [f32 | bf16] "
+                          "[d512 | d384]\n"), bad.stderr
 print("check_bench: ok")

@@ -33,10 +33,10 @@ typedef struct planned {
   op_bufs b;
 } planned;
 
-static void plan(planned *p, op_type type, int nin, const op_shape *in,
-                 int heads) {
+static void plan_attrs(planned *p, op_type type, int nin, const op_shape *in,
+                       op_attrs attrs) {
   memset(p, 0, sizeof *p);
-  op_desc d = {.type = type, .nin = nin, .attrs = {.heads = heads}};
+  op_desc d = {.type = type, .nin = nin, .attrs = attrs};
   for (int i = 0; i < nin; i++) d.in[i] = in[i];
   char err[OP_ERRMSG_MAX];
   if (op_plan(&d, engine, &p->inst, err) != REMAT_OK) fail_msg("%s", err);
@@ -48,6 +48,11 @@ static void plan(planned *p, op_type type, int nin, const op_shape *in,
   p->w.scratch_bytes = p->inst.scratch_bytes;
   p->w.scratch = malloc(p->inst.scratch_bytes ? p->inst.scratch_bytes : 1);
   assert_non_null(p->w.scratch);
+}
+
+static void plan(planned *p, op_type type, int nin, const op_shape *in,
+                 int heads) {
+  plan_attrs(p, type, nin, in, (op_attrs){.heads = heads});
 }
 
 static void run(planned *p, bool backward) {
@@ -165,6 +170,80 @@ static void test_op_matches_materialized(void **state) {
   compare_paths(1, 200, 2, 128); /* remainder 72 */
   compare_paths(1, 97, 2, 128);  /* one short block */
   compare_paths(2, 1, 2, 32);
+}
+
+/* The values op told that its probabilities are causal (probs_causal:
+ * its products skip the keys a query cannot see, in blocks of rows)
+ * against the same op without that promise (one product over every key),
+ * on the same causal p: the output and dv within 1e-5; dp the same where
+ * query i sees key j and exactly 0 elsewhere, written over a buffer of
+ * NaN; and when dp accumulates, twice that where the query sees the key
+ * and finite elsewhere. */
+static void values_blocks(int64_t B, int64_t T, int64_t H, int64_t hd) {
+  int64_t D = H * hd, nqkv = B * T * 3 * D, no = B * T * D;
+  int64_t np = B * H * T * T;
+  op_shape qkv = {3, {B, T, 3 * D}}, p4 = {4, {B, H, T, T}};
+  op_shape vin[2] = {p4, qkv};
+  float *x = zeros(nqkv), *dout = zeros(no), *p = zeros(np);
+  for (int64_t i = 0; i < nqkv; i++) x[i] = (float)uniform(-2, 2);
+  for (int64_t i = 0; i < no; i++) dout[i] = (float)uniform(-1, 1);
+  for (int64_t r = 0; r < B * H * T; r++) {
+    int64_t t = r % T;
+    double sum = 0;
+    for (int64_t j = 0; j <= t; j++) sum += p[r * T + j] = (float)uniform(0, 1);
+    for (int64_t j = 0; j <= t; j++) p[r * T + j] = (float)(p[r * T + j] / sum);
+  }
+  planned blk, whole;
+  plan_attrs(&blk, OP_ATTN_VALUES, 2, vin,
+             (op_attrs){.heads = (int)H, .probs_causal = true});
+  plan(&whole, OP_ATTN_VALUES, 2, vin, (int)H);
+  assert_true(blk.inst.fwd[0].flops < whole.inst.fwd[0].flops);
+  planned *v[2] = {&blk, &whole};
+  float *out[2], *dp[2], *dv[2];
+  for (int k = 0; k < 2; k++) {
+    out[k] = zeros(no), dp[k] = zeros(np), dv[k] = zeros(nqkv);
+    v[k]->b.in[0] = p;
+    v[k]->b.in[1] = x;
+    v[k]->b.out = out[k];
+    v[k]->b.dout = dout;
+    v[k]->b.din[0] = dp[k];
+    v[k]->b.din[1] = dv[k];
+  }
+  for (int64_t i = 0; i < np; i++) dp[0][i] = NAN;
+  for (int k = 0; k < 2; k++) run(v[k], false), run(v[k], true);
+  char what[64];
+  snprintf(what, sizeof what, "values out T=%lld", (long long)T);
+  expect_close(what, out[0], out[1], no);
+  snprintf(what, sizeof what, "values dv T=%lld", (long long)T);
+  expect_close(what, dv[0], dv[1], nqkv);
+  for (int pass = 0; pass < 2; pass++) {
+    for (int64_t r = 0; r < B * H * T; r++)
+      for (int64_t j = 0, t = r % T; j < T; j++) {
+        float got = dp[0][r * T + j], want = dp[1][r * T + j];
+        if (j > t && (pass == 0 ? got != 0.0f : !isfinite(got)))
+          fail_msg("dp[%lld][%lld] = %g where the query cannot see the key",
+                   (long long)r, (long long)j, got);
+        if (j <= t && !(fabs(got - (pass + 1) * want) <= 1e-5))
+          fail_msg("dp[%lld][%lld] = %.9g, want %.9g", (long long)r,
+                   (long long)j, got, (pass + 1) * want);
+      }
+    /* again, adding into dp */
+    blk.b.din_accumulate[0] = true;
+    blk.b.din[1] = NULL;
+    run(&blk, true);
+  }
+  for (int k = 0; k < 2; k++) {
+    free(out[k]), free(dp[k]), free(dv[k]);
+    unplan(v[k]);
+  }
+  free(x), free(dout), free(p);
+}
+
+static void test_values_causal_blocks(void **state) {
+  (void)state;
+  values_blocks(2, 256, 4, 64); /* 4 blocks of 64 */
+  values_blocks(1, 300, 2, 16); /* 4 blocks of 80, the last 60 */
+  values_blocks(1, 1100, 1, 64); /* 8 blocks of 144, the last 92 */
 }
 
 static const remat_gpt_config small = {.layers = 2, .d_model = 64,
@@ -352,6 +431,7 @@ int main(void) {
   rng_state = 0x2545f4914f6cdd1dull;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_op_matches_materialized),
+      cmocka_unit_test(test_values_causal_blocks),
       cmocka_unit_test(test_gpt_bitwise_and_close),
       cmocka_unit_test(test_gpt_numa_bitwise),
       cmocka_unit_test(test_gpt_peak_without_tt),

@@ -294,6 +294,8 @@ static remat_tensor *materialized_attention(remat_graph *g,
     probs = remat_dropout(g, probs, attrs.dropout);
   const remat_tensor *vin[2] = {probs, v ? v : q};
   attrs.attn_lens = false;
+  /* softmax of -inf is exactly 0, and dropout keeps a 0 */
+  attrs.probs_causal = !attrs.attn_full;
   return graph_add_op(g, OP_ATTN_VALUES, vin, 2, &attrs);
 }
 
