@@ -6,6 +6,7 @@
  * remote bytes are a small part of the unplaced ones on the default
  * model. The expectations are computed here from the kernels' op_span,
  * not taken from the stage. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -546,6 +547,46 @@ static step_bits accumulated_steps(remat_precision precision,
   return r;
 }
 
+/* The sum of squares of a gradient tile (its finite check, the clip's
+ * norm), in eight interleaved partial sums: within 1e-12 of the sum in
+ * long double at every length from 1 to 40 and at lengths that end
+ * mid-chunk, NaN when the last value is, and the one-pass fold's sum the
+ * same bits as optim_sum_squares of the folded values. */
+static void test_sum_squares_lanes(void **state) {
+  (void)state;
+  static const int64_t extra[] = {1023, 1025, 2049, 3001};
+  float *x = malloc(3001 * sizeof *x), *acc = malloc(3001 * sizeof *acc);
+  float *g = malloc(3001 * sizeof *g);
+  assert_true(x && acc && g);
+  uint32_t r = 7;
+  for (int64_t i = 0; i < 3001; i++) {
+    r = r * 1664525u + 1013904223u;
+    x[i] = (float)(r >> 8) / 16777216.0f - 0.5f;
+  }
+  for (int64_t i = 0; i < 3001; i++)
+    acc[i] = 0.25f * x[(i * 7) % 3001] + 0.125f;
+  for (int t = 0; t < 44; t++) {
+    int64_t n = t < 40 ? t + 1 : extra[t - 40];
+    long double want = 0;
+    for (int64_t i = 0; i < n; i++) want += (long double)x[i] * x[i];
+    double got = optim_sum_squares(x, n);
+    if (!(fabsl(got - want) <= 1e-12L * want))
+      fail_msg("n = %lld: sum of squares %.17g, want %.17Lg", (long long)n,
+               got, want);
+    memcpy(g, x, (size_t)n * sizeof *g);
+    double folded = optim_fold_sum_squares(g, acc, n, 0.5f);
+    memcpy(g, x, (size_t)n * sizeof *g);
+    optim_fold(g, acc, n, 0.5f);
+    double apart = optim_sum_squares(g, n);
+    assert_memory_equal(&folded, &apart, sizeof folded);
+    float last = x[n - 1];
+    x[n - 1] = NAN;
+    assert_true(isnan(optim_sum_squares(x, n)));
+    x[n - 1] = last;
+  }
+  free(x), free(acc), free(g);
+}
+
 static void test_one_pass_update_same_bits(void **state) {
   (void)state;
   const remat_optimizer sgd = {.kind = REMAT_OPT_SGD, .lr = 0.1f};
@@ -585,6 +626,7 @@ int main(void) {
       cmocka_unit_test(test_budget_counts_the_copies),
       cmocka_unit_test(test_load_reaches_every_node),
       cmocka_unit_test(test_one_pass_update_same_bits),
+      cmocka_unit_test(test_sum_squares_lanes),
   };
   return cmocka_run_group_tests(tests, setup, remove_dir);
 }

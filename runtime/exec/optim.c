@@ -11,11 +11,32 @@
 
 #include "runtime/exec/optim.h"
 
+/* Sums of squares in SUMSQ_LANES partial sums: element i of a tile adds
+ * into lane i % SUMSQ_LANES, and the lanes add up in one fixed order at
+ * the end. The order depends on the tile alone (the same bits at every
+ * thread count), and the lanes are independent, so the loop vectorizes
+ * instead of waiting on one sum's additions. x[0] is element `at` of the
+ * tile (at a multiple of SUMSQ_LANES). */
+enum { SUMSQ_LANES = 8 };
+
+static void sumsq_add(double lane[SUMSQ_LANES], const float *x, int64_t n) {
+  int64_t i = 0;
+  for (; i + SUMSQ_LANES <= n; i += SUMSQ_LANES)
+    for (int k = 0; k < SUMSQ_LANES; k++)
+      lane[k] += (double)x[i + k] * (double)x[i + k];
+  for (int k = 0; i + k < n; k++)
+    lane[k] += (double)x[i + k] * (double)x[i + k];
+}
+
+static double sumsq_total(const double lane[SUMSQ_LANES]) {
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+         ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 double optim_sum_squares(const float *x, int64_t n) {
-  double acc = 0.0;
-  for (int64_t i = 0; i < n; i++)
-    acc += (double)x[i] * (double)x[i];
-  return acc;
+  double lane[SUMSQ_LANES] = {0};
+  sumsq_add(lane, x, n);
+  return sumsq_total(lane);
 }
 
 /* On the bits: |x| of a float without its sign bit orders as an unsigned
@@ -62,16 +83,19 @@ void optim_fold(float *g, const float *acc, int64_t n, float scale) {
 }
 
 enum { OPTIM_CHUNK = 1024 };
+_Static_assert(OPTIM_CHUNK % SUMSQ_LANES == 0,
+               "a chunk must be whole lanes of the sum of squares");
 double optim_fold_sum_squares(float *g, const float *acc, int64_t n,
                               float scale) {
-  double sum = 0.0;
+  /* chunks are whole multiples of the lanes: the lanes and their order
+   * are optim_sum_squares's */
+  double lane[SUMSQ_LANES] = {0};
   for (int64_t lo = 0; lo < n; lo += OPTIM_CHUNK) {
     int64_t hi = lo + OPTIM_CHUNK < n ? lo + OPTIM_CHUNK : n;
     optim_fold(g + lo, acc + lo, hi - lo, scale);
-    for (int64_t i = lo; i < hi; i++)
-      sum += (double)g[i] * (double)g[i];
+    sumsq_add(lane, g + lo, hi - lo);
   }
-  return sum;
+  return sumsq_total(lane);
 }
 
 float optim_clip_scale(double norm, float clip) {
@@ -119,8 +143,8 @@ static float max2(float a, float b) { return a > b ? a : b; }
 /* w is the parameter, g its gradient (times the clip factor s), m and v
  * AdamW's moments. Records the largest |w|, |m| and v it wrote, and hands
  * the chunk to chunk_done: after each chunk of OPTIM_CHUNK elements,
- * while the chunk is in L1 (the update's loop does not vectorize; the
- * maxima do). */
+ * while the chunk is in L1 (the loops vectorize: meson.build builds
+ * without math errno, so sqrtf is one instruction). */
 void optim_update(const remat_optimizer *opt, const optim_tile_args *a) {
   float *w = a->param, *m = a->adam_m, *v = a->adam_v;
   const float *g = a->grad;

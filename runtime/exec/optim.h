@@ -12,8 +12,9 @@
 #include "remat.h"
 #include "runtime/compile/optim_tiles.h"
 
-/* The sum of the squares of n values, in order, in double: finite exactly
- * when every value is (a float squared cannot overflow a double). */
+/* The sum of the squares of n values in double, in an order fixed by n
+ * alone (8 interleaved partial sums, optim.c): finite exactly when every
+ * value is (a float squared cannot overflow a double). */
 double optim_sum_squares(const float *x, int64_t n);
 /* The largest magnitude an update's bound lets it write (optim.c says why
  * this margin below FLT_MAX is enough). */
