@@ -290,12 +290,11 @@ remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
   attn_state *s = attn_state_new(inst, engine, &a);
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   int64_t T = a.T, S = a.S;
-  rs = attn_blocks_plan(&s->fwd, s, d, scores_fwd_init, false,
-                          err);
-  if (rs == REMAT_OK) rs = attn_blocks_plan(&s->dx, s, d, scores_dq_init, false,
-                          err);
-  if (rs == REMAT_OK) rs = attn_blocks_plan(&s->dy, s, d, scores_dk_init, true,
-                          err);
+  rs = attn_blocks_plan(&s->fwd, s, d, scores_fwd_init, false, err);
+  if (rs == REMAT_OK)
+    rs = attn_blocks_plan(&s->dx, s, d, scores_dq_init, false, err);
+  if (rs == REMAT_OK)
+    rs = attn_blocks_plan(&s->dy, s, d, scores_dk_init, true, err);
   if (rs != REMAT_OK) return rs;
   s->base.temp_bytes = (size_t)(T * S * op_dtype_size(d->out_dtype));
   int ki = sep ? 1 : 0;
@@ -477,12 +476,11 @@ remat_status op_attn_values_plan(op_instance *inst, dnnl_engine_t engine,
   a.causal = d->attrs.probs_causal;
   attn_state *s = attn_state_new(inst, engine, &a);
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
-  rs = attn_blocks_plan(&s->fwd, s, d, values_fwd_init, false,
-                          err);
-  if (rs == REMAT_OK) rs = attn_blocks_plan(&s->dx, s, d, values_dp_init, false,
-                          err);
-  if (rs == REMAT_OK) rs = attn_blocks_plan(&s->dy, s, d, values_dv_init, true,
-                          err);
+  rs = attn_blocks_plan(&s->fwd, s, d, values_fwd_init, false, err);
+  if (rs == REMAT_OK)
+    rs = attn_blocks_plan(&s->dx, s, d, values_dp_init, false, err);
+  if (rs == REMAT_OK)
+    rs = attn_blocks_plan(&s->dy, s, d, values_dv_init, true, err);
   if (rs != REMAT_OK) return rs;
   int64_t tiles = a.B * a.H, T = a.T;
   inst->fwd[inst->nfwd++] = op_make_kernel(

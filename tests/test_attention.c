@@ -2,9 +2,11 @@
  * output and gradient against scores -> softmax -> values in float (within
  * 1e-5 relative), and a GPT built with each: equal losses and gradients
  * within 1e-5, bitwise identical results at 1 and 2 threads, under every
- * policy and on synthetic NUMA machines, an activation peak without the T x T matrices, and the errors for
- * policies that name tensors only the materialized path has. (Finite
- * differences of the op are in test_ops.) */
+ * policy and on synthetic NUMA machines, an activation peak without the
+ * T x T matrices, and the errors for policies that name tensors only the
+ * materialized path has. Also the materialized values op's causal blocks
+ * against its whole products. (Finite differences of the op are in
+ * test_ops.) */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
