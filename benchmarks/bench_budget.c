@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "benchmarks/bench_util.h"
 #include "remat.h"
 #include "remat_gpt.h"
 
@@ -54,10 +55,6 @@ typedef struct run {
   int64_t peak;
 } run;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 static int fail(const char *what, int64_t budget) {
   fprintf(stderr, "bench_budget: %s (budget %lld): %s\n", what,
@@ -91,12 +88,7 @@ static int run_open(run *r, const options *o, const char *policy,
     fprintf(stderr, "bench_budget: out of memory\n");
     return 1;
   }
-  uint32_t x = 12345u;
-  for (size_t i = 0; i < n; i++) {
-    x = x * 1664525u + 1013904223u;
-    tok[i] = (int32_t)((x >> 16) % (uint32_t)o->cfg.vocab);
-    tgt[i] = (tok[i] * 7 + 3) % o->cfg.vocab;
-  }
+  bench_tokens(tok, tgt, n, o->cfg.vocab);
   remat_status s = remat_feed(r->g, r->m.tokens, tok, n * 4);
   if (s == REMAT_OK)
     s = remat_feed(r->g, r->m.targets, tgt, n * 4);
@@ -150,7 +142,7 @@ static double median(const double *times, int n) {
   double *v = malloc((size_t)n * sizeof *v), m = -1;
   if (v != NULL) {
     memcpy(v, times, (size_t)n * sizeof *v);
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
     m = v[n / 2];
   }
   free(v);

@@ -32,20 +32,8 @@
 #include <time.h>
 
 #include "base/bf16.h"
+#include "benchmarks/bench_util.h"
 #include "ops/op.h"
-
-/* The calling thread's CPU time (oneDNN runs a tile on it): on a shared
- * machine, what other processes take does not count. */
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 /* A planned linear (x [rows, K], w [M, K]) with its dw buffers. */
 typedef struct variant {
@@ -114,9 +102,9 @@ static double run_dw(variant *v) {
   double total = 0;
   for (int64_t t = 0; t < v->dw->tiles; t++) {
     if (flush_buf) flush_caches();
-    double t0 = now();
+    double t0 = bench_cpu_s();
     if (v->dw->fn(&v->inst, &v->b, t, &v->worker) != REMAT_OK) return -1;
-    total += now() - t0;
+    total += bench_cpu_s() - t0;
   }
   return total;
 }
@@ -141,7 +129,7 @@ static double rel_diff(const variant *a, const variant *b, int64_t n) {
  * (each row sorted in place). */
 static void medians(double *sec, int n, int rounds, double *med) {
   for (int k = 0; k < n; k++) {
-    qsort(sec + k * rounds, (size_t)rounds, sizeof *sec, cmp_double);
+    qsort(sec + k * rounds, (size_t)rounds, sizeof *sec, bench_cmp_double);
     med[k] = sec[k * rounds + rounds / 2];
   }
 }
@@ -149,10 +137,10 @@ static void medians(double *sec, int n, int rounds, double *med) {
 /* Runs tiles [from, to) of kernel k, adding their time to *sec. */
 static int run_tiles(variant *v, const op_kernel *k, int64_t from, int64_t to,
                      double *sec) {
-  double t0 = now();
+  double t0 = bench_cpu_s();
   for (int64_t t = from; t < to; t++)
     if (k->fn(&v->inst, &v->b, t, &v->worker) != REMAT_OK) return 1;
-  *sec += now() - t0;
+  *sec += bench_cpu_s() - t0;
   return 0;
 }
 

@@ -32,29 +32,13 @@
 #include <time.h>
 
 #include "base/bf16.h"
+#include "benchmarks/bench_util.h"
 #include "remat_gpt.h"
 #include "runtime/exec/step_state.h"
 #include "runtime/internal.h"
 
 #define MAX_KINDS 64
 #define MAX_ROUNDS 64
-
-/* The calling thread's CPU time. */
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Per kernel name: its knodes' FLOPs and, per round, their summed times. */
 typedef struct kind {
@@ -181,11 +165,11 @@ static double run_kernel(bench *b, int32_t i) {
   o.dout = slot(b, kn, OP_SLOT_DOUT);
   for (int k = 0; k < OP_MAX_WS; k++)
     o.ws[k] = slot(b, kn, OP_SLOT_WS(k));
-  double t0 = now();
+  double t0 = bench_cpu_s();
   for (int64_t t = 0; t < kn->tiles; t++)
     if (kn->kernel->fn(kn->inst, &o, t, &b->worker) != REMAT_OK)
       return -1;
-  return now() - t0;
+  return bench_cpu_s() - t0;
 }
 
 /* One round of the kernels: each kind's seq and warm sums for round r. */
@@ -246,10 +230,10 @@ static double roofline_measure(bench *b) {
                              {DNNL_ARG_DST, b->mm_mem[2]}};
   double best = INFINITY;
   for (int i = 0; i < 6; i++) {
-    double t0 = now();
+    double t0 = bench_cpu_s();
     dnnl_primitive_execute(b->mm, b->worker.stream, 3, args);
     dnnl_stream_wait(b->worker.stream);
-    double t = now() - t0;
+    double t = bench_cpu_s() - t0;
     if (i > 0 && t < best)
       best = t;
   }
@@ -276,12 +260,7 @@ static int model_open(bench *b, bool bf16) {
     free(tgt);
     return fail("out of memory");
   }
-  uint32_t x = 12345u;
-  for (size_t i = 0; i < n; i++) {
-    x = x * 1664525u + 1013904223u;
-    tok[i] = (int32_t)((x >> 16) % (uint32_t)b->cfg.vocab);
-    tgt[i] = (tok[i] * 7 + 3) % b->cfg.vocab;
-  }
+  bench_tokens(tok, tgt, n, b->cfg.vocab);
   remat_status s = remat_feed(b->g, b->m.tokens, tok, n * 4);
   if (s == REMAT_OK)
     s = remat_feed(b->g, b->m.targets, tgt, n * 4);
@@ -314,12 +293,12 @@ static void bench_close(bench *b) {
 
 static void report(bench *b, const char *prec, int rounds, double *steps,
                    double *roofs) {
-  double roof = median(roofs, rounds), step = median(steps, rounds);
+  double roof = bench_median(roofs, rounds), step = bench_median(steps, rounds);
   double flops = remat_gpt_flops(&b->cfg);
   double all_seq = 0, all_warm = 0, dot_warm = 0, dot_flops = 0;
   for (int k = 0; k < b->nkinds; k++) {
     kind *kd = &b->kinds[k];
-    double seq = median(kd->seq, rounds), warm = median(kd->warm, rounds);
+    double seq = bench_median(kd->seq, rounds), warm = bench_median(kd->warm, rounds);
     all_seq += seq;
     all_warm += warm;
     if (kd->dot) {

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "base/bf16.h"
+#include "benchmarks/bench_util.h"
 #include "remat.h"
 #include "examples/encoder_model.h"
 #include "remat_gpt.h"
@@ -52,22 +53,6 @@ typedef struct options {
   int lora_only;          /* --lora-only: no full fine-tuning beside */
   int tied;               /* --tied: llama's head reads the embedding */
 } options;
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* oneDNN's matmul, 2048x512 by 512x2048, f32 (or bf16 operands and result
  * with f32 accumulation), run by oneDNN's own OpenMP parallelization on the
@@ -133,14 +118,14 @@ static double roofline_measure(roofline *r, int runs) {
   double times[16];
   runs = runs > 16 ? 16 : runs;
   for (int i = -1; i < runs; i++) {
-    double t0 = now();
+    double t0 = bench_wall_s();
     dnnl_primitive_execute(r->prim, r->stream, 3, args);
     dnnl_stream_wait(r->stream);
     if (i >= 0)
-      times[i] = now() - t0;
+      times[i] = bench_wall_s() - t0;
   }
   omp_set_num_threads(saved);
-  return r->flops / median(times, runs) * 1e-9;
+  return r->flops / bench_median(times, runs) * 1e-9;
 }
 
 static void roofline_close(roofline *r) {
@@ -582,8 +567,8 @@ static void report_lora(const bench *b, const bench *full, const options *o,
          (long long)b->grads_opt_peak);
   if (full == NULL)
     return;
-  double step_s = median(b->times, o->steps);
-  double step_full = median(full->times, o->steps);
+  double step_s = bench_median(b->times, o->steps);
+  double step_full = bench_median(full->times, o->steps);
   json_put(nulls, "full_step_s_median", "%.6f", step_full);
   json_put(nulls, "lora_step_ratio", "%.4f", step_s / step_full);
   printf(", \"full_peak_bytes\": %lld, "
@@ -608,10 +593,10 @@ static void report(const bench *b, const bench *one, const bench *f32,
                    const bench *full, const options *o) {
   const remat_step_stats st = b->st;
   size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
-  double step_s = median(b->times, o->steps);
-  double roofline = median(b->roofs, o->steps);
+  double step_s = bench_median(b->times, o->steps);
+  double roofline = bench_median(b->roofs, o->steps);
   bool bf16 = b->precision == REMAT_PRECISION_BF16;
-  double roof16 = bf16 ? median(b->roofs16, o->steps) : 0.0;
+  double roof16 = bf16 ? bench_median(b->roofs16, o->steps) : 0.0;
   double flops = model_flops(b) * o->accum;
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
@@ -652,8 +637,8 @@ static void report(const bench *b, const bench *one, const bench *f32,
     /* speedup: the 1-thread step's median over this one's, measured in the
      * same rounds; roofline_speedup: the same ratio for oneDNN's own matmul,
      * the most the machine gave at this moment. */
-    double step_1 = median(one->times, o->steps);
-    double roof_1 = median(one->roofs, o->steps);
+    double step_1 = bench_median(one->times, o->steps);
+    double roof_1 = bench_median(one->roofs, o->steps);
     json_put(&nulls, "step_s_median_1_thread", "%.6f", step_1);
     json_put(&nulls, "matmul_roofline_gflops_1_thread", "%.2f", roof_1);
     json_put(&nulls, "speedup", "%.4f", step_1 / step_s);
@@ -667,7 +652,7 @@ static void report(const bench *b, const bench *one, const bench *f32,
   }
   if (f32 != NULL) {
     /* this bf16 run against the f32 run of the same rounds */
-    double step_32 = median(f32->times, o->steps);
+    double step_32 = bench_median(f32->times, o->steps);
     json_put(&nulls, "f32_step_s_median", "%.6f", step_32);
     json_put(&nulls, "step_ratio_vs_f32", "%.4f", step_s / step_32);
     printf(", \"f32_activation_peak_bytes\": %lld",
@@ -679,7 +664,7 @@ static void report(const bench *b, const bench *one, const bench *f32,
   if (plain != NULL) {
     /* admission's cost: this step's median over the one without, from the
      * same rounds */
-    double step_plain = median(plain->times, o->steps);
+    double step_plain = bench_median(plain->times, o->steps);
     json_put(&nulls, "no_admission_step_s_median", "%.6f", step_plain);
     json_put(&nulls, "admission_step_ratio", "%.4f", step_s / step_plain);
     printf(", \"no_admission_peak_bytes\": %lld, "
@@ -690,7 +675,7 @@ static void report(const bench *b, const bench *one, const bench *f32,
   if (unfused != NULL) {
     /* fusion's gain: this step's median over the unfused one's, from the
      * same rounds; its MFU against the same roofline */
-    double step_un = median(unfused->times, o->steps);
+    double step_un = bench_median(unfused->times, o->steps);
     json_put(&nulls, "no_fusion_step_s_median", "%.6f", step_un);
     json_put(&nulls, "fusion_step_ratio", "%.4f", step_s / step_un);
     json_put(&nulls, "no_fusion_mfu", "%.4f", mfu * step_s / step_un);
@@ -701,7 +686,7 @@ static void report(const bench *b, const bench *one, const bench *f32,
   }
   if (split != NULL) {
     /* the one-pass update's step over the split passes', same rounds */
-    double step_split = median(split->times, o->steps);
+    double step_split = bench_median(split->times, o->steps);
     json_put(&nulls, "split_update_step_s_median", "%.6f", step_split);
     json_put(&nulls, "one_pass_update_step_ratio", "%.4f",
              step_s / step_split);
@@ -710,10 +695,10 @@ static void report(const bench *b, const bench *one, const bench *f32,
   }
   if (dw_before != NULL) {
     /* the weight gradients' form before the shape rule, same rounds */
-    double step_b = median(dw_before->times, o->steps);
+    double step_b = bench_median(dw_before->times, o->steps);
     double mfu_b = flops / step_b * 1e-9 /
-                   (bf16 ? median(dw_before->roofs16, o->steps)
-                         : median(dw_before->roofs, o->steps));
+                   (bf16 ? bench_median(dw_before->roofs16, o->steps)
+                         : bench_median(dw_before->roofs, o->steps));
     json_put(&nulls, "strided_dw_step_s_median", "%.6f", step_b);
     json_put(&nulls, "strided_dw_mfu", "%.4f", mfu_b);
     json_put(&nulls, "dw_rule_step_ratio", "%.4f", step_s / step_b);
