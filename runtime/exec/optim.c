@@ -15,8 +15,9 @@
  * into lane i % SUMSQ_LANES, and the lanes add up in one fixed order at
  * the end. The order depends on the tile alone (the same bits at every
  * thread count), and the lanes are independent, so the loop vectorizes
- * instead of waiting on one sum's additions. x[0] is element `at` of the
- * tile (at a multiple of SUMSQ_LANES). */
+ * instead of waiting on one sum's additions. sumsq_add adds x[0..n) with
+ * x[0] into lane 0: a tile fed in pieces starts each piece at a multiple
+ * of SUMSQ_LANES. */
 enum { SUMSQ_LANES = 8 };
 
 static void sumsq_add(double lane[SUMSQ_LANES], const float *x, int64_t n) {
