@@ -96,15 +96,23 @@ static void flush_caches(void) {
   for (size_t i = 0; i < FLUSH_BYTES; i += 64) flush_buf[i] = pass;
 }
 
+/* Runs tiles [from, to) of kernel k, adding their time to *sec. */
+static int run_tiles(variant *v, const op_kernel *k, int64_t from, int64_t to,
+                     double *sec) {
+  double t0 = bench_cpu_s();
+  for (int64_t t = from; t < to; t++)
+    if (k->fn(&v->inst, &v->b, t, &v->worker) != REMAT_OK) return 1;
+  *sec += bench_cpu_s() - t0;
+  return 0;
+}
+
 /* Seconds for every tile of linear.dw (the tiles' time alone in the cold
  * mode), or -1 on a failure. */
 static double run_dw(variant *v) {
   double total = 0;
   for (int64_t t = 0; t < v->dw->tiles; t++) {
     if (flush_buf) flush_caches();
-    double t0 = bench_cpu_s();
-    if (v->dw->fn(&v->inst, &v->b, t, &v->worker) != REMAT_OK) return -1;
-    total += bench_cpu_s() - t0;
+    if (run_tiles(v, v->dw, t, t + 1, &total)) return -1;
   }
   return total;
 }
@@ -132,16 +140,6 @@ static void medians(double *sec, int n, int rounds, double *med) {
     qsort(sec + k * rounds, (size_t)rounds, sizeof *sec, bench_cmp_double);
     med[k] = sec[k * rounds + rounds / 2];
   }
-}
-
-/* Runs tiles [from, to) of kernel k, adding their time to *sec. */
-static int run_tiles(variant *v, const op_kernel *k, int64_t from, int64_t to,
-                     double *sec) {
-  double t0 = bench_cpu_s();
-  for (int64_t t = from; t < to; t++)
-    if (k->fn(&v->inst, &v->b, t, &v->worker) != REMAT_OK) return 1;
-  *sec += bench_cpu_s() - t0;
-  return 0;
 }
 
 /* One round of the order mode: the dx and dw kernels' seconds (sec[0],
