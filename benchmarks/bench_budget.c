@@ -79,22 +79,14 @@ static int run_open(run *r, const options *o, const char *policy,
   remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-4f};
   if (remat_compile(r->g, r->m.loss, &opt) != REMAT_OK)
     return fail("compile", budget);
-  size_t n = (size_t)o->cfg.batch * (size_t)o->cfg.seq;
-  int32_t *tok = malloc(n * 4), *tgt = malloc(n * 4);
   r->times = calloc((size_t)o->steps + 1, sizeof *r->times);
-  if (tok == NULL || tgt == NULL || r->times == NULL) {
-    free(tok);
-    free(tgt);
+  if (r->times == NULL) {
     fprintf(stderr, "bench_budget: out of memory\n");
     return 1;
   }
-  bench_tokens(tok, tgt, n, o->cfg.vocab);
-  remat_status s = remat_feed(r->g, r->m.tokens, tok, n * 4);
-  if (s == REMAT_OK)
-    s = remat_feed(r->g, r->m.targets, tgt, n * 4);
-  free(tok);
-  free(tgt);
-  return s == REMAT_OK ? 0 : fail("feed", budget);
+  return bench_feed_batch(r->g, &r->m, &o->cfg) == REMAT_OK
+             ? 0
+             : fail("feed", budget);
 }
 
 static void run_close(run *r) {

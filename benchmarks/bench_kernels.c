@@ -253,20 +253,7 @@ static int model_open(bench *b, bool bf16) {
   remat_optimizer opt = {.kind = REMAT_OPT_ADAMW, .lr = 1e-4f};
   if (remat_compile(b->g, b->m.loss, &opt) != REMAT_OK)
     return fail("compile");
-  size_t n = (size_t)b->cfg.batch * (size_t)b->cfg.seq;
-  int32_t *tok = malloc(n * 4), *tgt = malloc(n * 4);
-  if (tok == NULL || tgt == NULL) {
-    free(tok);
-    free(tgt);
-    return fail("out of memory");
-  }
-  bench_tokens(tok, tgt, n, b->cfg.vocab);
-  remat_status s = remat_feed(b->g, b->m.tokens, tok, n * 4);
-  if (s == REMAT_OK)
-    s = remat_feed(b->g, b->m.targets, tgt, n * 4);
-  free(tok);
-  free(tgt);
-  if (s != REMAT_OK)
+  if (bench_feed_batch(b->g, &b->m, &b->cfg) != REMAT_OK)
     return fail("feed");
   b->low = &b->g->step->compiled.low;
   return 0;

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "remat_gpt.h"
+
 /* Wall-clock seconds. */
 static inline double bench_wall_s(void) {
   struct timespec ts;
@@ -35,17 +37,30 @@ static inline double bench_median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* n tokens below vocab from a fixed linear congruential sequence, and
- * targets that are a function of each token (a batch the model can
- * learn). */
-static inline void bench_tokens(int32_t *tok, int32_t *tgt, size_t n,
-                                int vocab) {
-  uint32_t x = 12345u;
-  for (size_t i = 0; i < n; i++) {
-    x = x * 1664525u + 1013904223u;
-    tok[i] = (int32_t)((x >> 16) % (uint32_t)vocab);
-    tgt[i] = (tok[i] * 7 + 3) % vocab;
+/* Feeds a GPT's tokens and targets: batch x seq tokens below vocab from a
+ * fixed linear congruential sequence, and targets that are a function of
+ * each token (a batch the model can learn). REMAT_ERR_OUT_OF_MEMORY when
+ * the batch cannot be allocated, else remat_feed's status. */
+static inline remat_status bench_feed_batch(remat_graph *g,
+                                            const remat_gpt *m,
+                                            const remat_gpt_config *cfg) {
+  size_t n = (size_t)cfg->batch * (size_t)cfg->seq;
+  int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
+  remat_status s = REMAT_ERR_OUT_OF_MEMORY;
+  if (tok != NULL && tgt != NULL) {
+    uint32_t x = 12345u;
+    for (size_t i = 0; i < n; i++) {
+      x = x * 1664525u + 1013904223u;
+      tok[i] = (int32_t)((x >> 16) % (uint32_t)cfg->vocab);
+      tgt[i] = (tok[i] * 7 + 3) % cfg->vocab;
+    }
+    s = remat_feed(g, m->tokens, tok, n * sizeof *tok);
+    if (s == REMAT_OK)
+      s = remat_feed(g, m->targets, tgt, n * sizeof *tgt);
   }
+  free(tok);
+  free(tgt);
+  return s;
 }
 
 #endif
