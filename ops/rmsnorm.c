@@ -1,11 +1,15 @@
 /* RMS normalization (Llama's norm) in plain C loops, tiled by row blocks.
  * The forward saves each row's rstd = 1 / sqrt(mean(x^2) + eps) as aux;
  * the backward writes per-tile partial dgamma into a workspace that a
- * column-block kernel sums in tile order, as layer norm does. bf16 rows
- * are converted to f32 in the op's temporary and results rounded once;
- * gamma, rstd and dgamma stay f32. */
+ * column-block kernel sums in tile order, as layer norm does. A row's
+ * sums run in interleaved lanes (ops/lanes.h). bf16 rows are converted to
+ * f32 in the op's temporary and results rounded once; gamma, rstd and
+ * dgamma stay f32. */
 #include <math.h>
+#include <string.h>
 
+#include "base/bf16.h"
+#include "ops/lanes.h"
 #include "ops/op_impl.h"
 
 typedef struct rmsnorm_state {
@@ -36,6 +40,32 @@ static int64_t tile_end(const rmsnorm_state *s, int64_t tile) {
   return op_min64(s->rows, (tile + 1) * s->row_block);
 }
 
+/* One row of C: rstd, and y = x * rstd * gamma. */
+REMAT_SIMD_CLONES static float rms_fwd_row(const float *restrict x,
+                                          float *restrict y,
+                                          const float *restrict gamma,
+                                          int64_t C, float eps) {
+  float rstd = 1.0f / sqrtf(op_lanes_sqdev(x, C, 0.0f) / (float)C + eps);
+  for (int64_t c = 0; c < C; c++) y[c] = x[c] * rstd * gamma[c];
+  return rstd;
+}
+
+/* One row of the backward: xhat = x * rstd into the scratch row, dy * xhat
+ * added to the partial pg, and dx (NULL: none). */
+REMAT_SIMD_CLONES static void rms_bwd_row(
+    const float *restrict x, const float *restrict dy,
+    const float *restrict gamma, float rstd, int64_t C,
+    float *restrict xhat, float *restrict dx, float *restrict pg) {
+  for (int64_t c = 0; c < C; c++) {
+    xhat[c] = x[c] * rstd;
+    pg[c] += dy[c] * xhat[c];
+  }
+  if (dx == NULL) return;
+  for (int64_t c = 0; c < C; c++) dx[c] = dy[c] * gamma[c];
+  float dot = op_lanes_dot(dx, xhat, C) / (float)C;
+  for (int64_t c = 0; c < C; c++) dx[c] = rstd * (dx[c] - xhat[c] * dot);
+}
+
 // x is (N,C), gamma is (C), y is (N,C), rstd is (N):
 // rstd = 1 / sqrt(sum_c x^2 / C + eps), y = x * rstd * gamma
 static int rmsnorm_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
@@ -44,17 +74,11 @@ static int rmsnorm_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
   const op_desc *d = &op->desc;
   int64_t C = s->C;
   float *t = op_temp(&s->base, w);
-  const float *restrict gamma = b->in[1];
   bool direct = d->out_dtype == OP_F32;
   for (int64_t r = tile * s->row_block; r < tile_end(s, tile); r++) {
-    const float *restrict x = op_load_f32(b->in[0], d->in_dtype[0], r * C,
-                                          C, t);
-    float ss = 0.0f;
-    for (int64_t c = 0; c < C; c++) ss += x[c] * x[c];
-    float rstd = 1.0f / sqrtf(ss / (float)C + s->eps);
-    b->aux[0][r] = rstd;
-    float *restrict y = direct ? b->out + r * C : t + C;
-    for (int64_t c = 0; c < C; c++) y[c] = x[c] * rstd * gamma[c];
+    const float *x = op_load_f32(b->in[0], d->in_dtype[0], r * C, C, t);
+    float *y = direct ? b->out + r * C : t + C;
+    b->aux[0][r] = rms_fwd_row(x, y, b->in[1], C, s->eps);
     if (!direct) op_store_dt(b->out, d->out_dtype, r * C, y, C, false);
   }
   return REMAT_OK;
@@ -70,26 +94,17 @@ static int rmsnorm_bwd(const op_instance *op, const op_bufs *b, int64_t tile,
   const op_desc *d = &op->desc;
   int64_t C = s->C;
   float *t = op_temp(&s->base, w);
-  const float *restrict gamma = b->in[1];
-  float *restrict part = b->ws[0] + tile * C;
-  for (int64_t c = 0; c < C; c++) part[c] = 0.0f;
+  float *part = b->ws[0] + tile * C;
+  memset(part, 0, (size_t)C * sizeof *part);
   bool acc = b->din_accumulate[0];
   bool direct = d->din_dtype[0] == OP_F32 && !acc;
   for (int64_t r = tile * s->row_block; r < tile_end(s, tile); r++) {
-    const float *restrict x = op_load_f32(b->in[0], d->in_dtype[0], r * C,
-                                          C, t);
-    const float *restrict dy =
-        op_load_f32(b->dout, d->out_dtype, r * C, C, t + C);
-    float rstd = b->aux[0][r];
-    for (int64_t c = 0; c < C; c++) part[c] += dy[c] * x[c] * rstd;
-    if (!b->din[0]) continue;
-    float dot = 0.0f;
-    for (int64_t c = 0; c < C; c++) dot += dy[c] * gamma[c] * x[c] * rstd;
-    dot /= (float)C;
-    float *restrict dx = direct ? b->din[0] + r * C : t + 2 * C;
-    for (int64_t c = 0; c < C; c++)
-      dx[c] = rstd * (dy[c] * gamma[c] - x[c] * rstd * dot);
-    if (!direct) op_store_dt(b->din[0], d->din_dtype[0], r * C, dx, C, acc);
+    const float *x = op_load_f32(b->in[0], d->in_dtype[0], r * C, C, t);
+    const float *dy = op_load_f32(b->dout, d->out_dtype, r * C, C, t + C);
+    float *dx = !b->din[0] ? NULL : direct ? b->din[0] + r * C : t + 3 * C;
+    rms_bwd_row(x, dy, b->in[1], b->aux[0][r], C, t + 2 * C, dx, part);
+    if (dx && !direct)
+      op_store_dt(b->din[0], d->din_dtype[0], r * C, dx, C, acc);
   }
   return REMAT_OK;
 }
@@ -121,7 +136,7 @@ remat_status op_rmsnorm_plan(op_instance *inst, dnnl_engine_t engine,
   s->row_block = op_min64(op_row_block(s->C), s->rows);
   s->tiles = op_div_up(s->rows, s->row_block);
   s->eps = d->attrs.eps > 0.0f ? d->attrs.eps : 1e-6f;
-  s->base.temp_bytes = (size_t)(3 * s->C) * sizeof(float);
+  s->base.temp_bytes = (size_t)(4 * s->C) * sizeof(float);
   inst->naux = 1;
   inst->aux_bytes[0] = (size_t)s->rows * sizeof(float);
   inst->nws = 1;
