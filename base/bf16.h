@@ -15,9 +15,10 @@
  * its bf16 packing takes fewer instructions than with AVX-512F alone (the
  * bf16 residual adds took 0.78x their time, bench_kernels). Every clone
  * rounds the same way and adds in the same order (no FMA contraction in
- * ISO C mode), so the bits are the same on every machine. Not under ThreadSanitizer: the clones' resolver
- * runs during relocation, before the sanitizer's runtime is set up, and
- * would crash every program linked with the library. */
+ * ISO C mode; objdump finds no fused multiply-add in the clones), so the
+ * bits are the same on every machine. Not under ThreadSanitizer: the
+ * clones' resolver runs during relocation, before the sanitizer's runtime
+ * is set up, and would crash every program linked with the library. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_THREAD__)
 #define REMAT_SIMD_CLONES \

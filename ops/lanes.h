@@ -18,34 +18,12 @@ static inline float op_lanes_fold(float acc[OP_LANES]) {
   return acc[0];
 }
 
-/* sum_i (x[i] - m)^2 over n elements; element i goes to lane i % OP_LANES. */
-static inline float op_lanes_sqdev(const float *restrict x, int64_t n,
-                                   float m) {
-  float acc[OP_LANES] = {0};
-  int64_t i = 0;
-  for (; i + OP_LANES <= n; i += OP_LANES)
-    for (int l = 0; l < OP_LANES; l++) {
-      float d = x[i + l] - m;
-      acc[l] += d * d;
-    }
-  for (int l = 0; i + l < n; l++) {
-    float d = x[i + l] - m;
-    acc[l] += d * d;
-  }
-  return op_lanes_fold(acc);
-}
-
-/* sum_i a[i] * b[i] (b == NULL: sum_i a[i]), lanes as above. */
+/* sum_i a[i] * b[i] over n elements; element i goes to lane
+ * i % OP_LANES. */
 static inline float op_lanes_dot(const float *restrict a,
                                  const float *restrict b, int64_t n) {
   float acc[OP_LANES] = {0};
   int64_t i = 0;
-  if (b == NULL) {
-    for (; i + OP_LANES <= n; i += OP_LANES)
-      for (int l = 0; l < OP_LANES; l++) acc[l] += a[i + l];
-    for (int l = 0; i + l < n; l++) acc[l] += a[i + l];
-    return op_lanes_fold(acc);
-  }
   for (; i + OP_LANES <= n; i += OP_LANES)
     for (int l = 0; l < OP_LANES; l++) acc[l] += a[i + l] * b[i + l];
   for (int l = 0; i + l < n; l++) acc[l] += a[i + l] * b[i + l];

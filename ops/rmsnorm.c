@@ -45,7 +45,7 @@ REMAT_SIMD_CLONES static float rms_fwd_row(const float *restrict x,
                                           float *restrict y,
                                           const float *restrict gamma,
                                           int64_t C, float eps) {
-  float rstd = 1.0f / sqrtf(op_lanes_sqdev(x, C, 0.0f) / (float)C + eps);
+  float rstd = 1.0f / sqrtf(op_lanes_dot(x, x, C) / (float)C + eps);
   for (int64_t c = 0; c < C; c++) y[c] = x[c] * rstd * gamma[c];
   return rstd;
 }
