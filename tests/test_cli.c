@@ -113,6 +113,17 @@ static void write_file(const char *path, const void *data, size_t len) {
   fclose(f);
 }
 
+/* A 4 KiB text file in the test folder, "the cat sat on the mat. " over
+ * and over, for runs with --data; returns its path. */
+static const char *cat_text(const char *name) {
+  const char *path = tmp_path(name);
+  static char buf[4096];
+  for (size_t i = 0; i < sizeof buf; i++)
+    buf[i] = "the cat sat on the mat. "[i % 24];
+  write_file(path, buf, sizeof buf);
+  return path;
+}
+
 static double json_number(const char *text, const char *key) {
   const char *p = strstr(text, key);
   assert_non_null(p);
@@ -1177,11 +1188,7 @@ static void test_output_streams(void **state) {
   assert_non_null(strstr(r.err, "step 20/20 [==============] loss 2."));
   assert_null(strstr(r.err, "tok/s"));
   /* A text file: no accuracy, so null in the JSON. */
-  const char *text = tmp_path("small.txt");
-  static char buf[4096];
-  for (size_t i = 0; i < sizeof buf; i++)
-    buf[i] = "the cat sat on the mat. "[i % 24];
-  write_file(text, buf, sizeof buf);
+  const char *text = cat_text("small.txt");
   run(&r, TINY, "--data", text, "--seq", "16", "--steps", "2", "--json",
       NULL);
   assert_int_equal(r.code, 0);
@@ -1639,11 +1646,7 @@ static void test_schedules(void **state) {
   run(&r, TINY, "--steps", "2", "--json", "--schedule", "constant", NULL);
   lr_list(r.out, got, sizeof got);
   assert_string_equal(got, "0.001 0.001");
-  const char *text = tmp_path("rates.txt");
-  static char buf[4096];
-  for (size_t i = 0; i < sizeof buf; i++)
-    buf[i] = "the cat sat on the mat. "[i % 24];
-  write_file(text, buf, sizeof buf);
+  const char *text = cat_text("rates.txt");
   run(&r, TINY, "--data", text, "--seq", "16", "--steps", "2", "--json",
       "--schedule", "constant", NULL);
   lr_list(r.out, got, sizeof got);
