@@ -323,6 +323,10 @@ def test_api(tmp):
             "the number of training steps, 1 to 1000000")
     refused(srv, "POST", J, {"data": data, "steps": 2, "lr": 0}, 400,
             "'lr' is 0: expected a number above 0 and at most 1")
+    # above 0 as a double, 0 as the f32 the job trains with
+    refused(srv, "POST", J, {"data": data, "steps": 2, "lr": 1e-60}, 400,
+            "'lr' is %.17g, 0 as an f32: expected a number above 0 and at "
+            "most 1" % 1e-60)
     refused(srv, "POST", J, {"data": data, "steps": 2, "epochs": 1}, 400,
             "unknown field 'epochs': POST /v1/jobs accepts data, steps, lr, "
             "policy, budget, save, save_every")

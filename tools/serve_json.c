@@ -3,6 +3,7 @@
  * names the field, what it was and what is accepted. Untrusted input: the
  * fuzz target tests/fuzz/fuzz_serve.c runs these on arbitrary bytes. */
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -112,16 +113,21 @@ static int get_int(const cJSON *root, const char *name, double lo, double hi,
   return 0;
 }
 
-/* A number field in [lo, hi] (above lo when `open`). */
+/* A number field in [lo, hi] (above lo when `open`), checked as the f32
+ * every caller stores it in: 1e-60 passes "above 0" as a double and is 0
+ * as an f32. */
 static int get_num(const cJSON *root, const char *name, double lo, double hi,
                    int open, double *out, char *err, size_t len) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
   if (v == NULL)
     return 0;
   double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-  if (!cJSON_IsNumber(v) || !(x >= lo) || x > hi || (open && x == lo)) {
-    char shown[64];
-    if (cJSON_IsNumber(v))
+  double f = x == x && fabs(x) <= FLT_MAX ? (double)(float)x : x;
+  if (!cJSON_IsNumber(v) || !(f >= lo) || f > hi || (open && f == lo)) {
+    char shown[96];
+    if (cJSON_IsNumber(v) && f != x)
+      snprintf(shown, sizeof shown, "%.17g, %.9g as an f32", x, f);
+    else if (cJSON_IsNumber(v))
       snprintf(shown, sizeof shown, "%.17g", x);
     else
       snprintf(shown, sizeof shown, "%s", kind_of(v));
