@@ -544,6 +544,10 @@ def hostile(dump, tmp, rng):
     config_case("eps", lambda c: c.update(rms_norm_eps=-1e-6),
                 "config.json: rms_norm_eps -1e-06: expected "
                 "a number above 0 and at most 1")
+    # above 0 as a double, 0 as the f32 the model uses
+    config_case("eps-f32", lambda c: c.update(rms_norm_eps=1e-60),
+                "config.json: rms_norm_eps 1e-60, 0 as an f32: expected "
+                "a number above 0 and at most 1")
 
     # a shard index naming a file that is not there
     path = os.path.join(tmp, "missing-shard")

@@ -73,6 +73,11 @@ static int float_field(const cJSON *root, const char *name, double max,
              "config.json: %s %g: expected a number above 0 "
              "and at most %g",
              name, v->valuedouble, max);
+  else if ((float)v->valuedouble == 0.0f) /* checked as the f32 it becomes */
+    snprintf(err, len,
+             "config.json: %s %g, 0 as an f32: expected a number above 0 "
+             "and at most %g",
+             name, v->valuedouble, max);
   else {
     *out = (float)v->valuedouble;
     return 0;
