@@ -16,8 +16,12 @@
 #include "base/bf16.h"
 #include "ops/op_impl.h"
 
-/* Weight-gradient blocks: rows of the gradient, and columns when wide. */
-#define OP_DW_ROWS 64
+/* Weight-gradient blocks: rows of the gradient, and columns when wide.
+ * oneDNN's gemm:jit packs the tile's chunk of x again for every block of
+ * rows, so 256 rows pack it a quarter as often as 64 did: the default
+ * GPT's dw kernels went from 0.86-0.90 of the bf16 roofline to 0.95-1.0
+ * (bench_dw, docs/performance.md "Weight gradients"). */
+#define OP_DW_ROWS 256
 #define OP_DW_COLS 256
 
 static int64_t dw_cols(int64_t n) { return n <= 2 * OP_DW_COLS ? n : OP_DW_COLS; }

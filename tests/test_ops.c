@@ -197,9 +197,10 @@ static void ref_reduce(const op_desc *d, double *const in[], double *out) {
 
 static void test_linear(void **state) {
   (void)state;
-  /* 130 rows: a 128-row tile and a 2-row remainder; dw blocks 64 + 16 */
-  op_case c = make_case(OP_LINEAR, ref_linear, 3, S3(2, 65, 40), S2(80, 40),
-                        S1(80));
+  /* 130 rows: a 128-row tile and a 2-row remainder; dw blocks 256 + 4 */
+  op_case c = make_case(OP_LINEAR, ref_linear, 3, S3(2, 65, 40), S2(260, 40),
+                        S1(260));
+  c.samples = 12;
   check_case(&c);
   /* no bias; 257 rows; dw columns 256 + 256 + 8 */
   c = make_case(OP_LINEAR, ref_linear, 2, S2(257, 520), S2(20, 520));
@@ -210,6 +211,41 @@ static void test_linear(void **state) {
   c = make_case(OP_LINEAR, ref_linear, 3, S3(4, 275, 24), S2(70, 24),
                 S1(70));
   check_case(&c);
+}
+
+/* The weight-gradient tiles are the rule's: chunks of rows (at least 512
+ * rows each, at most 8) times blocks of 256 rows of dw; blocks span all of
+ * K up to 2048 columns, 256 columns beyond. The default GPT's shapes. */
+static void test_linear_dw_tiles(void **state) {
+  (void)state;
+  const struct {
+    int64_t rows, K, M, tiles;
+  } want[] = {
+      {2048, 512, 2048, 4 * 8},  /* ffn_in: 4 chunks x 8 blocks */
+      {2048, 2048, 512, 4 * 2},  /* ffn_out */
+      {2048, 512, 1536, 4 * 6},  /* qkv */
+      {300, 512, 300, 1 * 2},    /* one chunk; 256 + 44 rows of dw */
+      {2048, 2100, 256, 4 * 9},  /* K past 2048: 8 x 256 + 52 columns */
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    op_desc d = {.type = OP_LINEAR,
+                 .nin = 2,
+                 .in = {S2(want[i].rows, want[i].K), S2(want[i].M, want[i].K)}};
+    char err[OP_ERRMSG_MAX];
+    assert_int_equal(op_infer(&d, err), REMAT_OK);
+    op_instance inst;
+    assert_int_equal(op_plan(&d, engine, &inst, err), REMAT_OK);
+    const op_kernel *dw = NULL;
+    for (int k = 0; k < inst.nbwd; k++)
+      if (strcmp(inst.bwd[k].name, "linear.dw") == 0) dw = &inst.bwd[k];
+    assert_non_null(dw);
+    if (dw->tiles != want[i].tiles)
+      fail_msg("linear of %lld rows, K %lld, M %lld: %lld dw tiles, want "
+               "%lld", (long long)want[i].rows, (long long)want[i].K,
+               (long long)want[i].M, (long long)dw->tiles,
+               (long long)want[i].tiles);
+    op_instance_release(&inst);
+  }
 }
 
 static void test_matmul(void **state) {
@@ -518,6 +554,7 @@ int main(void) {
       cmocka_unit_test(test_infer_errors),
       cmocka_unit_test(test_infer_shapes_and_tags),
       cmocka_unit_test(test_linear),
+      cmocka_unit_test(test_linear_dw_tiles),
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_add),
       cmocka_unit_test(test_bias_add),

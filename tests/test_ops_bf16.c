@@ -332,9 +332,9 @@ static void dw_forms_agree(const bcase *c, bool bf16) {
 
 static void test_linear_dw_transposed(void **state) {
   (void)state;
-  /* three chunks of 384 rows (the last 332), blocks of 64 rows of dw and a
-   * remainder of 2, blocks spanning all of K */
-  bcase c = make_case(OP_LINEAR, 3, S2(1100, 600), S2(130, 600), S1(130));
+  /* three chunks of 384 rows (the last 332), blocks of 256 rows of dw and
+   * a remainder of 2, blocks spanning all of K */
+  bcase c = make_case(OP_LINEAR, 3, S2(1100, 600), S2(258, 600), S1(258));
   c.param[1] = c.param[2] = true;
   dw_forms_agree(&c, false);
   dw_forms_agree(&c, true);

@@ -25,7 +25,7 @@
 #include "benchmarks/sim/sim_footprint.h"
 #include "runtime/exec/optim.h"
 
-#define DW_ROWS 64      /* OP_DW_ROWS of ops/linear.c */
+#define DW_ROWS 256     /* OP_DW_ROWS of ops/linear.c */
 #define DW_COLS 256     /* OP_DW_COLS of ops/linear.c */
 #define TINY_BYTES 4096 /* a buffer this small is read whole (scalars) */
 
