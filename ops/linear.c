@@ -19,8 +19,9 @@
 /* Weight-gradient blocks: rows of the gradient, and columns when wide.
  * oneDNN's gemm:jit packs the tile's chunk of x again for every block of
  * rows, so 256 rows pack it a quarter as often as 64 did: the default
- * GPT's dw kernels went from 0.86-0.90 of the bf16 roofline to 0.95-1.0
- * (bench_dw, docs/performance.md "Weight gradients"). */
+ * GPT's bf16 dw kernels went from 0.84-0.99 of the one-thread roofline
+ * to 0.95-1.0 warm, and 0.61-0.76 to 0.82-0.94 cold (bench_dw,
+ * docs/performance.md "Weight gradients"). */
 #define OP_DW_ROWS 256
 #define OP_DW_COLS 256
 
