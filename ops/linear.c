@@ -23,6 +23,8 @@
  * to 0.95-1.0 warm, and 0.61-0.76 to 0.82-0.94 cold (bench_dw,
  * docs/performance.md "Weight gradients"). */
 #define OP_DW_ROWS 256
+/* The batched matmul's dB blocks: 64 rows, not measured since. */
+#define OP_MATMUL_DB_ROWS 64
 #define OP_DW_COLS 256
 
 static int64_t dw_cols(int64_t n) { return n <= 2 * OP_DW_COLS ? n : OP_DW_COLS; }
@@ -117,7 +119,7 @@ static int linear_dx(const op_instance *op, const op_bufs *b, int64_t tile,
 /* db's rows m0..m0+nm summed over nr rows of dy, into dst. */
 static void db_rows(const linear_state *s, const float *dy, int64_t nr,
                     int64_t m0, int64_t nm, float *dst, bool accumulate) {
-  float acc[OP_DW_ROWS] = {0};
+  float acc[OP_DW_ROWS] = {0}; /* nm <= OP_DW_ROWS */
   for (int64_t r = 0; r < nr; r++) {
     const float *restrict row = dy + r * s->M + m0;
     for (int64_t m = 0; m < nm; m++) acc[m] += row[m];
@@ -260,8 +262,9 @@ static void dw_gemm_init(const linear_state *s, op_gemm *g, int64_t rows,
   op_gemm_dtypes(g, s->cvt_dy ? OP_BF16 : s->dy_dt, x_dt, c);
 }
 
-/* The largest transposed block of dy a dw tile copies (its temporary). */
-#define OP_DW_T_BYTES (1 << 20)
+/* The largest transposed block of dy a dw tile copies (its temporary):
+ * 256 rows of dw by a chunk of up to 4096 f32 rows. */
+#define OP_DW_T_BYTES (4 << 20)
 /* The widest K whose dw blocks span all of it (measured up to here). */
 #define OP_DW_WIDE_MAX 2048
 
@@ -270,12 +273,14 @@ static void dw_gemm_init(const linear_state *s, op_gemm *g, int64_t rows,
  * timings, so that the results stay the same bits on every machine:
  * dy^T read in place (oneDNN's gemm:jit), in blocks spanning all of K up
  * to OP_DW_WIDE_MAX (8-13% quicker than blocks of OP_DW_COLS columns at
- * K 1536 and 2048). A tile-local transposed copy of dy's block (plain,
- * which oneDNN's brgemm takes) lost 2-25% on every shape measured (the
- * copy costs more than brgemm gains), so the rule does not pick it.
+ * K 1536 and 2048), of OP_DW_ROWS rows. A tile-local transposed copy of
+ * dy's block (plain, which oneDNN's brgemm takes) lost 2-25% on every
+ * shape measured (the copy costs more than brgemm gains), so the rule does
+ * not pick it (both measured with blocks of 64 rows).
  * REMAT_BENCH_DW_KERNEL (read at planning; not public) forces "strided"
- * (the blocks of OP_DW_COLS columns, as before) or "transposed" (the
- * copy, with the rule's blocks), for the benchmarks' A/B. Converted
+ * (blocks of OP_DW_COLS columns, the column blocks before the rule) or
+ * "transposed" (the copy, with the rule's blocks), for the benchmarks'
+ * A/B. Converted
  * one-element operands keep dy in place (they use the temporary). */
 static void dw_form(linear_state *s, op_dtype dy_dt) {
   const char *v = getenv("REMAT_BENCH_DW_KERNEL");
@@ -559,7 +564,7 @@ remat_status op_matmul_plan(op_instance *inst, dnnl_engine_t engine,
   op_gemm_init(&s->da, N, K, M, op_gemm_rows(K, M), K);
   op_gemm_layout(&s->da, op_plain(M), op_transposed(M), K); /* dA = dC B^T */
   op_gemm_dtypes(&s->da, d->out_dtype, d->in_dtype[1], d->din_dtype[0]);
-  op_gemm_init(&s->db, K, M, N, OP_DW_ROWS, dw_cols(M));
+  op_gemm_init(&s->db, K, M, N, OP_MATMUL_DB_ROWS, dw_cols(M));
   op_gemm_layout(&s->db, op_transposed(K), op_plain(M), M); /* dB = A^T dC */
   op_gemm_dtypes(&s->db, d->in_dtype[0], d->out_dtype, d->din_dtype[1]);
   remat_status rs = op_gemm_plan(&s->fwd, &s->base, err);

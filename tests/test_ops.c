@@ -202,20 +202,22 @@ static void test_linear(void **state) {
                         S1(260));
   c.samples = 12;
   check_case(&c);
-  /* no bias; 257 rows; dw columns 256 + 256 + 8 */
+  /* no bias; 257 rows; dw blocks span all 520 columns */
   c = make_case(OP_LINEAR, ref_linear, 2, S2(257, 520), S2(20, 520));
   c.samples = 12;
   check_case(&c);
   /* 1100 rows: dw and db in three chunks of 384, 384 and 332 rows, their
-   * partials summed by linear.dw_sum and linear.db_sum */
-  c = make_case(OP_LINEAR, ref_linear, 3, S3(4, 275, 24), S2(70, 24),
-                S1(70));
+   * partials summed by linear.dw_sum and linear.db_sum; dw blocks 256 + 4 */
+  c = make_case(OP_LINEAR, ref_linear, 3, S3(4, 275, 24), S2(260, 24),
+                S1(260));
+  c.samples = 12;
   check_case(&c);
 }
 
-/* The weight-gradient tiles are the rule's: chunks of rows (at least 512
- * rows each, at most 8) times blocks of 256 rows of dw; blocks span all of
- * K up to 2048 columns, 256 columns beyond. The default GPT's shapes. */
+/* The weight-gradient tiles are the rule's: chunks of rows (ceil(rows /
+ * 512) of them, at most 8, each a multiple of 64 rows) times blocks of 256
+ * rows of dw; blocks span all of K up to 2048 columns, 256 columns beyond.
+ * The default GPT's ffn and qkv shapes, and two edges. */
 static void test_linear_dw_tiles(void **state) {
   (void)state;
   const struct {

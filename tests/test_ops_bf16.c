@@ -360,21 +360,23 @@ static void expect_plan_error(op_desc d, op_dtype out, const char *msg) {
 
 static void test_linear(void **state) {
   (void)state;
-  bcase c = make_case(OP_LINEAR, 3, S3(2, 65, 40), S2(80, 40), S1(80));
+  /* dw blocks of 256 rows and a remainder of 4 */
+  bcase c = make_case(OP_LINEAR, 3, S3(2, 65, 40), S2(260, 40), S1(260));
   c.param[1] = c.param[2] = true;
   check_case(&c);
   c = make_case(OP_LINEAR, 2, S2(257, 520), S2(20, 520));
   c.param[1] = true;
   check_case(&c);
-  /* 1100 rows: weight gradients in three chunks */
-  c = make_case(OP_LINEAR, 3, S3(4, 275, 24), S2(70, 24), S1(70));
+  /* 1100 rows: weight gradients in three chunks, dw blocks 256 + 4 */
+  c = make_case(OP_LINEAR, 3, S3(4, 275, 24), S2(260, 24), S1(260));
   c.param[1] = c.param[2] = true;
   check_case(&c);
   /* w and b activations (bf16, bf16 gradients): one chunk, and three
-   * chunks whose f32 partials are rounded once into dw and db */
-  c = make_case(OP_LINEAR, 3, S3(2, 65, 40), S2(80, 40), S1(80));
+   * chunks whose f32 partials are rounded once into dw and db; dw blocks
+   * 256 + 4 */
+  c = make_case(OP_LINEAR, 3, S3(2, 65, 40), S2(260, 40), S1(260));
   check_case(&c);
-  c = make_case(OP_LINEAR, 3, S3(4, 275, 24), S2(70, 24), S1(70));
+  c = make_case(OP_LINEAR, 3, S3(4, 275, 24), S2(260, 24), S1(260));
   check_case(&c);
 }
 

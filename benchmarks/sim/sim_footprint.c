@@ -11,8 +11,8 @@
  * into moves twice (read and write).
  *
  * A tile of a reducing kernel reads a block of columns of every row:
- * linear.dw's tile (64 rows of dW by up to 256 of its columns, as
- * ops/linear.c tiles it) reads 64 columns of dY and the matching columns
+ * linear.dw's tile (256 rows of dW by up to 256 of its columns, as
+ * ops/linear.c tiles it) reads 256 columns of dY and the matching columns
  * of X; the bias, layer-norm parameter, embedding and loss reductions read
  * their column block (bytes / tiles), embed.dwte every token. What it
  * writes (its block of a parameter gradient) is bytes / tiles.
