@@ -280,8 +280,8 @@ static void dw_gemm_init(const linear_state *s, op_gemm *g, int64_t rows,
  * REMAT_BENCH_DW_KERNEL (read at planning; not public) forces "strided"
  * (blocks of OP_DW_COLS columns, the column blocks before the rule) or
  * "transposed" (the copy, with the rule's blocks), for the benchmarks'
- * A/B. Converted
- * one-element operands keep dy in place (they use the temporary). */
+ * A/B. Converted one-element operands keep dy in place (they use the
+ * temporary). */
 static void dw_form(linear_state *s, op_dtype dy_dt) {
   const char *v = getenv("REMAT_BENCH_DW_KERNEL");
   bool strided = v != NULL && strcmp(v, "strided") == 0;
