@@ -19,10 +19,12 @@
  * thread count. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/bf16.h"
 #include "ops/attn_geom.h"
+#include "ops/bf16_dot.h"
 
 /* Rows of a block are at least this many; at most ATTN_MAX_BLOCKS blocks. */
 #define ATTN_BLOCK_MIN 64
@@ -41,6 +43,12 @@ typedef struct attn_state {
   attn_geom a;
   /* scores: fwd, dq, dk; values: fwd, dp, dv */
   attn_blocks fwd, dx, dy;
+  /* bf16 products on ops/bf16_dot.h instead of oneDNN (attn_dot_plan);
+   * their packs lie at byte dot_off of the op's temporary, the packed
+   * A^T block of dk and dv at word dot_a of it */
+  bool dot;
+  size_t dot_off;
+  int64_t dot_a;
 } attn_state;
 
 static attn_state *attn_state_new(op_instance *inst, dnnl_engine_t engine,
@@ -102,6 +110,59 @@ static double attn_blocks_flops(const attn_blocks *p, int64_t heads) {
   for (int i = 0; i < p->n; i++)
     f += 2.0 * (double)p->g[i].m * (double)p->g[i].n * (double)p->g[i].k;
   return f * (double)heads;
+}
+
+/* Whether the op's products run on ops/bf16_dot.h: every operand in
+ * bf16 (gradients may be f32), an even head dim, T and S (the plain A
+ * operands pair their k elements, and every leading dimension is then
+ * even), on a CPU with AVX512-BF16. oneDNN 2.6 runs these strided blocks
+ * on gemm:jit, which packs both operands on every call; here a head's
+ * shared operand is packed once: the six products took 0.82x oneDNN's
+ * time in the step (docs/performance.md).
+ * REMAT_BENCH_ATTN_DOT=onednn (read at planning; not public) keeps
+ * oneDNN for the benchmarks' A/B. Sets s->dot and the packs' place in
+ * the temporary, after `temp` bytes of the op's own: a shared operand
+ * of `b_words`, then a packed A^T block. */
+static void attn_dot_plan(attn_state *s, const op_desc *d, size_t temp,
+                          int64_t b_words) {
+  const attn_geom *a = &s->a;
+  const char *v = getenv("REMAT_BENCH_ATTN_DOT");
+  bool bf16 = d->out_dtype == OP_BF16;
+  for (int i = 0; i < d->nin; i++)
+    if (d->in_dtype[i] != OP_BF16 && d->in_dtype[i] != OP_I32) bf16 = false;
+  s->dot = bf16 && a->hd % 2 == 0 && a->T % 2 == 0 && a->S % 2 == 0 &&
+           (v == NULL || strcmp(v, "onednn") != 0) && op_bdot_available();
+  s->base.temp_bytes = temp;
+  if (!s->dot) return;
+  s->dot_off = (temp + 63) / 64 * 64;
+  s->dot_a = (b_words + 15) / 16 * 16;
+  /* dk's and dv's key blocks: blk rows, or all S keys unblocked */
+  int64_t rows = s->dy.n > 1 ? s->dy.blk : a->S;
+  int64_t a_words = op_bdot_pack_words(a->T, rows, rows);
+  s->base.temp_bytes = s->dot_off + (size_t)(s->dot_a + a_words) * 4;
+}
+
+/* The packs' words in the worker's temporary. */
+static uint32_t *dot_packs(const attn_state *s, op_worker *w) {
+  return (uint32_t *)((char *)op_temp(&s->base, w) + s->dot_off);
+}
+
+/* Block gemm g on the bf16 kernels: C = alpha A . B (+ C), with A plain
+ * (ld) or the packed A^T block, B a pack of kp pairs per panel from pair
+ * p0. */
+static void dot_run(const op_gemm *g, op_bdot_a a, const uint32_t *b,
+                    int64_t kp, int64_t p0, void *c, int64_t ldc, bool acc) {
+  op_bdot_run(g->m, g->n, g->k, g->alpha, a, b, kp, p0, c, ldc, g->c_dt, acc);
+}
+
+/* The packed A^T block of dk or dv: A(m, k) = x[k * ld + m] over k rows
+ * and m columns, in one panel of m columns. */
+static op_bdot_a dot_pack_at(const attn_state *s, uint32_t *packs,
+                             const void *x, int64_t k, int64_t m,
+                             int64_t ld) {
+  uint32_t *pa = packs + s->dot_a;
+  op_bdot_pack(pa, x, k, m, ld, false, m);
+  return (op_bdot_a){pa, m, true};
 }
 
 /* Tiles of `tiles` (batch, head) pairs each work on rows (b, h, 0..rows)
@@ -167,12 +228,19 @@ static int scores_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
   void *sc = op_at(b->out, tile * a->T * a->S, st);
   const void *kh =
       op_at(kin, attn_k_at(a, bi, h / a->group, 0), s->fwd.g[0].b_dt);
+  uint32_t *pk = s->dot ? dot_packs(s, w) : NULL;
+  if (pk) op_bdot_pack(pk, kh, a->hd, a->S, a->k_ld, true, OP_BDOT_PANEL);
   int rs = REMAT_OK;
   for (int i = 0; i < s->fwd.n && rs == REMAT_OK; i++) {
     const op_gemm *g = &s->fwd.g[i];
     attn_block k = attn_block_at(a, s->fwd.blk, i, false);
-    rs = op_gemm_run(g, 0, op_at(b->in[0], attn_q_at(a, bi, h, k.r0), g->a_dt),
-                     kh, NULL, op_at(sc, k.r0 * a->S, st), false, w);
+    const void *q = op_at(b->in[0], attn_q_at(a, bi, h, k.r0), g->a_dt);
+    void *c = op_at(sc, k.r0 * a->S, st);
+    if (pk)
+      dot_run(g, (op_bdot_a){q, a->q_ld, false}, pk, a->hd / 2, 0, c, a->S,
+              false);
+    else
+      rs = op_gemm_run(g, 0, q, kh, NULL, c, false, w);
   }
   /* -inf over every key a row may not see, computed or not */
   mask_scores(a, sc, st, attn_len(a, key_lens(op, b), bi));
@@ -208,14 +276,21 @@ static int scores_dq(const op_instance *op, const op_bufs *b, int64_t tile,
   int64_t bi = tile / a->H, h = tile % a->H;
   const float *kin = op->desc.attrs.attn_separate ? b->in[1] : b->in[0];
   const void *ds = masked_dscores(op, b, bi, h, w);
+  const void *kh =
+      op_at(kin, attn_k_at(a, bi, h / a->group, 0), s->dx.g[0].b_dt);
+  uint32_t *pk = s->dot ? dot_packs(s, w) : NULL;
+  if (pk) op_bdot_pack(pk, kh, a->S, a->hd, a->k_ld, false, OP_BDOT_PANEL);
   int rs = REMAT_OK;
   for (int i = 0; i < s->dx.n && rs == REMAT_OK; i++) {
     const op_gemm *g = &s->dx.g[i];
     attn_block k = attn_block_at(a, s->dx.blk, i, false);
-    rs = op_gemm_run(g, 0, op_at(ds, k.r0 * a->S, g->a_dt),
-                     op_at(kin, attn_k_at(a, bi, h / a->group, 0), g->b_dt),
-                     NULL, op_at(b->din[0], attn_q_at(a, bi, h, k.r0), g->c_dt),
-                     b->din_accumulate[0], w);
+    const void *dsk = op_at(ds, k.r0 * a->S, g->a_dt);
+    void *dq = op_at(b->din[0], attn_q_at(a, bi, h, k.r0), g->c_dt);
+    if (pk)
+      dot_run(g, (op_bdot_a){dsk, a->S, false}, pk, a->S / 2, 0, dq, a->q_ld,
+              b->din_accumulate[0]);
+    else
+      rs = op_gemm_run(g, 0, dsk, kh, NULL, dq, b->din_accumulate[0], w);
   }
   return rs;
 }
@@ -230,17 +305,26 @@ static int scores_dk(const op_instance *op, const op_bufs *b, int64_t tile,
   if (!b->din[ki]) return REMAT_OK;
   int64_t bi = tile / a->KVH, kvh = tile % a->KVH;
   int rs = REMAT_OK;
+  uint32_t *pq = s->dot ? dot_packs(s, w) : NULL;
   for (int64_t r = 0; r < a->group && rs == REMAT_OK; r++) {
     int64_t h = kvh * a->group + r;
     const void *ds = masked_dscores(op, b, bi, h, w);
+    if (pq)
+      op_bdot_pack(pq, op_at(b->in[0], attn_q_at(a, bi, h, 0), OP_BF16),
+                   a->T, a->hd, a->q_ld, false, OP_BDOT_PANEL);
     for (int i = 0; i < s->dy.n && rs == REMAT_OK; i++) {
       const op_gemm *g = &s->dy.g[i];
       attn_block k = attn_block_at(a, s->dy.blk, i, true);
-      rs = op_gemm_run(
-          g, 0, op_at(ds, k.q0 * a->S + k.r0, g->a_dt),
-          op_at(b->in[0], attn_q_at(a, bi, h, k.q0), g->b_dt), NULL,
-          op_at(b->din[ki], attn_k_at(a, bi, kvh, k.r0), g->c_dt),
-          r > 0 || b->din_accumulate[ki], w);
+      const void *dst = op_at(ds, k.q0 * a->S + k.r0, g->a_dt);
+      void *dk = op_at(b->din[ki], attn_k_at(a, bi, kvh, k.r0), g->c_dt);
+      bool acc = r > 0 || b->din_accumulate[ki];
+      if (pq)
+        dot_run(g, dot_pack_at(s, pq, dst, g->k, g->m, a->S), pq,
+                (a->T + 1) / 2, k.q0 / 2, dk, a->k_ld, acc);
+      else
+        rs = op_gemm_run(g, 0, dst,
+                         op_at(b->in[0], attn_q_at(a, bi, h, k.q0), g->b_dt),
+                         NULL, dk, acc, w);
     }
   }
   return rs;
@@ -296,7 +380,10 @@ remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
   if (rs == REMAT_OK)
     rs = attn_blocks_plan(&s->dy, s, d, scores_dk_init, true, err);
   if (rs != REMAT_OK) return rs;
-  s->base.temp_bytes = (size_t)(T * S * op_dtype_size(d->out_dtype));
+  int64_t words = op_max64(op_bdot_pack_words(a.hd, S, OP_BDOT_PANEL),
+                           op_bdot_pack_words(S, a.hd, OP_BDOT_PANEL));
+  words = op_max64(words, op_bdot_pack_words(T, a.hd, OP_BDOT_PANEL));
+  attn_dot_plan(s, d, (size_t)(T * S * op_dtype_size(d->out_dtype)), words);
   int ki = sep ? 1 : 0;
   int64_t tiles = a.B * a.H;
   uint32_t qk = OP_SLOT_IN(0) | (sep ? OP_SLOT_IN(1) : 0u);
@@ -370,14 +457,21 @@ static int values_fwd(const op_instance *op, const op_bufs *b, int64_t tile,
   const attn_state *s = op->state;
   const attn_geom *a = &s->a;
   int64_t bi = tile / a->H, h = tile % a->H;
+  const void *vh =
+      op_at(b->in[1], attn_v_at(a, bi, h / a->group, 0), s->fwd.g[0].b_dt);
+  uint32_t *pv = s->dot ? dot_packs(s, w) : NULL;
+  if (pv) op_bdot_pack(pv, vh, a->S, a->hd, a->v_ld, false, OP_BDOT_PANEL);
   int rs = REMAT_OK;
   for (int i = 0; i < s->fwd.n && rs == REMAT_OK; i++) {
     const op_gemm *g = &s->fwd.g[i];
     attn_block k = attn_block_at(a, s->fwd.blk, i, false);
-    rs = op_gemm_run(
-        g, 0, op_at(b->in[0], (tile * a->T + k.r0) * a->S, g->a_dt),
-        op_at(b->in[1], attn_v_at(a, bi, h / a->group, 0), g->b_dt), NULL,
-        op_at(b->out, attn_o_at(a, bi, h, k.r0), g->c_dt), false, w);
+    const void *p = op_at(b->in[0], (tile * a->T + k.r0) * a->S, g->a_dt);
+    void *o = op_at(b->out, attn_o_at(a, bi, h, k.r0), g->c_dt);
+    if (pv)
+      dot_run(g, (op_bdot_a){p, a->S, false}, pv, a->S / 2, 0, o, a->o_ld,
+              false);
+    else
+      rs = op_gemm_run(g, 0, p, vh, NULL, o, false, w);
   }
   return rs;
 }
@@ -395,14 +489,21 @@ static int values_dp(const op_instance *op, const op_bufs *b, int64_t tile,
   op_dtype pt = s->dx.g[0].c_dt;
   size_t es = (size_t)op_dtype_size(pt);
   char *dp = op_at(b->din[0], tile * a->T * a->S, pt);
+  const void *vh =
+      op_at(b->in[1], attn_v_at(a, bi, h / a->group, 0), s->dx.g[0].b_dt);
+  uint32_t *pv = s->dot ? dot_packs(s, w) : NULL;
+  if (pv) op_bdot_pack(pv, vh, a->hd, a->S, a->v_ld, true, OP_BDOT_PANEL);
   int rs = REMAT_OK;
   for (int i = 0; i < s->dx.n && rs == REMAT_OK; i++) {
     const op_gemm *g = &s->dx.g[i];
     attn_block k = attn_block_at(a, s->dx.blk, i, false);
-    rs = op_gemm_run(
-        g, 0, op_at(b->dout, attn_o_at(a, bi, h, k.r0), g->a_dt),
-        op_at(b->in[1], attn_v_at(a, bi, h / a->group, 0), g->b_dt), NULL,
-        dp + (size_t)(k.r0 * a->S) * es, b->din_accumulate[0], w);
+    const void *dob = op_at(b->dout, attn_o_at(a, bi, h, k.r0), g->a_dt);
+    char *c = dp + (size_t)(k.r0 * a->S) * es;
+    if (pv)
+      dot_run(g, (op_bdot_a){dob, a->o_ld, false}, pv, a->hd / 2, 0, c, a->S,
+              b->din_accumulate[0]);
+    else
+      rs = op_gemm_run(g, 0, dob, vh, NULL, c, b->din_accumulate[0], w);
     /* blocked: 0 wherever the query cannot see the key (r < j) */
     for (int64_t r = k.r0; s->dx.n > 1 && r < k.r1 && !b->din_accumulate[0];
          r++)
@@ -421,19 +522,28 @@ static int values_dv(const op_instance *op, const op_bufs *b, int64_t tile,
   const attn_geom *a = &s->a;
   if (!b->din[1]) return REMAT_OK;
   int64_t bi = tile / a->KVH, kv = tile % a->KVH;
+  uint32_t *pd = s->dot ? dot_packs(s, w) : NULL;
   int rs = REMAT_OK;
   for (int64_t r = 0; r < a->group && rs == REMAT_OK; r++) {
     int64_t h = kv * a->group + r;
+    if (pd)
+      op_bdot_pack(pd, op_at(b->dout, attn_o_at(a, bi, h, 0), OP_BF16), a->T,
+                   a->hd, a->o_ld, false, OP_BDOT_PANEL);
     for (int i = 0; i < s->dy.n && rs == REMAT_OK; i++) {
       const op_gemm *g = &s->dy.g[i];
       attn_block k = attn_block_at(a, s->dy.blk, i, true);
-      rs = op_gemm_run(
-          g, 0,
+      const void *pt =
           op_at(b->in[0], ((bi * a->H + h) * a->T + k.q0) * a->S + k.r0,
-                g->a_dt),
-          op_at(b->dout, attn_o_at(a, bi, h, k.q0), g->b_dt), NULL,
-          op_at(b->din[1], attn_v_at(a, bi, kv, k.r0), g->c_dt),
-          r > 0 || b->din_accumulate[1], w);
+                g->a_dt);
+      void *dv = op_at(b->din[1], attn_v_at(a, bi, kv, k.r0), g->c_dt);
+      bool acc = r > 0 || b->din_accumulate[1];
+      if (pd)
+        dot_run(g, dot_pack_at(s, pd, pt, g->k, g->m, a->S), pd,
+                (a->T + 1) / 2, k.q0 / 2, dv, a->v_ld, acc);
+      else
+        rs = op_gemm_run(g, 0, pt,
+                         op_at(b->dout, attn_o_at(a, bi, h, k.q0), g->b_dt),
+                         NULL, dv, acc, w);
     }
   }
   return rs;
@@ -482,7 +592,11 @@ remat_status op_attn_values_plan(op_instance *inst, dnnl_engine_t engine,
   if (rs == REMAT_OK)
     rs = attn_blocks_plan(&s->dy, s, d, values_dv_init, true, err);
   if (rs != REMAT_OK) return rs;
-  int64_t tiles = a.B * a.H, T = a.T;
+  int64_t tiles = a.B * a.H, T = a.T, S = a.S;
+  int64_t words = op_max64(op_bdot_pack_words(S, a.hd, OP_BDOT_PANEL),
+                           op_bdot_pack_words(a.hd, S, OP_BDOT_PANEL));
+  words = op_max64(words, op_bdot_pack_words(T, a.hd, OP_BDOT_PANEL));
+  attn_dot_plan(s, d, 0, words);
   inst->fwd[inst->nfwd++] = op_make_kernel(
       "attn_values.fwd", values_fwd, tiles, attn_blocks_flops(&s->fwd, tiles),
       OP_SLOT_IN(0) | OP_SLOT_IN(1), OP_SLOT_OUT);

@@ -28,6 +28,7 @@
 
 #include "base/bf16.h"
 #include "op_fixture.h"
+#include "ops/bf16_dot.h"
 #include "ops/op.h"
 
 static void *xcalloc(size_t n, size_t size) {
@@ -493,11 +494,38 @@ static void test_attn_scores(void **state) {
   bcase c = make_case(OP_ATTN_SCORES, 1, S3(2, 13, 72));
   c.desc.attrs.heads = 3;
   check_case(&c);
+  /* even T and head dims: the products on ops/bf16_dot.h (where the CPU
+   * has AVX512-BF16), in causal blocks of 80 rows (150 = 80 + 70), with
+   * grouped-query heads (dk sums two query heads) and key lengths */
+  c = make_case(OP_ATTN_SCORES, 1, S3(2, 150, (4 + 2 * 2) * 16));
+  c.desc.attrs.heads = 4;
+  c.desc.attrs.kv_heads = 2;
+  check_case(&c);
+  c = make_case(OP_ATTN_SCORES, 2, S3(3, 14, 3 * 2 * 10), S1(3));
+  c.desc.attrs.heads = 2;
+  c.desc.attrs.attn_lens = true;
+  c.desc.in_dtype[1] = OP_I32;
+  c.lo[1] = 1;
+  c.hi[1] = 15;
+  check_case(&c);
 }
 
 static void test_attn_values(void **state) {
   (void)state;
   bcase c = make_case(OP_ATTN_VALUES, 2, S4(2, 3, 13, 13), S3(2, 13, 72));
+  c.desc.attrs.heads = 3;
+  c.lo[0] = 0;
+  check_case(&c);
+  /* the bf16_dot.h products (as test_attn_scores): causal blocks of 80
+   * rows, grouped-query heads (dv sums two), and one unblocked product */
+  c = make_case(OP_ATTN_VALUES, 2, S4(2, 4, 150, 150),
+                S3(2, 150, (4 + 2 * 2) * 16));
+  c.desc.attrs.heads = 4;
+  c.desc.attrs.kv_heads = 2;
+  c.desc.attrs.probs_causal = true;
+  c.lo[0] = 0;
+  check_case(&c);
+  c = make_case(OP_ATTN_VALUES, 2, S4(2, 3, 14, 14), S3(2, 14, 3 * 3 * 6));
   c.desc.attrs.heads = 3;
   c.lo[0] = 0;
   check_case(&c);
@@ -517,6 +545,112 @@ static void test_attention(void **state) {
     c.lo[0] = -2;
     c.hi[0] = 2;
     check_case(&c);
+  }
+}
+
+/* ops/bf16_dot.h alone against a double-precision sum of the same bf16
+ * operands: every form its callers use (plain A with a transposed or a
+ * plain B; a packed A^T), a B pack read from pair p0 on, an odd k (packed
+ * A), rows past a register tile (6) and columns past a vector (16) and a
+ * panel (64), overwrite and accumulate, f32 and bf16 C. An f32 C is off
+ * by f32 roundings only (4e-5 of the sum of |terms|); a bf16 C by one
+ * bf16 rounding more (2^-8 of the result). */
+static void test_bf16_dot(void **state) {
+  (void)state;
+  if (!op_bdot_available()) {
+    print_message("no AVX512-BF16 on this CPU: the kernels never run\n");
+    skip();
+  }
+  static const struct {
+    int64_t m, n, k, p0;
+    bool packed_a, transposed_b, acc;
+    op_dtype ct;
+  } cases[] = {
+      {13, 70, 24, 0, false, true, false, OP_BF16},
+      {7, 16, 40, 0, false, false, true, OP_F32},
+      {64, 130, 64, 3, false, false, true, OP_BF16},
+      {6, 17, 33, 0, true, false, false, OP_F32},
+      {20, 64, 151, 5, true, false, true, OP_BF16},
+  };
+  for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+    int64_t m = cases[t].m, n = cases[t].n, k = cases[t].k, p0 = cases[t].p0;
+    int64_t kb = k + 2 * p0, lda = k + 4, ldb = cases[t].transposed_b
+                                                   ? kb + 1 : n + 5;
+    int64_t ldc = n + 2;
+    /* A(i, j) = a[i * lda + j]; B(j, l) over kb rows, the product reads
+     * rows 2 p0 on */
+    uint16_t *a = xcalloc((size_t)(m * lda + k * m + 2), sizeof *a);
+    uint16_t *b = xcalloc((size_t)(kb * (n + 5) + n * (kb + 1)), sizeof *b);
+    for (int64_t i = 0; i < m * lda + k * m + 2; i++)
+      a[i] = bf16_from_f32((float)uniform(-1, 1));
+    for (int64_t i = 0; i < kb * (n + 5) + n * (kb + 1); i++)
+      b[i] = bf16_from_f32((float)uniform(-1, 1));
+#define A_AT(i, j) bf16_to_f32(a[(i) * lda + (j)])
+#define B_AT(j, l)                                                   \
+  bf16_to_f32(cases[t].transposed_b ? b[(l) * ldb + (j)] : b[(j) * ldb + (l)])
+    uint32_t *bp = xcalloc((size_t)op_bdot_pack_words(kb, n, OP_BDOT_PANEL),
+                           sizeof *bp);
+    op_bdot_pack(bp, b, kb, n, ldb, cases[t].transposed_b, OP_BDOT_PANEL);
+    op_bdot_a av = {a, lda, false};
+    uint32_t *ap = NULL;
+    if (cases[t].packed_a) {
+      /* A^T as stored by the callers: at(j, i) = A(i, j), rows of m */
+      uint16_t *at = xcalloc((size_t)(k * m), sizeof *at);
+      for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < k; j++) at[j * m + i] = a[i * lda + j];
+      ap = xcalloc((size_t)op_bdot_pack_words(k, m, m), sizeof *ap);
+      op_bdot_pack(ap, at, k, m, m, false, m);
+      free(at);
+      av = (op_bdot_a){ap, m, true};
+    }
+    size_t es = cases[t].ct == OP_F32 ? 4 : 2;
+    char *c = xcalloc((size_t)(m * ldc), es);
+    double *c0 = xcalloc((size_t)(m * ldc), sizeof *c0);
+    for (int64_t i = 0; i < m * ldc; i++) {
+      float v = (float)uniform(-1, 1);
+      if (cases[t].ct == OP_F32) ((float *)c)[i] = v;
+      else ((uint16_t *)c)[i] = bf16_from_f32(v);
+      c0[i] = cases[t].ct == OP_F32 ? ((float *)c)[i]
+                                    : bf16_to_f32(((uint16_t *)c)[i]);
+    }
+    const float alpha = 0.375f;
+    op_bdot_run(m, n, k, alpha, av, bp, (kb + 1) / 2, p0, c, ldc,
+                cases[t].ct, cases[t].acc);
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t l = 0; l < ldc; l++) {
+        double got = cases[t].ct == OP_F32
+                         ? ((float *)c)[i * ldc + l]
+                         : bf16_to_f32(((uint16_t *)c)[i * ldc + l]);
+        if (l >= n) { /* past the n columns: untouched */
+          assert_true(got == c0[i * ldc + l]);
+          continue;
+        }
+        double want = 0, mag = 0;
+        for (int64_t j = 0; j < k; j++) {
+          double term = (double)A_AT(i, j) * B_AT(2 * p0 + j, l);
+          want += term;
+          mag += fabs(term);
+        }
+        want *= alpha;
+        mag *= alpha;
+        if (cases[t].acc) {
+          want += c0[i * ldc + l];
+          mag += fabs(c0[i * ldc + l]);
+        }
+        double tol = 4e-5 * mag + (cases[t].ct == OP_BF16 ? fabs(want) / 256
+                                                          : 0);
+        if (fabs(got - want) > tol)
+          fail_msg("bf16_dot case %zu C(%lld, %lld) = %g, want %g (tol %g)",
+                   t, (long long)i, (long long)l, got, want, tol);
+      }
+#undef A_AT
+#undef B_AT
+    free(a);
+    free(b);
+    free(bp);
+    free(ap);
+    free(c);
+    free(c0);
   }
 }
 
@@ -591,6 +725,7 @@ int main(void) {
       cmocka_unit_test(test_relu_gelu),   cmocka_unit_test(test_layernorm),
       cmocka_unit_test(test_softmax),     cmocka_unit_test(test_attn_scores),
       cmocka_unit_test(test_attn_values), cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_bf16_dot),
       cmocka_unit_test(test_embed),       cmocka_unit_test(test_cross_entropy),
       cmocka_unit_test(test_sum_mean),
   };
