@@ -43,9 +43,9 @@ typedef struct attn_state {
   attn_geom a;
   /* scores: fwd, dq, dk; values: fwd, dp, dv */
   attn_blocks fwd, dx, dy;
-  /* bf16 products on ops/bf16_dot.h instead of oneDNN (attn_dot_plan);
+  /* bf16 products on ops/bf16_dot.h instead of oneDNN (attn_dot_use);
    * their packs lie at byte dot_off of the op's temporary, the packed
-   * A^T block of dk and dv at word dot_a of it */
+   * A^T chunk of dk and dv at word dot_a of it */
   bool dot;
   size_t dot_off;
   int64_t dot_a;
@@ -98,7 +98,8 @@ static remat_status attn_blocks_plan(attn_blocks *p, attn_state *s,
   p->n = (int)op_div_up(s->a.T, p->blk);
   for (int i = 0; i < p->n; i++) {
     init(&p->g[i], &s->a, d, attn_block_at(&s->a, p->blk, i, keys));
-    remat_status rs = op_gemm_plan(&p->g[i], &s->base, err);
+    /* on ops/bf16_dot.h no oneDNN primitive is needed */
+    remat_status rs = s->dot ? REMAT_OK : op_gemm_plan(&p->g[i], &s->base, err);
     if (rs != REMAT_OK) return rs;
   }
   return REMAT_OK;
@@ -112,33 +113,37 @@ static double attn_blocks_flops(const attn_blocks *p, int64_t heads) {
   return f * (double)heads;
 }
 
+/* Keys per packed A^T chunk of dk and dv (a multiple of the kernel's 6
+ * rows): the pack stays small whatever S. */
+#define ATTN_DOT_KEYS 96
+
 /* Whether the op's products run on ops/bf16_dot.h: every operand in
  * bf16 (gradients may be f32), an even head dim, T and S (the plain A
  * operands pair their k elements, and every leading dimension is then
  * even), on a CPU with AVX512-BF16. oneDNN 2.6 runs these strided blocks
  * on gemm:jit, which packs both operands on every call; here a head's
  * shared operand is packed once: the six products took 0.82x oneDNN's
- * time in the step (docs/performance.md).
- * REMAT_BENCH_ATTN_DOT=onednn (read at planning; not public) keeps
- * oneDNN for the benchmarks' A/B. Sets s->dot and the packs' place in
- * the temporary, after `temp` bytes of the op's own: a shared operand
- * of `b_words`, then a packed A^T block. */
-static void attn_dot_plan(attn_state *s, const op_desc *d, size_t temp,
-                          int64_t b_words) {
-  const attn_geom *a = &s->a;
+ * time alone at one thread, 0.78x in the step at two
+ * (docs/performance.md). REMAT_BENCH_ATTN_DOT=onednn (read at planning;
+ * not public) keeps oneDNN for the benchmarks' A/B. */
+static bool attn_dot_use(const attn_geom *a, const op_desc *d) {
   const char *v = getenv("REMAT_BENCH_ATTN_DOT");
   bool bf16 = d->out_dtype == OP_BF16;
   for (int i = 0; i < d->nin; i++)
     if (d->in_dtype[i] != OP_BF16 && d->in_dtype[i] != OP_I32) bf16 = false;
-  s->dot = bf16 && a->hd % 2 == 0 && a->T % 2 == 0 && a->S % 2 == 0 &&
-           (v == NULL || strcmp(v, "onednn") != 0) && op_bdot_available();
+  return bf16 && a->hd % 2 == 0 && a->T % 2 == 0 && a->S % 2 == 0 &&
+         (v == NULL || strcmp(v, "onednn") != 0) && op_bdot_available();
+}
+
+/* The op's temporary: `temp` bytes of its own, then (s->dot) the packs: a
+ * shared operand of `b_words`, then a packed A^T chunk. */
+static void attn_dot_scratch(attn_state *s, size_t temp, int64_t b_words) {
   s->base.temp_bytes = temp;
   if (!s->dot) return;
   s->dot_off = (temp + 63) / 64 * 64;
   s->dot_a = (b_words + 15) / 16 * 16;
-  /* dk's and dv's key blocks: blk rows, or all S keys unblocked */
-  int64_t rows = s->dy.n > 1 ? s->dy.blk : a->S;
-  int64_t a_words = op_bdot_pack_words(a->T, rows, rows);
+  int64_t a_words =
+      op_bdot_pack_words(s->a.T, ATTN_DOT_KEYS, ATTN_DOT_KEYS);
   s->base.temp_bytes = s->dot_off + (size_t)(s->dot_a + a_words) * 4;
 }
 
@@ -155,14 +160,21 @@ static void dot_run(const op_gemm *g, op_bdot_a a, const uint32_t *b,
   op_bdot_run(g->m, g->n, g->k, g->alpha, a, b, kp, p0, c, ldc, g->c_dt, acc);
 }
 
-/* The packed A^T block of dk or dv: A(m, k) = x[k * ld + m] over k rows
- * and m columns, in one panel of m columns. */
-static op_bdot_a dot_pack_at(const attn_state *s, uint32_t *packs,
-                             const void *x, int64_t k, int64_t m,
-                             int64_t ld) {
+/* Block gemm g of dk or dv on the bf16 kernels: A(m, k) = x[k * ld + m]
+ * (dS^T or P^T), packed ATTN_DOT_KEYS keys (rows of C) at a time, each
+ * chunk in one panel of its keys; B and C as dot_run's. */
+static void dot_run_at(const attn_state *s, uint32_t *packs, const op_gemm *g,
+                       const void *x, int64_t ld, const uint32_t *b,
+                       int64_t kp, int64_t p0, void *c, int64_t ldc,
+                       bool acc) {
   uint32_t *pa = packs + s->dot_a;
-  op_bdot_pack(pa, x, k, m, ld, false, m);
-  return (op_bdot_a){pa, m, true};
+  size_t es = (size_t)op_dtype_size(g->c_dt);
+  for (int64_t m0 = 0; m0 < g->m; m0 += ATTN_DOT_KEYS) {
+    int64_t mc = op_min64(ATTN_DOT_KEYS, g->m - m0);
+    op_bdot_pack(pa, (const uint16_t *)x + m0, g->k, mc, ld, false, mc);
+    op_bdot_run(mc, g->n, g->k, g->alpha, (op_bdot_a){pa, mc, true}, b, kp,
+                p0, (char *)c + (size_t)(m0 * ldc) * es, ldc, g->c_dt, acc);
+  }
 }
 
 /* Tiles of `tiles` (batch, head) pairs each work on rows (b, h, 0..rows)
@@ -319,8 +331,8 @@ static int scores_dk(const op_instance *op, const op_bufs *b, int64_t tile,
       void *dk = op_at(b->din[ki], attn_k_at(a, bi, kvh, k.r0), g->c_dt);
       bool acc = r > 0 || b->din_accumulate[ki];
       if (pq)
-        dot_run(g, dot_pack_at(s, pq, dst, g->k, g->m, a->S), pq,
-                (a->T + 1) / 2, k.q0 / 2, dk, a->k_ld, acc);
+        dot_run_at(s, pq, g, dst, a->S, pq, (a->T + 1) / 2, k.q0 / 2, dk,
+                   a->k_ld, acc);
       else
         rs = op_gemm_run(g, 0, dst,
                          op_at(b->in[0], attn_q_at(a, bi, h, k.q0), g->b_dt),
@@ -374,6 +386,7 @@ remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
   attn_state *s = attn_state_new(inst, engine, &a);
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
   int64_t T = a.T, S = a.S;
+  s->dot = attn_dot_use(&a, d);
   rs = attn_blocks_plan(&s->fwd, s, d, scores_fwd_init, false, err);
   if (rs == REMAT_OK)
     rs = attn_blocks_plan(&s->dx, s, d, scores_dq_init, false, err);
@@ -383,7 +396,7 @@ remat_status op_attn_scores_plan(op_instance *inst, dnnl_engine_t engine,
   int64_t words = op_max64(op_bdot_pack_words(a.hd, S, OP_BDOT_PANEL),
                            op_bdot_pack_words(S, a.hd, OP_BDOT_PANEL));
   words = op_max64(words, op_bdot_pack_words(T, a.hd, OP_BDOT_PANEL));
-  attn_dot_plan(s, d, (size_t)(T * S * op_dtype_size(d->out_dtype)), words);
+  attn_dot_scratch(s, (size_t)(T * S * op_dtype_size(d->out_dtype)), words);
   int ki = sep ? 1 : 0;
   int64_t tiles = a.B * a.H;
   uint32_t qk = OP_SLOT_IN(0) | (sep ? OP_SLOT_IN(1) : 0u);
@@ -538,8 +551,8 @@ static int values_dv(const op_instance *op, const op_bufs *b, int64_t tile,
       void *dv = op_at(b->din[1], attn_v_at(a, bi, kv, k.r0), g->c_dt);
       bool acc = r > 0 || b->din_accumulate[1];
       if (pd)
-        dot_run(g, dot_pack_at(s, pd, pt, g->k, g->m, a->S), pd,
-                (a->T + 1) / 2, k.q0 / 2, dv, a->v_ld, acc);
+        dot_run_at(s, pd, g, pt, a->S, pd, (a->T + 1) / 2, k.q0 / 2, dv,
+                   a->v_ld, acc);
       else
         rs = op_gemm_run(g, 0, pt,
                          op_at(b->dout, attn_o_at(a, bi, h, k.q0), g->b_dt),
@@ -586,6 +599,7 @@ remat_status op_attn_values_plan(op_instance *inst, dnnl_engine_t engine,
   a.causal = d->attrs.probs_causal;
   attn_state *s = attn_state_new(inst, engine, &a);
   if (!s) return REMAT_ERR_OUT_OF_MEMORY;
+  s->dot = attn_dot_use(&a, d);
   rs = attn_blocks_plan(&s->fwd, s, d, values_fwd_init, false, err);
   if (rs == REMAT_OK)
     rs = attn_blocks_plan(&s->dx, s, d, values_dp_init, false, err);
@@ -596,7 +610,7 @@ remat_status op_attn_values_plan(op_instance *inst, dnnl_engine_t engine,
   int64_t words = op_max64(op_bdot_pack_words(S, a.hd, OP_BDOT_PANEL),
                            op_bdot_pack_words(a.hd, S, OP_BDOT_PANEL));
   words = op_max64(words, op_bdot_pack_words(T, a.hd, OP_BDOT_PANEL));
-  attn_dot_plan(s, d, 0, words);
+  attn_dot_scratch(s, 0, words);
   inst->fwd[inst->nfwd++] = op_make_kernel(
       "attn_values.fwd", values_fwd, tiles, attn_blocks_flops(&s->fwd, tiles),
       OP_SLOT_IN(0) | OP_SLOT_IN(1), OP_SLOT_OUT);

@@ -18,10 +18,14 @@
 #define BDOT_MR 6 /* rows of a register tile */
 #define BDOT_NV 4 /* vectors of 16 columns: one panel */
 
+/* Also where oneDNN may use AVX512-BF16 (ONEDNN_MAX_CPU_ISA below it
+ * keeps these products on oneDNN too). */
 bool op_bdot_available(void) {
 #if BDOT_X86
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") &&
+  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  return (isa & dnnl_cpu_isa_avx512_core_bf16) ==
+             dnnl_cpu_isa_avx512_core_bf16 &&
+         __builtin_cpu_supports("avx512f") &&
          __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512bf16");
@@ -226,6 +230,7 @@ void op_bdot_run(int64_t m, int64_t n, int64_t k, float alpha, op_bdot_a a,
 #if BDOT_X86
   run_x86(m, n, k, alpha, a, b, kp_stride, p0, c, ldc, c_dt, accumulate);
 #else
+  /* never called: op_bdot_available() is false off x86 */
   (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)b, (void)kp_stride;
   (void)p0, (void)c, (void)ldc, (void)c_dt, (void)accumulate;
 #endif

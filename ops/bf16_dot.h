@@ -23,7 +23,8 @@
 
 #define OP_BDOT_PANEL 64
 
-/* Whether this CPU runs the kernels (AVX-512 F, BW, VL and BF16). */
+/* Whether this CPU runs the kernels (AVX-512 F, BW, VL and BF16) and
+ * oneDNN's ISA cap allows avx512_core_bf16. */
 bool op_bdot_available(void);
 
 /* 32-bit words of a pairs pack of a k x n matrix in panels of w. */

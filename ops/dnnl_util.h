@@ -55,9 +55,12 @@ remat_status op_dnnl_fail(dnnl_status_t st, const char *name,
 int op_exec(dnnl_primitive_t prim, op_worker *w, int nargs,
             const op_arg *args);
 
-/* The op's temporary in the worker's scratch buffer. */
+/* The op's temporary in the worker's scratch buffer: after oneDNN's
+ * scratchpad rounded up to 64 bytes, as op_base_finish sizes it, so the
+ * temporary starts on a 64-byte line (the buffer itself does). */
 static inline float *op_temp(const op_base *base, op_worker *w) {
-  return (float *)((char *)w->scratch + base->dnnl_scratch);
+  return (float *)((char *)w->scratch +
+                   (base->dnnl_scratch + 63) / 64 * 64);
 }
 /* Fills inst->scratch_bytes from the base (call at the end of planning). */
 void op_base_finish(const op_base *base, op_instance *inst);

@@ -508,6 +508,15 @@ static void test_attn_scores(void **state) {
   c.lo[1] = 1;
   c.hi[1] = 15;
   check_case(&c);
+  /* separate q and k, every query sees every key, S != T (unblocked:
+   * dk's A^T packed in chunks of 96 keys, 100 = 96 + 4), head dim 80
+   * (two panels of the packs of K) */
+  c = make_case(OP_ATTN_SCORES, 2, S3(2, 12, 2 * 80), S3(2, 100, 80));
+  c.desc.attrs.heads = 2;
+  c.desc.attrs.kv_heads = 1;
+  c.desc.attrs.attn_separate = true;
+  c.desc.attrs.attn_full = true;
+  check_case(&c);
 }
 
 static void test_attn_values(void **state) {
@@ -527,6 +536,14 @@ static void test_attn_values(void **state) {
   check_case(&c);
   c = make_case(OP_ATTN_VALUES, 2, S4(2, 3, 14, 14), S3(2, 14, 3 * 3 * 6));
   c.desc.attrs.heads = 3;
+  c.lo[0] = 0;
+  check_case(&c);
+  /* separate v, S != T (dv's A^T in chunks of 96 keys), head dim 80 */
+  c = make_case(OP_ATTN_VALUES, 2, S4(2, 2, 12, 100), S3(2, 100, 80));
+  c.desc.attrs.heads = 2;
+  c.desc.attrs.kv_heads = 1;
+  c.desc.attrs.attn_separate = true;
+  c.desc.attrs.attn_full = true;
   c.lo[0] = 0;
   check_case(&c);
 }
@@ -558,7 +575,9 @@ static void test_attention(void **state) {
 static void test_bf16_dot(void **state) {
   (void)state;
   if (!op_bdot_available()) {
-    print_message("no AVX512-BF16 on this CPU: the kernels never run\n");
+    print_message("no AVX512-BF16 on this CPU (or oneDNN capped below "
+                  "it): the kernels never run, attention stays on "
+                  "oneDNN\n");
     skip();
   }
   static const struct {
@@ -571,6 +590,7 @@ static void test_bf16_dot(void **state) {
       {64, 130, 64, 3, false, false, true, OP_BF16},
       {6, 17, 33, 0, true, false, false, OP_F32},
       {20, 64, 151, 5, true, false, true, OP_BF16},
+      {9, 70, 25, 1, true, true, true, OP_F32},
   };
   for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
     int64_t m = cases[t].m, n = cases[t].n, k = cases[t].k, p0 = cases[t].p0;
