@@ -224,9 +224,10 @@ static double grad_error(const result *a, const result *ref) {
 
 /* bf16 fused (REMAT_FUSE=bf16) against bf16 unfused, both against the f32
  * step on the same weights and batch: per policy, fusion must not make the
- * bf16 step less accurate (its loss and gradients no farther from f32 than
- * 1.25 times the unfused bf16 step's distance, which is a few bf16
- * roundings), and the fused bf16 step gives the same bits under every
+ * bf16 step less accurate (its gradients no farther from f32 than 1.25
+ * times the unfused bf16 step's distance, which is a few bf16 roundings,
+ * and its loss no farther than that plus 1e-5 of the loss), and the fused
+ * bf16 step gives the same bits under every
  * policy. REMAT_FUSE=1 leaves a bf16 graph unfused: the same bits as 0. */
 static void test_fused_bf16_accuracy(void **state) {
   (void)state;
@@ -245,7 +246,14 @@ static void test_fused_bf16_accuracy(void **state) {
     free(c.grads);
     double ga = grad_error(&a, &ref), gb = grad_error(&b, &ref);
     double la = fabs(a.loss - ref.loss), lb = fabs(b.loss - ref.loss);
-    if (ga > 1.25 * gb || la > 1.25 * lb + 1e-6 * ref.loss)
+    print_message("%s bf16 from f32: fused loss %.3g gradients %.3g, unfused "
+                  "%.3g and %.3g\n",
+                  policies[k], la / ref.loss, ga, lb / ref.loss, gb);
+    /* The gradients' distance sums many elements' roundings and is steady
+     * (0.0050 fused, 0.0049 unfused here); the loss's is one draw of a few
+     * roundings (3.4e-6 and 4.9e-6 of the loss here), which another CPU's
+     * kernels draw afresh: 1e-5 of the loss is the floor of its check. */
+    if (ga > 1.25 * gb || la > 1.25 * lb + 1e-5 * ref.loss)
       fail_msg("%s bf16: fused loss %.7g and gradients %.3g (relative L2) "
                "from f32's, unfused %.7g and %.3g; f32 loss %.7g",
                policies[k], a.loss, ga, b.loss, gb, ref.loss);

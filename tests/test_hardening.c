@@ -216,7 +216,11 @@ static void test_two_threads_one_graph(void **state) {
     assert_int_equal(s[i].other, 0);
     assert_int_equal(s[i].ok + s[i].busy, 40);
   }
-  assert_true(s[0].ok + s[1].ok >= 40);
+  /* A call is refused only while the other thread's call runs, so some
+   * call ran; how many depends on the interleaving (a thread may spend
+   * all its calls inside one of the other's). The graph is free after. */
+  assert_true(s[0].ok + s[1].ok >= 1);
+  assert_int_equal(remat_step(f.g, NULL), REMAT_OK);
   fixture_close(&f);
 }
 

@@ -368,11 +368,13 @@ static void test_build_scales(void **state) {
   least_phases(1000, 0, 0, false, false, small, big, ratio);
   mallopt(M_MMAP_MAX, 65536); /* glibc's default */
   malloc_trim(0); /* the next tests start from a heap of their own size */
-  /* 3.9-4.2x measured in CPU seconds on a shared 2-core machine, one test
-   * alone and two at once; a linear search of parameter names makes it
-   * 16.5x. */
+  /* 3.5-4.2x measured in CPU seconds on a shared 2-core machine, one test
+   * alone, two at once and in CI; a linear search of parameter names makes
+   * it 16.5x. The bound leaves room for a CPU whose last-level cache holds
+   * 1000 layers' graph but not 4000's: that step measured up to 6x here,
+   * from 250 to 1000 layers. */
   assert_ratio("build", 1000, small[PHASE_BUILD], big[PHASE_BUILD],
-               ratio[PHASE_BUILD], 6.5);
+               ratio[PHASE_BUILD], 8.0);
 }
 
 static void test_compile_save_load_scale(void **state) {
