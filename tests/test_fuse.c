@@ -227,8 +227,8 @@ static double grad_error(const result *a, const result *ref) {
  * bf16 step less accurate (its gradients no farther from f32 than 1.25
  * times the unfused bf16 step's distance, which is a few bf16 roundings,
  * and its loss no farther than that plus 1e-5 of the loss), and the fused
- * bf16 step gives the same bits under every
- * policy. REMAT_FUSE=1 leaves a bf16 graph unfused: the same bits as 0. */
+ * bf16 step gives the same bits under every policy. REMAT_FUSE=1 leaves a
+ * bf16 graph unfused: the same bits as 0. */
 static void test_fused_bf16_accuracy(void **state) {
   (void)state;
   char *saved = getenv("REMAT_FUSE") ? strdup(getenv("REMAT_FUSE")) : NULL;
